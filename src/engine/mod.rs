@@ -1,0 +1,370 @@
+//! The polling engine: what one observation of the target means for a wait.
+//!
+//! Pure by rule: no I/O, no clock, no randomness of its own, nothing imported from the
+//! rest of the crate. It takes the validated [`Spec`], the wait's [`EngineState`], one
+//! [`Observation`] and a [`Context`] (now, the operator's floor, a jitter sample) and
+//! returns a [`Step`]: poll again at a time, or end with an [`Outcome`], plus the
+//! events worth recording. Everything time-dependent is a function of the inputs, so
+//! it is tested without sleeping, and a state serialised on one replica makes the
+//! same decisions when restored on another.
+
+pub mod duration;
+pub mod path;
+pub mod spec;
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use path::ValuePath;
+pub use spec::{FieldError, Limits, NotFound, Poll, Retry, Spec, Target};
+
+/// What one GET of the target showed. The prober builds these; tests write them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    /// 2xx, a JSON body, the state path present: its values, and the error detail
+    /// when the spec names an `error` path and the body has it.
+    State {
+        values: Vec<String>,
+        detail: Option<Value>,
+    },
+    /// 2xx but the state is absent or null, or the body is not JSON.
+    Missing { reason: String },
+    /// 404 or 410.
+    NotFound { status: u16 },
+    /// Worth trying again: connection errors, timeouts, 408, 425, 429, 5xx.
+    /// `retry_after` is the target's own lower bound on the next delay.
+    Transient {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+    /// Not worth trying again: any other status.
+    Permanent { error: String },
+}
+
+/// How a wait ended, as the engine sees it. (`canceled` is the API's business.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum End {
+    Succeeded,
+    Failed,
+    TimedOut,
+    Error,
+}
+
+impl End {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            End::Succeeded => "succeeded",
+            End::Failed => "failed",
+            End::TimedOut => "timed_out",
+            End::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub end: End,
+    /// One human sentence.
+    pub reason: String,
+    /// From the spec's `error` path, when the wait failed.
+    pub error_detail: Option<Value>,
+}
+
+/// Events worth recording (polls that change nothing produce none).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The observed state changed.
+    State { from: Option<String>, to: String },
+    /// A transient error or an unexpected observation; `attempt` counts from 1 since
+    /// the last healthy observation.
+    Retry {
+        error: String,
+        attempt: u32,
+        delay: Duration,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    PollAt(DateTime<Utc>),
+    End(Outcome),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub decision: Decision,
+    pub events: Vec<Event>,
+}
+
+/// The inputs that come from outside the wait: the time, the operator's floor, and a
+/// jitter sample in [-1, 1] (the worker draws it; tests pass 0 or a fixed value).
+#[derive(Clone, Copy, Debug)]
+pub struct Context {
+    pub now: DateTime<Utc>,
+    pub floor: Duration,
+    pub jitter: f64,
+}
+
+/// The engine's memory of one wait. Small, serialisable, and all it needs: the
+/// service checkpoints it and another replica resumes from it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineState {
+    pub deadline: DateTime<Utc>,
+    pub polls: u32,
+    /// Retries over the wait's life (reported).
+    pub retries: u32,
+    /// Consecutive retries since the last healthy observation (the budget spent).
+    pub budget_used: u32,
+    /// The next healthy interval, before jitter, in milliseconds.
+    pub poll_interval_ms: u64,
+    /// The next retry delay, before jitter, in milliseconds.
+    pub retry_delay_ms: u64,
+    /// A state outside `want` and `fail` has been seen (for `require_transition`).
+    pub transition_seen: bool,
+    /// Consecutive observations in `want` (for `consecutive`).
+    pub hits: u32,
+    /// The last observed state, values joined by ", ".
+    pub state: Option<String>,
+    pub last_error: Option<String>,
+}
+
+impl EngineState {
+    /// The state of a wait created at `created_at`, and when to poll it first.
+    pub fn start(spec: &Spec, created_at: DateTime<Utc>) -> (EngineState, DateTime<Utc>) {
+        let deadline = created_at + delta(spec.timeout);
+        let state = EngineState {
+            deadline,
+            polls: 0,
+            retries: 0,
+            budget_used: 0,
+            poll_interval_ms: millis(spec.poll.initial),
+            retry_delay_ms: millis(spec.retry.delay),
+            transition_seen: false,
+            hits: 0,
+            state: None,
+            last_error: None,
+        };
+        let first = (created_at + delta(spec.poll.delay)).min(deadline);
+        (state, first)
+    }
+
+    /// The outcome of a wait whose deadline passed with no poll left to make.
+    pub fn timed_out(&self) -> Outcome {
+        let mut reason = format!(
+            "the deadline passed after {} poll{}",
+            self.polls,
+            if self.polls == 1 { "" } else { "s" }
+        );
+        match &self.state {
+            Some(s) => reason.push_str(&format!("; the last state was \"{s}\"")),
+            None => reason.push_str("; no state was observed"),
+        }
+        if let Some(e) = &self.last_error {
+            reason.push_str(&format!("; the last error was: {e}"));
+        }
+        Outcome {
+            end: End::TimedOut,
+            reason,
+            error_detail: None,
+        }
+    }
+}
+
+/// What an observation means, before timing.
+enum Verdict {
+    Done(Outcome),
+    Healthy,
+    Bad(String, Option<Duration>),
+}
+
+/// Applies one observation made at `cx.now` to the wait.
+pub fn step(spec: &Spec, st: &mut EngineState, obs: Observation, cx: Context) -> Step {
+    st.polls += 1;
+    let mut events = Vec::new();
+    let verdict = classify(spec, st, obs, &mut events);
+    let decision = match verdict {
+        Verdict::Done(outcome) => Decision::End(outcome),
+        // The deadline wins over everything that has not ended the wait.
+        _ if cx.now >= st.deadline => {
+            if let Verdict::Bad(error, _) = &verdict {
+                st.last_error = Some(error.clone());
+            }
+            Decision::End(st.timed_out())
+        }
+        Verdict::Healthy => {
+            st.budget_used = 0;
+            st.retry_delay_ms = millis(spec.retry.delay);
+            let base = Duration::from_millis(st.poll_interval_ms);
+            let delay = spread(base, spec.poll.jitter, cx.jitter)
+                .max(cx.floor)
+                .min(spec.poll.max);
+            st.poll_interval_ms = millis(scale(base, spec.poll.factor).min(spec.poll.max));
+            Decision::PollAt(at_or_deadline(cx.now, delay, st.deadline))
+        }
+        Verdict::Bad(error, retry_after) => {
+            st.last_error = Some(error.clone());
+            match spec.retry.max_retries {
+                Some(max) if st.budget_used >= max => Decision::End(Outcome {
+                    end: End::Error,
+                    reason: format!(
+                        "gave up after {} consecutive bad observation{} (retry.max_retries is {max}); the last error was: {error}",
+                        st.budget_used + 1,
+                        if st.budget_used == 0 { "" } else { "s" },
+                    ),
+                    error_detail: None,
+                }),
+                _ => {
+                    st.budget_used += 1;
+                    st.retries += 1;
+                    let base = Duration::from_millis(st.retry_delay_ms);
+                    let mut delay = spread(base, spec.poll.jitter, cx.jitter)
+                        .max(cx.floor)
+                        .min(spec.retry.max_delay);
+                    if let Some(ra) = retry_after {
+                        delay = delay.max(ra);
+                    }
+                    st.retry_delay_ms = millis(scale(base, 2.0).min(spec.retry.max_delay));
+                    events.push(Event::Retry {
+                        error,
+                        attempt: st.budget_used,
+                        delay,
+                    });
+                    Decision::PollAt(at_or_deadline(cx.now, delay, st.deadline))
+                }
+            }
+        }
+    };
+    Step { decision, events }
+}
+
+fn classify(
+    spec: &Spec,
+    st: &mut EngineState,
+    obs: Observation,
+    events: &mut Vec<Event>,
+) -> Verdict {
+    match obs {
+        Observation::State { values, detail } => {
+            let shown = values.join(", ");
+            if st.state.as_deref() != Some(shown.as_str()) {
+                events.push(Event::State {
+                    from: st.state.take(),
+                    to: shown.clone(),
+                });
+                st.state = Some(shown.clone());
+            }
+            if let Some(f) = values.iter().find(|v| spec.set_contains(&spec.fail, v)) {
+                return Verdict::Done(Outcome {
+                    end: End::Failed,
+                    reason: format!("the target reached the failure state \"{f}\""),
+                    error_detail: detail,
+                });
+            }
+            if values.iter().all(|v| spec.set_contains(&spec.want, v)) {
+                if spec.require_transition && !st.transition_seen {
+                    // Gated: a want state before any transition does not count, and
+                    // is not itself a transition.
+                    st.hits = 0;
+                    return Verdict::Healthy;
+                }
+                st.hits += 1;
+                if st.hits >= spec.consecutive {
+                    let reason = if spec.consecutive > 1 {
+                        format!("the target reported \"{shown}\" {} times in a row", st.hits)
+                    } else {
+                        format!("the target reached \"{shown}\"")
+                    };
+                    return Verdict::Done(Outcome {
+                        end: End::Succeeded,
+                        reason,
+                        error_detail: None,
+                    });
+                }
+                return Verdict::Healthy;
+            }
+            st.hits = 0;
+            st.transition_seen = true;
+            if let Some(pending) = &spec.pending
+                && let Some(odd) = values
+                    .iter()
+                    .find(|v| !spec.set_contains(pending, v) && !spec.set_contains(&spec.want, v))
+            {
+                return Verdict::Bad(format!("unrecognised state \"{odd}\""), None);
+            }
+            Verdict::Healthy
+        }
+        Observation::Missing { reason } => {
+            st.hits = 0;
+            Verdict::Bad(reason, None)
+        }
+        Observation::NotFound { status } => {
+            st.hits = 0;
+            let text = format!(
+                "the target answered {status} {}",
+                if status == 410 { "Gone" } else { "Not Found" }
+            );
+            match spec.not_found {
+                NotFound::Success => Verdict::Done(Outcome {
+                    end: End::Succeeded,
+                    reason: format!("{text}: it is gone"),
+                    error_detail: None,
+                }),
+                NotFound::Retry => Verdict::Bad(text, None),
+                NotFound::Error => {
+                    st.last_error = Some(text.clone());
+                    Verdict::Done(Outcome {
+                        end: End::Error,
+                        reason: format!("{text} (not_found is \"error\")"),
+                        error_detail: None,
+                    })
+                }
+            }
+        }
+        Observation::Transient { error, retry_after } => Verdict::Bad(error, retry_after),
+        Observation::Permanent { error } => {
+            st.last_error = Some(error.clone());
+            Verdict::Done(Outcome {
+                end: End::Error,
+                reason: format!("{error}; this is not retried"),
+                error_detail: None,
+            })
+        }
+    }
+}
+
+/// `base` spread by ±`fraction` according to `sample` in [-1, 1].
+fn spread(base: Duration, fraction: f64, sample: f64) -> Duration {
+    let sample = if sample.is_finite() {
+        sample.clamp(-1.0, 1.0)
+    } else {
+        0.0
+    };
+    scale(base, 1.0 + fraction * sample)
+}
+
+fn scale(d: Duration, factor: f64) -> Duration {
+    let ms = d.as_millis() as f64 * factor;
+    if ms.is_finite() && ms > 0.0 {
+        Duration::from_micros((ms * 1000.0).min(u64::MAX as f64 / 2.0) as u64)
+    } else {
+        Duration::ZERO
+    }
+}
+
+fn at_or_deadline(now: DateTime<Utc>, delay: Duration, deadline: DateTime<Utc>) -> DateTime<Utc> {
+    (now + delta(delay)).min(deadline)
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// A std duration as a chrono delta, saturating (durations here are bounded by the
+/// operator's maximum timeout, far below chrono's range).
+pub fn delta(d: Duration) -> TimeDelta {
+    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
+}

@@ -1,0 +1,884 @@
+//! The create request, validated: a [`Spec`] or a list of [`FieldError`]s, each naming
+//! its field in words a person can act on.
+//!
+//! Parsing walks the JSON by hand rather than through `#[derive(Deserialize)]` so that
+//! it reports every mistake at once, names each by its dotted path (`poll.initial`),
+//! and rejects unknown fields (a typo such as `"wnat"` must never silently mean
+//! something else).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::duration;
+use super::path::ValuePath;
+
+/// What the operator allows; the API passes its settings in.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Floor under every poll and retry delay (`--min-poll-interval`).
+    pub min_poll_interval: Duration,
+    /// Largest `timeout` a request may ask for (`--max-timeout`).
+    pub max_timeout: Duration,
+    pub max_set_size: usize,
+    pub max_value_len: usize,
+    pub max_path_len: usize,
+    pub max_url_len: usize,
+    pub max_headers: usize,
+    pub max_header_len: usize,
+    pub max_labels: usize,
+    pub max_label_len: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            min_poll_interval: Duration::from_secs(1),
+            max_timeout: Duration::from_secs(24 * 3600),
+            max_set_size: 64,
+            max_value_len: 256,
+            max_path_len: 512,
+            max_url_len: 2048,
+            max_headers: 32,
+            max_header_len: 8192,
+            max_labels: 32,
+            max_label_len: 256,
+        }
+    }
+}
+
+/// One validation problem: which field, and what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+/// What an HTTP 404 or 410 from the target means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotFound {
+    /// The wait ends in `error` (the default).
+    Error,
+    /// Not created yet: retried against the retry budget.
+    Retry,
+    /// Waiting for deletion: gone is done.
+    Success,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    pub url: String,
+    /// Header values are secrets: [`Spec::redacted`] hides them on every read path.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Poll {
+    #[serde(with = "duration::serde_text")]
+    pub initial: Duration,
+    pub factor: f64,
+    #[serde(with = "duration::serde_text")]
+    pub max: Duration,
+    pub jitter: f64,
+    #[serde(with = "duration::serde_text")]
+    pub delay: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Retry {
+    #[serde(with = "duration::serde_text")]
+    pub delay: Duration,
+    #[serde(with = "duration::serde_text")]
+    pub max_delay: Duration,
+    /// `None`: retry until the deadline.
+    pub max_retries: Option<u32>,
+}
+
+/// A validated wait request, normalised: every default filled in. Its serialised form
+/// is a valid request that means the same thing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spec {
+    pub target: Target,
+    pub state: ValuePath,
+    pub want: Vec<String>,
+    #[serde(default)]
+    pub fail: Vec<String>,
+    /// `None` when not given: then every state outside `want` and `fail` is progress.
+    #[serde(default)]
+    pub pending: Option<Vec<String>>,
+    #[serde(default)]
+    pub error: Option<ValuePath>,
+    pub require_transition: bool,
+    pub consecutive: u32,
+    pub not_found: NotFound,
+    pub ignore_case: bool,
+    #[serde(with = "duration::serde_text")]
+    pub timeout: Duration,
+    pub poll: Poll,
+    pub retry: Retry,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+pub const REDACTED: &str = "<redacted>";
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+const TOP_FIELDS: &[&str] = &[
+    "target",
+    "state",
+    "want",
+    "fail",
+    "pending",
+    "error",
+    "require_transition",
+    "consecutive",
+    "not_found",
+    "ignore_case",
+    "timeout",
+    "poll",
+    "retry",
+    "labels",
+];
+
+/// Headers waitd sets itself, or that would change the meaning of the request.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "expect",
+];
+
+impl Spec {
+    /// Validates a create request (already merged with its preset, if any).
+    pub fn from_request(request: &Value, limits: &Limits) -> Result<Spec, Vec<FieldError>> {
+        let mut errs = Errors::default();
+        let Some(obj) = request.as_object() else {
+            errs.push(
+                "",
+                "the request body must be a JSON object describing the wait",
+            );
+            return Err(errs.0);
+        };
+        errs.unknown(obj, "", TOP_FIELDS);
+
+        let target = parse_target(obj.get("target"), limits, &mut errs);
+        let state = match obj.get("state") {
+            None | Some(Value::Null) => {
+                errs.push("state", "is required: a JSON Pointer such as \"/data/attributes/status\" or a JSONPath such as \"$.status\"");
+                None
+            }
+            Some(v) => parse_path("state", v, limits, &mut errs),
+        };
+        let error = match obj.get("error") {
+            None | Some(Value::Null) => None,
+            Some(v) => parse_path("error", v, limits, &mut errs),
+        };
+        let want = match obj.get("want") {
+            None | Some(Value::Null) => {
+                errs.push(
+                    "want",
+                    "is required: list the states that mean done, e.g. [\"on\"]",
+                );
+                Vec::new()
+            }
+            Some(v) => {
+                let set = parse_set("want", v, limits, &mut errs);
+                if set.as_ref().is_some_and(Vec::is_empty) {
+                    errs.push("want", "must list at least one state");
+                }
+                set.unwrap_or_default()
+            }
+        };
+        let fail = opt(obj, "fail")
+            .and_then(|v| parse_set("fail", v, limits, &mut errs))
+            .unwrap_or_default();
+        let pending = opt(obj, "pending").and_then(|v| parse_set("pending", v, limits, &mut errs));
+        let require_transition = parse_bool(obj, "require_transition", &mut errs).unwrap_or(false);
+        let ignore_case = parse_bool(obj, "ignore_case", &mut errs).unwrap_or(false);
+        let consecutive = match opt(obj, "consecutive") {
+            None => 1,
+            Some(v) => match v.as_u64() {
+                Some(n @ 1..=100) => n as u32,
+                _ => {
+                    errs.push("consecutive", "must be a whole number from 1 to 100");
+                    1
+                }
+            },
+        };
+        let not_found = match opt(obj, "not_found") {
+            None => NotFound::Error,
+            Some(Value::String(s)) if s == "error" => NotFound::Error,
+            Some(Value::String(s)) if s == "retry" => NotFound::Retry,
+            Some(Value::String(s)) if s == "success" => NotFound::Success,
+            Some(_) => {
+                errs.push("not_found", "must be \"error\", \"retry\" (not created yet) or \"success\" (waiting for deletion)");
+                NotFound::Error
+            }
+        };
+        let timeout = match opt(obj, "timeout") {
+            None => DEFAULT_TIMEOUT.min(limits.max_timeout),
+            Some(v) => parse_duration("timeout", v, &mut errs).unwrap_or(DEFAULT_TIMEOUT),
+        };
+        if timeout.is_zero() {
+            errs.push("timeout", "must be longer than 0s");
+        } else if timeout > limits.max_timeout {
+            errs.push(
+                "timeout",
+                format!(
+                    "is {}, longer than this server's maximum of {}",
+                    duration::format(timeout),
+                    duration::format(limits.max_timeout)
+                ),
+            );
+        }
+        let poll = parse_poll(opt(obj, "poll"), timeout, limits, &mut errs);
+        let retry = parse_retry(opt(obj, "retry"), limits, &mut errs);
+        let labels = parse_labels(opt(obj, "labels"), limits, &mut errs);
+
+        // Contradictions between the sets.
+        let fold = |s: &String| {
+            if ignore_case {
+                s.to_lowercase()
+            } else {
+                s.clone()
+            }
+        };
+        for w in &want {
+            if fail.iter().any(|f| fold(f) == fold(w)) {
+                errs.push(
+                    "fail",
+                    format!("\"{w}\" is in both want and fail; a state can mean only one of them"),
+                );
+            }
+        }
+        if let Some(p) = &pending {
+            for s in p {
+                if want.iter().chain(fail.iter()).any(|x| fold(x) == fold(s)) {
+                    errs.push("pending", format!("\"{s}\" is also in want or fail; pending lists the in-progress states only"));
+                }
+            }
+        }
+
+        if !errs.0.is_empty() {
+            return Err(errs.0);
+        }
+        Ok(Spec {
+            target: target.expect("target is Some when there are no errors"),
+            state: state.expect("state is Some when there are no errors"),
+            want,
+            fail,
+            pending,
+            error,
+            require_transition,
+            consecutive,
+            not_found,
+            ignore_case,
+            timeout,
+            poll: poll.expect("poll is Some when there are no errors"),
+            retry: retry.expect("retry is Some when there are no errors"),
+            labels,
+        })
+    }
+
+    /// The spec as every read path shows it: header values replaced by `<redacted>`.
+    pub fn redacted(&self) -> Spec {
+        let mut s = self.clone();
+        for v in s.target.headers.values_mut() {
+            *v = REDACTED.to_string();
+        }
+        s
+    }
+
+    /// Whether `value` is in `set`, honouring `ignore_case`.
+    pub fn set_contains(&self, set: &[String], value: &str) -> bool {
+        if self.ignore_case {
+            set.iter().any(|s| s.to_lowercase() == value.to_lowercase())
+        } else {
+            set.iter().any(|s| s == value)
+        }
+    }
+}
+
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, field: &str, message: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.to_string(),
+            message: message.into(),
+        });
+    }
+
+    fn unknown(&mut self, obj: &Map<String, Value>, prefix: &str, known: &[&str]) {
+        for key in obj.keys() {
+            if !known.contains(&key.as_str()) {
+                let shown: String = key.chars().take(64).collect();
+                let hint = known
+                    .iter()
+                    .find(|k| close(k, key))
+                    .map(|k| format!(" (did you mean \"{k}\"?)"))
+                    .unwrap_or_default();
+                self.push(
+                    &join(prefix, &shown),
+                    format!(
+                        "is not a field of this object{hint}; known fields are {}",
+                        known.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// True when `a` and `b` differ by one edit or one swap of neighbours: a likely typo.
+fn close(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len().abs_diff(b.len()) > 1 {
+        return false;
+    }
+    if a.len() == b.len() {
+        let diffs: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+        return diffs.len() == 1
+            || (diffs.len() == 2
+                && diffs[1] == diffs[0] + 1
+                && a[diffs[0]] == b[diffs[1]]
+                && a[diffs[1]] == b[diffs[0]]);
+    }
+    let (long, short) = if a.len() > b.len() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let i = (0..short.len())
+        .find(|&i| long[i] != short[i])
+        .unwrap_or(short.len());
+    long[i + 1..] == short[i..]
+}
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+fn opt<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn parse_bool(obj: &Map<String, Value>, key: &str, errs: &mut Errors) -> Option<bool> {
+    match opt(obj, key)? {
+        Value::Bool(b) => Some(*b),
+        other => {
+            errs.push(
+                key,
+                format!("must be true or false, not {}", type_name(other)),
+            );
+            None
+        }
+    }
+}
+
+fn parse_duration(field: &str, v: &Value, errs: &mut Errors) -> Option<Duration> {
+    match v {
+        Value::String(s) => match duration::parse(s) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                errs.push(field, e);
+                None
+            }
+        },
+        other => {
+            errs.push(
+                field,
+                format!(
+                    "must be a duration string such as \"30s\" or \"5m\", not {}",
+                    type_name(other)
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn parse_path(field: &str, v: &Value, limits: &Limits, errs: &mut Errors) -> Option<ValuePath> {
+    let Value::String(s) = v else {
+        errs.push(
+            field,
+            format!(
+                "must be a string (a JSON Pointer or JSONPath), not {}",
+                type_name(v)
+            ),
+        );
+        return None;
+    };
+    if s.len() > limits.max_path_len {
+        errs.push(
+            field,
+            format!(
+                "is {} bytes long; the limit is {}",
+                s.len(),
+                limits.max_path_len
+            ),
+        );
+        return None;
+    }
+    match ValuePath::parse(s) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            errs.push(field, e);
+            None
+        }
+    }
+}
+
+/// A set of states: strings, numbers and booleans (compared as their JSON text).
+fn parse_set(field: &str, v: &Value, limits: &Limits, errs: &mut Errors) -> Option<Vec<String>> {
+    let Value::Array(items) = v else {
+        errs.push(
+            field,
+            format!(
+                "must be an array of states, e.g. [\"on\"], not {}",
+                type_name(v)
+            ),
+        );
+        return None;
+    };
+    if items.len() > limits.max_set_size {
+        errs.push(
+            field,
+            format!(
+                "has {} entries; the limit is {}",
+                items.len(),
+                limits.max_set_size
+            ),
+        );
+        return None;
+    }
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let text = match item {
+            Value::String(s) => s.clone(),
+            Value::Number(_) | Value::Bool(_) => item.to_string(),
+            other => {
+                errs.push(
+                    &format!("{field}[{i}]"),
+                    format!(
+                        "must be a string, number or boolean, not {}",
+                        type_name(other)
+                    ),
+                );
+                continue;
+            }
+        };
+        if text.len() > limits.max_value_len {
+            errs.push(
+                &format!("{field}[{i}]"),
+                format!(
+                    "is {} bytes long; the limit is {}",
+                    text.len(),
+                    limits.max_value_len
+                ),
+            );
+            continue;
+        }
+        if !out.contains(&text) {
+            out.push(text);
+        }
+    }
+    Some(out)
+}
+
+fn parse_target(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<Target> {
+    let obj = match v {
+        None | Some(Value::Null) => {
+            errs.push(
+                "target",
+                "is required: {\"url\": \"https://…\", \"headers\": {…}}",
+            );
+            return None;
+        }
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            errs.push(
+                "target",
+                format!("must be an object with a url, not {}", type_name(other)),
+            );
+            return None;
+        }
+    };
+    errs.unknown(obj, "target", &["url", "headers"]);
+    let url = match obj.get("url") {
+        None | Some(Value::Null) => {
+            errs.push("target.url", "is required: the http or https URL to poll");
+            None
+        }
+        Some(Value::String(s)) => check_url(s, limits, errs),
+        Some(other) => {
+            errs.push(
+                "target.url",
+                format!("must be a string, not {}", type_name(other)),
+            );
+            None
+        }
+    };
+    let mut headers = BTreeMap::new();
+    match opt(obj, "headers") {
+        None => {}
+        Some(Value::Object(h)) => {
+            if h.len() > limits.max_headers {
+                errs.push(
+                    "target.headers",
+                    format!(
+                        "has {} headers; the limit is {}",
+                        h.len(),
+                        limits.max_headers
+                    ),
+                );
+            } else {
+                for (name, value) in h {
+                    // Never echo a header value: it may be a secret.
+                    let shown: String = name.chars().take(64).collect();
+                    let field = format!("target.headers.{shown}");
+                    if name.is_empty() || !name.bytes().all(is_token_byte) {
+                        errs.push(
+                            &field,
+                            "is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)",
+                        );
+                        continue;
+                    }
+                    if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                        errs.push(&field, "is set by waitd itself and cannot be given");
+                        continue;
+                    }
+                    let Value::String(value) = value else {
+                        errs.push(
+                            &field,
+                            format!("must be a string, not {}", type_name(value)),
+                        );
+                        continue;
+                    };
+                    if name.len() + value.len() > limits.max_header_len {
+                        errs.push(
+                            &field,
+                            format!(
+                                "is longer than the limit of {} bytes",
+                                limits.max_header_len
+                            ),
+                        );
+                        continue;
+                    }
+                    if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+                        errs.push(&field, "has a control character (such as CR or LF) in its value, which HTTP does not allow");
+                        continue;
+                    }
+                    if headers
+                        .keys()
+                        .any(|k: &String| k.eq_ignore_ascii_case(name))
+                    {
+                        errs.push(&field, "is given twice (header names are case-insensitive)");
+                        continue;
+                    }
+                    headers.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        Some(other) => errs.push(
+            "target.headers",
+            format!(
+                "must be an object of name → value strings, not {}",
+                type_name(other)
+            ),
+        ),
+    }
+    url.map(|url| Target { url, headers })
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn check_url(s: &str, limits: &Limits, errs: &mut Errors) -> Option<String> {
+    if s.len() > limits.max_url_len {
+        errs.push(
+            "target.url",
+            format!(
+                "is {} bytes long; the limit is {}",
+                s.len(),
+                limits.max_url_len
+            ),
+        );
+        return None;
+    }
+    let url = match url::Url::parse(s) {
+        Ok(u) => u,
+        Err(e) => {
+            errs.push("target.url", format!("is not a valid absolute URL ({e}); write e.g. \"https://api.example.com/servers/1\""));
+            return None;
+        }
+    };
+    if !matches!(url.scheme(), "http" | "https") {
+        errs.push(
+            "target.url",
+            format!(
+                "uses the scheme \"{}\"; only http and https can be polled",
+                url.scheme()
+            ),
+        );
+        return None;
+    }
+    if url.host().is_none() {
+        errs.push("target.url", "has no host");
+        return None;
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        errs.push("target.url", "carries credentials; put them in target.headers (for example an Authorization header), which are never shown back");
+        return None;
+    }
+    let mut url = url;
+    url.set_fragment(None);
+    Some(url.to_string())
+}
+
+fn parse_poll(
+    v: Option<&Value>,
+    timeout: Duration,
+    limits: &Limits,
+    errs: &mut Errors,
+) -> Option<Poll> {
+    let floor = limits.min_poll_interval;
+    let mut poll = Poll {
+        initial: Duration::from_secs(2).max(floor),
+        factor: 1.5,
+        max: Duration::from_secs(15).max(floor),
+        jitter: 0.1,
+        delay: Duration::ZERO,
+    };
+    let obj = match v {
+        None => return Some(poll),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            errs.push("poll", format!("must be an object such as {{\"initial\": \"2s\", \"factor\": 1.5, \"max\": \"15s\"}}, not {}", type_name(other)));
+            return None;
+        }
+    };
+    errs.unknown(
+        obj,
+        "poll",
+        &["initial", "factor", "max", "jitter", "delay"],
+    );
+    let before = errs.0.len();
+    let initial_given = opt(obj, "initial").and_then(|v| parse_duration("poll.initial", v, errs));
+    let max_given = opt(obj, "max").and_then(|v| parse_duration("poll.max", v, errs));
+    if let Some(d) = initial_given {
+        check_floor("poll.initial", d, floor, errs);
+        poll.initial = d;
+    }
+    if let Some(d) = max_given {
+        check_floor("poll.max", d, floor, errs);
+        poll.max = d;
+    }
+    // A given initial above the default max raises the max rather than fail: the
+    // client asked for nothing smaller.
+    if initial_given.is_some() && max_given.is_none() {
+        poll.max = poll.max.max(poll.initial);
+    }
+    if max_given.is_some() && initial_given.is_none() {
+        poll.initial = poll.initial.min(poll.max);
+    }
+    if poll.max < poll.initial {
+        errs.push(
+            "poll.max",
+            format!(
+                "({}) is shorter than poll.initial ({}); the interval grows from initial up to max",
+                duration::format(poll.max),
+                duration::format(poll.initial)
+            ),
+        );
+    }
+    if let Some(f) = opt(obj, "factor") {
+        match f.as_f64() {
+            Some(x) if x.is_finite() && (1.0..=10.0).contains(&x) => poll.factor = x,
+            _ => errs.push(
+                "poll.factor",
+                "must be a number from 1 (a fixed interval) to 10",
+            ),
+        }
+    }
+    if let Some(j) = opt(obj, "jitter") {
+        match j.as_f64() {
+            Some(x) if x.is_finite() && (0.0..1.0).contains(&x) => poll.jitter = x,
+            _ => errs.push(
+                "poll.jitter",
+                "must be a fraction from 0 up to (not including) 1, e.g. 0.1 for ±10%",
+            ),
+        }
+    }
+    if let Some(d) = opt(obj, "delay").and_then(|v| parse_duration("poll.delay", v, errs)) {
+        if d > timeout {
+            errs.push(
+                "poll.delay",
+                "is longer than the timeout, so the target would never be polled",
+            );
+        }
+        poll.delay = d;
+    }
+    (errs.0.len() == before).then_some(poll)
+}
+
+fn check_floor(field: &str, d: Duration, floor: Duration, errs: &mut Errors) {
+    if d < floor {
+        errs.push(
+            field,
+            format!(
+                "is {}, below this server's minimum poll interval of {}",
+                duration::format(d),
+                duration::format(floor)
+            ),
+        );
+    }
+}
+
+fn parse_retry(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<Retry> {
+    let floor = limits.min_poll_interval;
+    let mut retry = Retry {
+        delay: Duration::from_secs(1).max(floor),
+        max_delay: Duration::from_secs(30).max(floor),
+        max_retries: Some(10),
+    };
+    let obj = match v {
+        None => return Some(retry),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            errs.push("retry", format!("must be an object such as {{\"delay\": \"1s\", \"max_delay\": \"30s\", \"max_retries\": 10}}, not {}", type_name(other)));
+            return None;
+        }
+    };
+    errs.unknown(obj, "retry", &["delay", "max_delay", "max_retries"]);
+    let before = errs.0.len();
+    let delay_given = opt(obj, "delay").and_then(|v| parse_duration("retry.delay", v, errs));
+    let max_given = opt(obj, "max_delay").and_then(|v| parse_duration("retry.max_delay", v, errs));
+    if let Some(d) = delay_given {
+        check_floor("retry.delay", d, floor, errs);
+        retry.delay = d;
+    }
+    if let Some(d) = max_given {
+        check_floor("retry.max_delay", d, floor, errs);
+        retry.max_delay = d;
+    }
+    if delay_given.is_some() && max_given.is_none() {
+        retry.max_delay = retry.max_delay.max(retry.delay);
+    }
+    if max_given.is_some() && delay_given.is_none() {
+        retry.delay = retry.delay.min(retry.max_delay);
+    }
+    if retry.max_delay < retry.delay {
+        errs.push(
+            "retry.max_delay",
+            format!(
+                "({}) is shorter than retry.delay ({})",
+                duration::format(retry.max_delay),
+                duration::format(retry.delay)
+            ),
+        );
+    }
+    match obj.get("max_retries") {
+        None => {}
+        Some(Value::Null) => retry.max_retries = None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 10_000 => retry.max_retries = Some(n as u32),
+            _ => errs.push(
+                "retry.max_retries",
+                "must be a whole number from 0 to 10000, or null to retry until the deadline",
+            ),
+        },
+    }
+    (errs.0.len() == before).then_some(retry)
+}
+
+fn parse_labels(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let obj = match v {
+        None => return labels,
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            errs.push(
+                "labels",
+                format!(
+                    "must be an object of string → string, not {}",
+                    type_name(other)
+                ),
+            );
+            return labels;
+        }
+    };
+    if obj.len() > limits.max_labels {
+        errs.push(
+            "labels",
+            format!(
+                "has {} labels; the limit is {}",
+                obj.len(),
+                limits.max_labels
+            ),
+        );
+        return labels;
+    }
+    for (k, v) in obj {
+        let shown: String = k.chars().take(64).collect();
+        let field = format!("labels.{shown}");
+        if k.is_empty()
+            || k.len() > 63
+            || !k
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+        {
+            errs.push(&field, "is not a valid label name: 1 to 63 characters of letters, digits, '-', '_', '.' and '/'");
+            continue;
+        }
+        let Value::String(s) = v else {
+            errs.push(&field, format!("must be a string, not {}", type_name(v)));
+            continue;
+        };
+        if s.len() > limits.max_label_len {
+            errs.push(
+                &field,
+                format!(
+                    "is {} bytes long; the limit is {}",
+                    s.len(),
+                    limits.max_label_len
+                ),
+            );
+            continue;
+        }
+        if s.chars().any(char::is_control) {
+            errs.push(&field, "has a control character in its value");
+            continue;
+        }
+        labels.insert(k.clone(), s.clone());
+    }
+    labels
+}
