@@ -1,1 +1,155 @@
+//! waitd: an HTTP service that waits for things so that its users don't have to.
+//!
+//! The library exposes [`serve`], which tests and the `waitd` binary both call with a
+//! bound listener and a shutdown future. The parts, and which way they depend:
+//! [`engine`] (pure) ← [`probe`] (one GET → one observation) ← [`worker`] (leases,
+//! timers) → [`store`] ← [`api`] (HTTP). The API and the worker never import each
+//! other.
+
+pub mod api;
+pub mod config;
 pub mod engine;
+pub mod metrics;
+pub mod probe;
+pub mod store;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use config::Config;
+
+/// Reads the API tokens: `tenant:token` pairs from the settings and the tokens file.
+pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, String> {
+    let mut lines: Vec<String> = config.tokens.clone();
+    if let Some(path) = &config.tokens_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the tokens file {}: {e}", path.display()))?;
+        lines.extend(text.lines().map(str::to_string));
+    }
+    let mut tokens = HashMap::new();
+    for (i, line) in lines.iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (tenant, token) = line
+            .split_once(':')
+            .filter(|(t, k)| !t.is_empty() && k.len() >= 16)
+            .ok_or_else(|| {
+                format!(
+                    "API token entry {} is not tenant:token with a token of at least 16 characters",
+                    i + 1
+                )
+            })?;
+        if tokens
+            .insert(token.to_string(), tenant.to_string())
+            .is_some()
+        {
+            return Err(format!("API token entry {} repeats a token", i + 1));
+        }
+    }
+    Ok(tokens)
+}
+
+/// Runs waitd on `listener` until `shutdown` resolves: applies migrations, starts the
+/// event listener, the worker pool and the API. On shutdown: blocked requests and
+/// streams end, the worker finishes in-flight probes and releases its leases, and
+/// this returns.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let url = config.database_url.clone().ok_or_else(|| {
+        "no database configured: set DATABASE_URL (or --database-url) to a postgres:// URL"
+            .to_string()
+    })?;
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err("DATABASE_URL must be a postgres:// or postgresql:// URL".into());
+    }
+    let tokens = load_tokens(&config)?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    if tokens.is_empty() {
+        if !addr.ip().is_loopback() && !config.allow_anonymous {
+            return Err(format!(
+                "refusing to serve anonymously on {addr}: configure API tokens (WAITD_TOKENS or --tokens-file), \
+                 listen on a loopback address, or pass --allow-anonymous"
+            ));
+        }
+        tracing::warn!(%addr, "no API tokens configured: serving anonymously");
+    }
+    let guard = probe::guard::Guard::new(&config.allow_targets)?;
+    let store = store::PgStore::connect(&url, config.db_connections).map_err(|e| e.to_string())?;
+    store
+        .migrate()
+        .await
+        .map_err(|e| format!("cannot prepare the database: {e}"))?;
+    let prober = probe::Prober::new(probe::ProbeConfig {
+        timeout: config.probe_timeout,
+        max_body: config.max_body,
+        guard: guard.clone(),
+        ..Default::default()
+    })?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let metrics = Arc::new(metrics::Metrics::default());
+    let bus = store::bus::Bus::new();
+    let listener_task = tokio::spawn(bus.clone().listen(store.clone(), stopped(stop_rx.clone())));
+
+    let worker_task = (!config.no_worker).then(|| {
+        let worker = worker::Worker {
+            store: store.clone(),
+            prober,
+            bus: bus.clone(),
+            cfg: worker::WorkerConfig {
+                lease_ttl: config.lease_ttl,
+                floor: config.min_poll_interval,
+                capacity: config.capacity,
+                concurrency: config.concurrency,
+                ..Default::default()
+            },
+            metrics: metrics.clone(),
+            owner: uuid::Uuid::now_v7(),
+        };
+        tokio::spawn(worker.run(stopped(stop_rx.clone())))
+    });
+
+    let state = api::AppState {
+        store: store.clone(),
+        bus,
+        limits: Arc::new(engine::Limits {
+            min_poll_interval: config.min_poll_interval,
+            max_timeout: config.max_timeout,
+            ..Default::default()
+        }),
+        metrics,
+        guard: Arc::new(guard),
+        tokens: Arc::new(tokens),
+        stopping: stop_rx.clone(),
+    };
+    tracing::info!(%addr, "waitd listening");
+    let server =
+        axum::serve(listener, api::router(state)).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let served = server
+        .await
+        .map_err(|e| format!("the HTTP server failed: {e}"));
+    if let Some(t) = worker_task {
+        let _ = t.await;
+    }
+    let _ = listener_task.await;
+    store.pool().close().await;
+    served
+}

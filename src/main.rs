@@ -1,1 +1,117 @@
-fn main() {}
+//! The `waitd` command: `serve` (the default), `migrate`, `openapi`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use waitd::Config;
+use waitd::config::LogFormat;
+
+#[derive(Parser)]
+#[command(
+    name = "waitd",
+    version,
+    about = "An HTTP service that waits for things so that you don't have to."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service (the default command).
+    Serve(Config),
+    /// Apply the database migrations and exit.
+    Migrate {
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+fn main() -> ExitCode {
+    // `waitd` alone, or `waitd --flag …`, means `waitd serve …`.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    if args.len() == 1
+        || (first.starts_with('-') && !matches!(first, "-h" | "--help" | "-V" | "--version"))
+    {
+        args.insert(1, "serve".into());
+    }
+    let cli = Cli::parse_from(args);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("waitd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(config) => {
+                init_logging(config.log_format);
+                let listener = tokio::net::TcpListener::bind(config.listen)
+                    .await
+                    .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+                waitd::serve(listener, config, shutdown_signal()).await
+            }
+            Command::Migrate { database_url } => {
+                init_logging(LogFormat::Text);
+                let store =
+                    waitd::store::PgStore::connect(&database_url, 1).map_err(|e| e.to_string())?;
+                store
+                    .migrate()
+                    .await
+                    .map_err(|e| format!("cannot migrate: {e}"))
+            }
+            Command::Openapi => {
+                print!("{}", waitd::api::openapi::document());
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("waitd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,252 @@
+//! The HTTP API: routes, extractors, problem+json errors, blocking reads and SSE.
+//!
+//! It talks to the store and listens on the event bus; it never calls the worker
+//! pool, which is what lets any replica answer for any wait.
+
+pub mod error;
+mod events;
+pub mod openapi;
+mod waits;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::Value;
+use tokio::sync::watch;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::engine::Limits;
+use crate::metrics::Metrics;
+use crate::probe::guard::Guard;
+use crate::store::PgStore;
+use crate::store::bus::Bus;
+pub use error::{ApiError, ApiResult};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// What every handler shares. Cloning is shallow.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: PgStore,
+    pub bus: Bus,
+    pub limits: Arc<Limits>,
+    pub metrics: Arc<Metrics>,
+    pub guard: Arc<Guard>,
+    /// token → tenant; empty means anonymous use (tenant "").
+    pub tokens: Arc<HashMap<String, String>>,
+    /// Flips to true when the server is stopping: streams and blocked reads end.
+    pub stopping: watch::Receiver<bool>,
+}
+
+/// The router with every route; tests and `serve` both use it.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/waits", post(waits::create).get(waits::list))
+        .route("/waits/{id}", get(waits::get_one))
+        .route("/waits/{id}/cancel", post(waits::cancel))
+        .route("/waits/{id}/events", get(events::wait_events))
+        .route("/events", get(events::all_events))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_doc))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::internal().into_response()
+        }))
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+            let route = req
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .map(|m| m.as_str().to_owned())
+                .unwrap_or_default();
+            // The path only: queries and headers may carry secrets.
+            tracing::info_span!("request", method = %req.method(), route)
+        }))
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "there is no route {}; see /openapi.json for the API",
+        uri.path()
+    ))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        format!(
+            "{} does not accept {method}; see /openapi.json for the API",
+            uri.path()
+        ),
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    match s.store.ping().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let active = s.store.count_running().await.ok();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(active),
+    )
+        .into_response()
+}
+
+async fn openapi_doc() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        openapi::document(),
+    )
+        .into_response()
+}
+
+/// The caller's tenant, from `Authorization: Bearer <token>`. With no tokens
+/// configured, everyone is the anonymous tenant "".
+pub struct Tenant(pub String);
+
+impl FromRequestParts<AppState> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Tenant, ApiError> {
+        if s.tokens.is_empty() {
+            return Ok(Tenant(String::new()));
+        }
+        let given = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::unauthorized("send an API token as \"Authorization: Bearer <token>\"")
+            })?;
+        // Compare against every token in constant time, so timing tells nothing.
+        let mut found = None;
+        for (token, tenant) in s.tokens.iter() {
+            if constant_time_eq(token.as_bytes(), given.as_bytes()) {
+                found = Some(tenant.clone());
+            }
+        }
+        found
+            .map(Tenant)
+            .ok_or_else(|| ApiError::unauthorized("the API token is not valid"))
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON request body, with every failure rendered as problem+json: a wrong
+/// content type (415), a body over [`MAX_BODY`] (413), or JSON that does not parse (400).
+pub struct JsonBody(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _: &S) -> Result<JsonBody, ApiError> {
+        check_content_type(req.headers())?;
+        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY)
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Request too large",
+                    format!("the request body is over the {} KiB limit", MAX_BODY / 1024),
+                )
+            })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiError::bad_request(
+                "the request body is empty; send the wait as a JSON object",
+            ));
+        }
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+    }
+}
+
+/// JSON, or no type, or curl's `-d` default (form-urlencoded) whose body is JSON:
+/// so that `curl -d @spec.json` works as written.
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if mime == "application/json"
+        || mime.ends_with("+json")
+        || mime == "application/x-www-form-urlencoded"
+    {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Unsupported media type",
+            format!("the request body must be JSON (Content-Type: application/json), not {mime}"),
+        ))
+    }
+}
+
+/// How long a request may hold its response (`?wait=`).
+pub(crate) fn parse_block(v: Option<&str>) -> Result<Option<Option<Duration>>, ApiError> {
+    match v {
+        None | Some("false") => Ok(None),
+        Some("true") | Some("") => Ok(Some(None)),
+        Some(d) => crate::engine::duration::parse(d)
+            .map(|d| Some(Some(d)))
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "wait {e}; or use wait=true to hold until the wait ends"
+                ))
+            }),
+    }
+}
+
+/// The status code of a blocked request, by how the wait stands.
+pub(crate) fn blocked_status(status: &str, created: bool) -> StatusCode {
+    match status {
+        "succeeded" if created => StatusCode::CREATED,
+        "succeeded" => StatusCode::OK,
+        "failed" => StatusCode::UNPROCESSABLE_ENTITY,
+        "timed_out" => StatusCode::GATEWAY_TIMEOUT,
+        "canceled" => StatusCode::CONFLICT,
+        "error" => StatusCode::BAD_GATEWAY,
+        _ => StatusCode::ACCEPTED,
+    }
+}
+
+pub(crate) fn json_response(status: StatusCode, value: impl serde::Serialize) -> Response {
+    (status, Json(value)).into_response()
+}

@@ -1,0 +1,371 @@
+//! `/waits`: create, read, list, cancel, and the blocking forms of create and read.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{AppState, JsonBody, Tenant, blocked_status, json_response, parse_block};
+use crate::api::error::{ApiError, ApiResult};
+use crate::engine::Spec;
+use crate::store::bus::BusMsg;
+use crate::store::{ListFilter, Wait};
+
+/// After a wait's deadline, how long a blocked request still waits for the worker to
+/// record the end before answering 202.
+const DEADLINE_GRACE: Duration = Duration::from_secs(10);
+
+pub(crate) fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
+    q.as_deref()
+        .map(|q| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn only(pairs: &[(String, String)], allowed: &[&str]) -> ApiResult<()> {
+    for (k, _) in pairs {
+        if !allowed.contains(&k.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter \"{}\"; this route takes {}",
+                k.chars().take(64).collect::<String>(),
+                allowed.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+pub(crate) fn parse_id(id: &str) -> ApiResult<Uuid> {
+    Uuid::parse_str(id).map_err(|_| {
+        ApiError::not_found(format!(
+            "there is no wait \"{}\"; wait ids are UUIDs such as 0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21",
+            id.chars().take(64).collect::<String>()
+        ))
+    })
+}
+
+fn no_such_wait(id: Uuid) -> ApiError {
+    ApiError::not_found(format!("there is no wait {id}"))
+}
+
+/// Holds until the wait ends, `limit` passes, or the server stops; returns the wait
+/// as it then stands. Costs no database polling: it re-reads only when the bus says
+/// this wait ended (or that notices may have been missed).
+async fn block(s: &AppState, tenant: &str, id: Uuid, limit: Option<Duration>) -> ApiResult<Wait> {
+    let mut rx = s.bus.subscribe();
+    // Read after subscribing, so an end between the two is not missed.
+    let mut wait = s
+        .store
+        .get(tenant, id)
+        .await?
+        .ok_or_else(|| no_such_wait(id))?;
+    let by_deadline = {
+        let left = (wait.deadline - Utc::now()).to_std().unwrap_or_default();
+        Instant::now() + left + DEADLINE_GRACE
+    };
+    let until = match limit {
+        Some(d) => (Instant::now() + d).min(by_deadline),
+        None => by_deadline,
+    };
+    let mut stopping = s.stopping.clone();
+    while wait.is_running() && !*stopping.borrow() {
+        let reread = tokio::select! {
+            _ = tokio::time::sleep_until(until) => break,
+            _ = stopping.changed() => break,
+            m = rx.recv() => match m {
+                Ok(BusMsg::Notice(n)) => n.wait_id == id && n.is_terminal(),
+                Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => true,
+                Ok(BusMsg::Released) => false,
+                Err(RecvError::Closed) => break,
+            },
+        };
+        if reread {
+            wait = s
+                .store
+                .get(tenant, id)
+                .await?
+                .ok_or_else(|| no_such_wait(id))?;
+        }
+    }
+    Ok(wait)
+}
+
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    match headers.get("idempotency-key") {
+        None => Ok(None),
+        Some(v) => {
+            let k = v
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= 255)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Idempotency-Key must be 1 to 255 visible ASCII characters",
+                    )
+                })?;
+            Ok(Some(k.to_string()))
+        }
+    }
+}
+
+/// Create a wait
+///
+/// Persists the wait and answers 201 with it. With `?wait=<duration>` or
+/// `?wait=true` the response is held until the wait ends (201 succeeded, 422 failed,
+/// 504 timed_out, 409 canceled, 502 error) or the duration passes (202).
+#[utoipa::path(
+    post, path = "/waits", tag = "waits",
+    request_body(content = crate::api::openapi::CreateWait, content_type = "application/json"),
+    params(
+        ("wait" = Option<String>, Query, description = "Hold the response: a duration such as `30s`, or `true` until the wait ends."),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST return the first wait; the same key with another body is a 409."),
+    ),
+    responses(
+        (status = 201, description = "Created (or, blocked, succeeded)", body = Wait),
+        (status = 202, description = "Blocked and still running", body = Wait),
+        (status = 400, description = "Invalid request", body = crate::api::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Idempotency key reused, or blocked and canceled", body = crate::api::error::Problem),
+        (status = 413, description = "Body over 64 KiB", body = crate::api::error::Problem),
+        (status = 415, description = "Not JSON", body = crate::api::error::Problem),
+        (status = 422, description = "Target refused by the SSRF guard, or blocked and failed", body = crate::api::error::Problem),
+        (status = 502, description = "Blocked and ended in error", body = Wait),
+        (status = 503, description = "Store unavailable", body = crate::api::error::Problem),
+        (status = 504, description = "Blocked and timed out", body = Wait),
+    )
+)]
+pub async fn create(
+    State(s): State<AppState>,
+    Tenant(tenant): Tenant,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let pairs = query_pairs(&q);
+    only(&pairs, &["wait"])?;
+    let block_for = parse_block(param(&pairs, "wait"))?;
+    let key = idempotency_key(&headers)?;
+    let spec = Spec::from_request(&body, &s.limits).map_err(ApiError::validation)?;
+    let url =
+        url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    s.guard.check_url(&url).map_err(ApiError::unprocessable)?;
+    let hash = key.as_ref().map(|_| {
+        // serde_json's map keeps keys sorted, so equal requests hash equal.
+        hex(&Sha256::digest(body.to_string().as_bytes()))
+    });
+    let idem = key.as_deref().zip(hash.as_deref());
+    let created = s.store.create(&tenant, &spec, Utc::now(), idem).await?;
+    if !created.existing {
+        s.metrics
+            .created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(wait_id = %created.wait.id, "wait created");
+    }
+    let wait = match block_for {
+        Some(limit) if created.wait.is_running() => {
+            block(&s, &tenant, created.wait.id, limit).await?
+        }
+        _ => created.wait,
+    };
+    let status = if block_for.is_some() {
+        blocked_status(&wait.status, true)
+    } else {
+        StatusCode::CREATED
+    };
+    let mut res = json_response(status, &wait);
+    res.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(&format!("/waits/{}", wait.id))
+            .expect("a uuid path is a valid header"),
+    );
+    if created.existing {
+        res.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(res)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Read a wait
+///
+/// With `?wait=<duration>` or `?wait=true`, holds the response until the wait ends
+/// (200 succeeded, 422 failed, 504 timed_out, 409 canceled, 502 error) or the
+/// duration passes (202).
+#[utoipa::path(
+    get, path = "/waits/{id}", tag = "waits",
+    params(
+        ("id" = Uuid, Path, description = "The wait's id"),
+        ("wait" = Option<String>, Query, description = "Hold the response: a duration such as `30s`, or `true` until the wait ends."),
+    ),
+    responses(
+        (status = 200, description = "The wait (or, blocked, succeeded)", body = Wait),
+        (status = 202, description = "Blocked and still running", body = Wait),
+        (status = 404, description = "No such wait", body = crate::api::error::Problem),
+        (status = 409, description = "Blocked and canceled", body = Wait),
+        (status = 422, description = "Blocked and failed", body = Wait),
+        (status = 502, description = "Blocked and ended in error", body = Wait),
+        (status = 504, description = "Blocked and timed out", body = Wait),
+    )
+)]
+pub async fn get_one(
+    State(s): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let pairs = query_pairs(&q);
+    only(&pairs, &["wait"])?;
+    let block_for = parse_block(param(&pairs, "wait"))?;
+    let id = parse_id(&id)?;
+    match block_for {
+        None => {
+            let wait = s
+                .store
+                .get(&tenant, id)
+                .await?
+                .ok_or_else(|| no_such_wait(id))?;
+            Ok(json_response(StatusCode::OK, &wait))
+        }
+        Some(limit) => {
+            let wait = block(&s, &tenant, id, limit).await?;
+            Ok(json_response(blocked_status(&wait.status, false), &wait))
+        }
+    }
+}
+
+/// A page of waits.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WaitPage {
+    pub items: Vec<Wait>,
+    /// Pass as `cursor` for the next page; null on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// List waits
+///
+/// Newest first, filtered by `status` and by labels (`label=key:value`, repeatable;
+/// all must match).
+#[utoipa::path(
+    get, path = "/waits", tag = "waits",
+    params(
+        ("status" = Option<String>, Query, description = "running | succeeded | failed | timed_out | canceled | error"),
+        ("label" = Option<Vec<String>>, Query, description = "`key:value`; repeat for several"),
+        ("limit" = Option<i64>, Query, description = "1 to 500, default 50"),
+        ("cursor" = Option<String>, Query, description = "From `next_cursor` of the previous page"),
+    ),
+    responses(
+        (status = 200, description = "A page of waits", body = WaitPage),
+        (status = 400, description = "Bad filter", body = crate::api::error::Problem),
+    )
+)]
+pub async fn list(
+    State(s): State<AppState>,
+    Tenant(tenant): Tenant,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let pairs = query_pairs(&q);
+    only(&pairs, &["status", "label", "limit", "cursor"])?;
+    let mut filter = ListFilter {
+        limit: 50,
+        ..Default::default()
+    };
+    if let Some(st) = param(&pairs, "status") {
+        if ![
+            "running",
+            "succeeded",
+            "failed",
+            "timed_out",
+            "canceled",
+            "error",
+        ]
+        .contains(&st)
+        {
+            return Err(ApiError::bad_request(
+                "status must be one of running, succeeded, failed, timed_out, canceled, error",
+            ));
+        }
+        filter.status = Some(st.to_string());
+    }
+    filter.labels = parse_labels(&pairs)?;
+    if let Some(l) = param(&pairs, "limit") {
+        filter.limit = l
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=500).contains(n))
+            .ok_or_else(|| ApiError::bad_request("limit must be a whole number from 1 to 500"))?;
+    }
+    if let Some(c) = param(&pairs, "cursor") {
+        filter.before = Some(Uuid::parse_str(c).map_err(|_| {
+            ApiError::bad_request(
+                "cursor is not one this server gave out; pass next_cursor as it came",
+            )
+        })?);
+    }
+    let items = s.store.list(&tenant, &filter).await?;
+    let next_cursor = (items.len() as i64 == filter.limit)
+        .then(|| items.last().map(|w| w.id.to_string()))
+        .flatten();
+    Ok(json_response(
+        StatusCode::OK,
+        WaitPage { items, next_cursor },
+    ))
+}
+
+pub(crate) fn parse_labels(pairs: &[(String, String)]) -> ApiResult<BTreeMap<String, String>> {
+    let mut labels = BTreeMap::new();
+    for (k, v) in pairs {
+        if k == "label" {
+            let (lk, lv) = v.split_once(':').ok_or_else(|| {
+                ApiError::bad_request("label must be written key:value, e.g. label=pipeline:1234")
+            })?;
+            labels.insert(lk.to_string(), lv.to_string());
+        }
+    }
+    Ok(labels)
+}
+
+/// Cancel a wait
+///
+/// Ends a running wait as `canceled`; an ended wait is returned unchanged.
+#[utoipa::path(
+    post, path = "/waits/{id}/cancel", tag = "waits",
+    params(("id" = Uuid, Path, description = "The wait's id")),
+    responses(
+        (status = 200, description = "The wait, canceled (or as it ended)", body = Wait),
+        (status = 404, description = "No such wait", body = crate::api::error::Problem),
+    )
+)]
+pub async fn cancel(
+    State(s): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    let wait = s
+        .store
+        .cancel(&tenant, id, Utc::now())
+        .await?
+        .ok_or_else(|| no_such_wait(id))?;
+    Ok(json_response(StatusCode::OK, &wait).into_response())
+}

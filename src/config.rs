@@ -1,0 +1,142 @@
+//! Operator settings: parsed once into a typed struct. Each is a flag of
+//! `waitd serve` and an environment variable (names fixed by the design).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::engine::duration;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    duration::parse(s)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Args)]
+pub struct Config {
+    /// Address to serve on.
+    #[arg(long, env = "WAITD_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// The store: `postgres://…`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Floor under every poll and retry delay.
+    #[arg(long, env = "WAITD_MIN_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub min_poll_interval: Duration,
+
+    /// Largest `timeout` a request may ask for.
+    #[arg(long, env = "WAITD_MAX_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
+    pub max_timeout: Duration,
+
+    /// Hosts, `*.suffix`es, IPs or CIDRs let past the SSRF guard (comma-separated).
+    #[arg(long, env = "WAITD_ALLOW_TARGETS", value_delimiter = ',')]
+    pub allow_targets: Vec<String>,
+
+    /// API tokens as `tenant:token` pairs, comma-separated.
+    #[arg(
+        long = "tokens",
+        env = "WAITD_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub tokens: Vec<String>,
+
+    /// A file of `tenant:token` pairs, one a line.
+    #[arg(long, env = "WAITD_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
+
+    /// Serve without tokens on a non-loopback address.
+    #[arg(long, env = "WAITD_ALLOW_ANONYMOUS")]
+    pub allow_anonymous: bool,
+
+    /// How long a replica's claim on a wait lasts without renewal.
+    #[arg(long, env = "WAITD_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+
+    /// Key that encrypts target header values at rest.
+    #[arg(long, env = "WAITD_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<String>,
+
+    /// `text` or `json`.
+    #[arg(long, env = "WAITD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Per-request timeout of a probe.
+    #[arg(long, env = "WAITD_PROBE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub probe_timeout: Duration,
+
+    /// Largest response body a probe reads, in bytes.
+    #[arg(long, env = "WAITD_MAX_BODY", default_value_t = 1024 * 1024)]
+    pub max_body: usize,
+
+    /// Most waits one replica holds at once.
+    #[arg(long, env = "WAITD_CAPACITY", default_value_t = 100_000)]
+    pub capacity: usize,
+
+    /// Most probes in flight at once.
+    #[arg(long, env = "WAITD_CONCURRENCY", default_value_t = 512)]
+    pub concurrency: usize,
+
+    /// Most probes in flight to one target host.
+    #[arg(long, env = "WAITD_PER_HOST_CONCURRENCY", default_value_t = 64)]
+    pub per_host_concurrency: usize,
+
+    /// Database connections this replica may open.
+    #[arg(long, env = "WAITD_DB_CONNECTIONS", default_value_t = 16)]
+    pub db_connections: u32,
+
+    /// Do not run the worker pool (serve the API only).
+    #[arg(long, env = "WAITD_NO_WORKER")]
+    pub no_worker: bool,
+}
+
+impl std::fmt::Debug for Config {
+    // Secrets never print: the database URL may carry a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field(
+                "database_url",
+                &self.database_url.as_ref().map(|_| "<redacted>"),
+            )
+            .field("min_poll_interval", &self.min_poll_interval)
+            .field("max_timeout", &self.max_timeout)
+            .field("allow_targets", &self.allow_targets)
+            .field("tokens", &format!("{} configured", self.tokens.len()))
+            .field("lease_ttl", &self.lease_ttl)
+            .field(
+                "secret_key",
+                &self.secret_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("log_format", &self.log_format)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    /// The settings with every default, for tests and embedding: parse `args` as
+    /// `waitd serve` flags would be (environment variables are read too).
+    pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: Config,
+        }
+        use clap::Parser;
+        let args = std::iter::once(std::ffi::OsString::from("waitd"))
+            .chain(args.into_iter().map(Into::into));
+        Wrapper::try_parse_from(args).map(|w| w.config)
+    }
+}

@@ -1,0 +1,151 @@
+//! Process metrics in Prometheus text format. A handful of atomics: cheap enough to
+//! touch on every poll, and no registry to configure.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Bucket upper bounds in seconds, shared by the latency histograms.
+const BUCKETS: [f64; 12] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Default, Debug)]
+pub struct Histogram {
+    counts: [AtomicU64; 12],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                self.counts[i].fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                self.counts[i].load(Relaxed)
+            );
+        }
+        let n = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {n}");
+    }
+}
+
+pub const POLL_OUTCOMES: [&str; 5] = ["state", "missing", "not_found", "transient", "permanent"];
+pub const END_STATUSES: [&str; 5] = ["succeeded", "failed", "timed_out", "error", "canceled"];
+
+#[derive(Default, Debug)]
+pub struct Metrics {
+    pub polls: [AtomicU64; 5],
+    pub ended: [AtomicU64; 5],
+    pub probe_latency: Histogram,
+    pub schedule_lag: Histogram,
+    pub db_writes: AtomicU64,
+    pub held: AtomicI64,
+    pub sse_subscribers: AtomicI64,
+    pub created: AtomicU64,
+}
+
+impl Metrics {
+    pub fn poll(&self, outcome: &str) {
+        if let Some(i) = POLL_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.polls[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn ended(&self, status: &str) {
+        if let Some(i) = END_STATUSES.iter().position(|o| *o == status) {
+            self.ended[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn write(&self) {
+        self.db_writes.fetch_add(1, Relaxed);
+    }
+
+    pub fn total_polls(&self) -> u64 {
+        self.polls.iter().map(|p| p.load(Relaxed)).sum()
+    }
+
+    /// The Prometheus exposition; `active` is the count of running waits in the store.
+    pub fn render(&self, active: Option<i64>) -> String {
+        let mut out = String::new();
+        if let Some(n) = active {
+            let _ = writeln!(
+                out,
+                "# HELP waitd_active_waits Running waits in the store.\n# TYPE waitd_active_waits gauge\nwaitd_active_waits {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP waitd_held_waits Running waits this replica holds a lease on.\n# TYPE waitd_held_waits gauge\nwaitd_held_waits {}",
+            self.held.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_polls_total Polls made, by what they observed.\n# TYPE waitd_polls_total counter"
+        );
+        for (i, o) in POLL_OUTCOMES.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "waitd_polls_total{{outcome=\"{o}\"}} {}",
+                self.polls[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP waitd_waits_ended_total Waits ended by this replica, by status.\n# TYPE waitd_waits_ended_total counter"
+        );
+        for (i, s) in END_STATUSES.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "waitd_waits_ended_total{{status=\"{s}\"}} {}",
+                self.ended[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP waitd_waits_created_total Waits created through this replica.\n# TYPE waitd_waits_created_total counter\nwaitd_waits_created_total {}",
+            self.created.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_db_writes_total Write statements the worker pool sent to the store.\n# TYPE waitd_db_writes_total counter\nwaitd_db_writes_total {}",
+            self.db_writes.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_sse_subscribers Open event streams.\n# TYPE waitd_sse_subscribers gauge\nwaitd_sse_subscribers {}",
+            self.sse_subscribers.load(Relaxed)
+        );
+        self.probe_latency.render(
+            &mut out,
+            "waitd_probe_duration_seconds",
+            "Time one GET of a target took.",
+        );
+        self.schedule_lag.render(
+            &mut out,
+            "waitd_schedule_lag_seconds",
+            "Actual minus scheduled poll time.",
+        );
+        out
+    }
+}

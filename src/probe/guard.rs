@@ -1,0 +1,664 @@
+//! The SSRF guard: which targets waitd may poll.
+//!
+//! A wait makes waitd send GETs on a client's behalf, so by default waitd refuses
+//! targets inside the network it runs in: loopback, RFC 1918 private, link-local
+//! (where cloud metadata lives, 169.254.169.254), carrier-grade NAT, unique-local,
+//! multicast, unspecified, broadcast and other reserved ranges, and the `localhost`
+//! names. IPv6 forms that carry an IPv4 address (IPv4-mapped `::ffff:a.b.c.d`,
+//! IPv4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) are judged by
+//! the IPv4 address they carry.
+//!
+//! Two checks, one rule set:
+//! - [`Guard::check_url`] at creation and before every probe: a URL whose host is a
+//!   forbidden address literal (or `localhost`) is refused outright. The `url` crate
+//!   has already normalised the odd IPv4 spellings (`2130706433`, `0x7f.1`, `0177.1`)
+//!   into addresses, so they are judged as the address they mean.
+//! - [`GuardedResolver`], the prober's DNS resolver: a name is resolved once, the
+//!   forbidden addresses are dropped, and only what remains is handed to the connector,
+//!   so the address checked is the address connected to (DNS rebinding gets nowhere).
+//!   A name left with no address fails with [`ResolveError::Forbidden`].
+//!
+//! The operator's allow-list (`--allow-targets`) opens exactly what it names: a host
+//! name (`api.internal`), the subdomains of a suffix (`*.svc.cluster.local`, which does
+//! not open `svc.cluster.local` itself), an address (`127.0.0.1`, `::1`) or a CIDR
+//! range (`10.0.0.0/8`, `fd00::/8`). An allowed name may resolve to any address; an
+//! allowed address or range may be reached under any name.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use url::{Host, Url};
+
+/// What to do about a refusal, appended to every refusal sentence.
+const ADVICE: &str = "waitd does not poll loopback, private, link-local or other internal addresses unless the operator allows them with --allow-targets (WAITD_ALLOW_TARGETS)";
+
+/// The SSRF guard. The default guard allows nothing extra: every internal address is
+/// refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Guard {
+    allow: Vec<Rule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Rule {
+    /// Exactly this host name (lowercase, no trailing dot).
+    Host(String),
+    /// Any subdomain of this suffix; stored with its leading dot (`.example.com`).
+    Suffix(String),
+    /// An address (a /32 or /128) or a CIDR range.
+    Net(Net),
+}
+
+/// An address range; `addr` has its host bits cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Net {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Net {
+    fn new(addr: IpAddr, prefix: u8) -> Net {
+        let addr = match addr {
+            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask32(prefix))),
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask128(prefix))),
+        };
+        Net { addr, prefix }
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                (u32::from(n) ^ u32::from(a)) & mask32(self.prefix) == 0
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                (u128::from(n) ^ u128::from(a)) & mask128(self.prefix) == 0
+            }
+            _ => false,
+        }
+    }
+}
+
+fn mask32(prefix: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
+}
+
+fn mask128(prefix: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0)
+}
+
+/// A host name as compared: lowercase, without the trailing dot of a fully
+/// qualified name.
+fn normalize_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+impl Guard {
+    /// Builds the guard from the operator's allow-list entries: host names,
+    /// `*.suffix`es, IP addresses and CIDR ranges. Blank entries are skipped; anything
+    /// else that is none of these is refused with a sentence naming the entry.
+    pub fn new(entries: &[String]) -> Result<Guard, String> {
+        let mut allow = Vec::new();
+        for entry in entries {
+            let e = entry.trim();
+            if e.is_empty() {
+                continue;
+            }
+            allow.push(parse_rule(e)?);
+        }
+        Ok(Guard { allow })
+    }
+
+    /// Whether the allow-list names this host (a name, not an address).
+    pub fn allows_host(&self, host: &str) -> bool {
+        let host = normalize_host(host);
+        self.allow.iter().any(|rule| match rule {
+            Rule::Host(h) => *h == host,
+            Rule::Suffix(s) => host.ends_with(s.as_str()),
+            Rule::Net(_) => false,
+        })
+    }
+
+    /// Whether the allow-list covers this address (or the IPv4 address it carries).
+    pub fn allows_ip(&self, ip: IpAddr) -> bool {
+        let carried = match ip {
+            IpAddr::V6(v6) => embedded_v4(v6).map(IpAddr::V4),
+            IpAddr::V4(_) => None,
+        };
+        self.allow.iter().any(|rule| match rule {
+            Rule::Net(net) => net.contains(ip) || carried.is_some_and(|v4| net.contains(v4)),
+            _ => false,
+        })
+    }
+
+    /// Refuses a URL that is not http(s), has no host, or whose host is a forbidden
+    /// address literal or a `localhost` name, unless the allow-list opens it. A host
+    /// name is otherwise let through here: its addresses are judged when it is
+    /// resolved, by [`GuardedResolver`]. The error is a sentence a person can act on.
+    pub fn check_url(&self, url: &Url) -> Result<(), String> {
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "the target URL uses the scheme \"{}\"; only http and https can be polled",
+                url.scheme()
+            ));
+        }
+        match url.host() {
+            None => Err("the target URL has no host".to_string()),
+            Some(Host::Domain(domain)) => {
+                let host = normalize_host(domain);
+                if self.allows_host(&host) {
+                    return Ok(());
+                }
+                if host == "localhost" || host.ends_with(".localhost") {
+                    return Err(format!(
+                        "the target host {host} names this machine (localhost); {ADVICE}"
+                    ));
+                }
+                Ok(())
+            }
+            Some(Host::Ipv4(ip)) => self.check_literal(IpAddr::V4(ip)),
+            Some(Host::Ipv6(ip)) => self.check_literal(IpAddr::V6(ip)),
+        }
+    }
+
+    fn check_literal(&self, ip: IpAddr) -> Result<(), String> {
+        if self.allows_ip(ip) {
+            return Ok(());
+        }
+        match forbidden_reason(ip) {
+            Some(reason) => Err(format!("the target host {reason}; {ADVICE}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether waitd may connect to `ip`, an address `host` resolved to: yes when the
+    /// allow-list names the host or covers the address, or when the address is not a
+    /// forbidden one. The error is a sentence a person can act on.
+    pub fn check_ip(&self, host: &str, ip: IpAddr) -> Result<(), String> {
+        match self.refusal(host, ip) {
+            Some(reason) => Err(format!(
+                "the host {} resolves to {reason}; {ADVICE}",
+                normalize_host(host)
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Why `host`'s address `ip` is refused (a clause such as "127.0.0.1 is a loopback
+    /// address"), or `None` when it may be connected to.
+    fn refusal(&self, host: &str, ip: IpAddr) -> Option<String> {
+        if self.allows_host(host) || self.allows_ip(ip) {
+            return None;
+        }
+        forbidden_reason(ip)
+    }
+}
+
+fn parse_rule(entry: &str) -> Result<Rule, String> {
+    let e = entry.to_ascii_lowercase();
+    if e.contains("://") {
+        return Err(format!(
+            "\"{entry}\" in --allow-targets is a URL; list its host name instead (e.g. api.internal)"
+        ));
+    }
+    if e == "*" || e == "*." {
+        return Err(format!(
+            "\"{entry}\" in --allow-targets would open every host; list hosts, *.suffixes, addresses or ranges (0.0.0.0/0 and ::/0 open every address)"
+        ));
+    }
+    if let Some((addr, prefix)) = e.split_once('/') {
+        let addr = addr.trim_start_matches('[').trim_end_matches(']');
+        let bad = || {
+            format!(
+                "\"{entry}\" in --allow-targets is not a CIDR range such as 10.0.0.0/8 or fd00::/8"
+            )
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(format!(
+                "\"{entry}\" in --allow-targets has a prefix length of {prefix}; an IPv{} range allows at most {max}",
+                if addr.is_ipv4() { 4 } else { 6 }
+            ));
+        }
+        return Ok(Rule::Net(Net::new(addr, prefix)));
+    }
+    let bare = e.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        let prefix = if ip.is_ipv4() { 32 } else { 128 };
+        return Ok(Rule::Net(Net::new(ip, prefix)));
+    }
+    let not_a_host = || {
+        format!(
+            "\"{entry}\" in --allow-targets is not a host name, *.suffix, IP address or CIDR range (write e.g. api.internal, *.svc.cluster.local, 10.1.2.3 or 10.0.0.0/8; no scheme or port)"
+        )
+    };
+    if let Some(suffix) = e.strip_prefix("*.") {
+        return match Host::parse(suffix) {
+            Ok(Host::Domain(d)) if !d.contains('*') => {
+                Ok(Rule::Suffix(format!(".{}", normalize_host(&d))))
+            }
+            Ok(_) => Err(format!(
+                "\"{entry}\" in --allow-targets puts a wildcard before an address; a *.suffix needs a domain name"
+            )),
+            Err(_) => Err(not_a_host()),
+        };
+    }
+    // The WHATWG host parser, as `url` applies it to http URLs: it turns the odd IPv4
+    // spellings into addresses and international names into their xn-- form, so a
+    // rule compares equal to the host of a parsed URL.
+    match Host::parse(&e) {
+        Ok(Host::Domain(d)) if !d.contains('*') && !d.is_empty() => {
+            Ok(Rule::Host(normalize_host(&d)))
+        }
+        Ok(Host::Ipv4(ip)) => Ok(Rule::Net(Net::new(IpAddr::V4(ip), 32))),
+        Ok(Host::Ipv6(ip)) => Ok(Rule::Net(Net::new(IpAddr::V6(ip), 128))),
+        _ => Err(not_a_host()),
+    }
+}
+
+/// Why an address is forbidden, as a clause naming it ("127.0.0.1 is a loopback
+/// address"), or `None` for an ordinary public address.
+pub fn forbidden_reason(ip: IpAddr) -> Option<String> {
+    match ip {
+        IpAddr::V4(v4) => v4_reason(v4).map(|r| format!("{v4} is {r}")),
+        IpAddr::V6(v6) => match embedded_v4(v6) {
+            Some(v4) => {
+                v4_reason(v4).map(|r| format!("{v6} is {r} (it carries the IPv4 address {v4})"))
+            }
+            None => v6_reason(v6).map(|r| format!("{v6} is {r}")),
+        },
+    }
+}
+
+fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
+    let o = ip.octets();
+    let reason = if ip.is_broadcast() {
+        "the broadcast address"
+    } else if ip.is_unspecified() {
+        "the unspecified address"
+    } else if o[0] == 0 {
+        "in 0.0.0.0/8, which means this host"
+    } else if ip.is_loopback() {
+        "a loopback address"
+    } else if ip.is_private() {
+        "a private (RFC 1918) address"
+    } else if ip == Ipv4Addr::new(169, 254, 169, 254) {
+        "the link-local cloud metadata address"
+    } else if ip.is_link_local() {
+        "a link-local address"
+    } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
+        "a carrier-grade NAT (100.64.0.0/10) address"
+    } else if ip.is_multicast() {
+        "a multicast address"
+    } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
+        "a reserved IETF protocol (192.0.0.0/24) address"
+    } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
+        "a reserved benchmarking (198.18.0.0/15) address"
+    } else if o[0] >= 240 {
+        "a reserved (240.0.0.0/4) address"
+    } else {
+        return None;
+    };
+    Some(reason)
+}
+
+fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
+    let s = ip.segments();
+    let reason = if ip.is_unspecified() {
+        "the unspecified address"
+    } else if ip.is_loopback() {
+        "a loopback address"
+    } else if s[0] & 0xfe00 == 0xfc00 {
+        "a unique-local (fc00::/7) address"
+    } else if s[0] & 0xffc0 == 0xfe80 {
+        "a link-local (fe80::/10) address"
+    } else if s[0] & 0xffc0 == 0xfec0 {
+        "a site-local (fec0::/10) address"
+    } else if s[0] & 0xff00 == 0xff00 {
+        "a multicast address"
+    } else if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+        "a local-use NAT64 (64:ff9b:1::/48) address"
+    } else {
+        return None;
+    };
+    Some(reason)
+}
+
+/// The IPv4 address an IPv6 address carries: IPv4-mapped (`::ffff:a.b.c.d`),
+/// IPv4-compatible (`::a.b.c.d`, but not `::` or `::1`), NAT64 (`64:ff9b::/96`) and
+/// 6to4 (`2002:aabb:ccdd::/48`).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let low = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if s[..6] == [0; 6] && !ip.is_unspecified() && !ip.is_loopback() {
+        return Some(low(s[6], s[7]));
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(low(s[6], s[7]));
+    }
+    if s[0] == 0x2002 {
+        return Some(low(s[1], s[2]));
+    }
+    None
+}
+
+/// Why a name could not be resolved to an address waitd may connect to.
+#[derive(Debug)]
+pub enum ResolveError {
+    /// Every address the name resolved to is forbidden: an SSRF refusal, not worth
+    /// retrying.
+    Forbidden { host: String, reasons: Vec<String> },
+    /// The lookup itself failed (no such name, no DNS server…): perhaps transient.
+    Lookup { host: String, error: std::io::Error },
+    /// The lookup succeeded with no address at all.
+    NoAddresses { host: String },
+}
+
+impl fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResolveError::Forbidden { host, reasons } => write!(
+                f,
+                "the host {host} resolves only to forbidden addresses ({}); {ADVICE}",
+                reasons.join("; ")
+            ),
+            ResolveError::Lookup { host, error } => {
+                write!(f, "could not resolve the host {host}: {error}")
+            }
+            ResolveError::NoAddresses { host } => {
+                write!(f, "the host {host} resolves to no addresses")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ResolveError {}
+
+/// The prober's DNS resolver: resolves with the system resolver (tokio's
+/// `lookup_host`), or with a fixed override for tests, and keeps only the addresses the
+/// [`Guard`] lets through. Installed on the prober's client, it is the only way a
+/// name becomes an address there, so the address checked is the one connected to.
+#[derive(Clone, Debug)]
+pub struct GuardedResolver {
+    guard: Arc<Guard>,
+    overrides: Arc<HashMap<String, Vec<SocketAddr>>>,
+}
+
+impl GuardedResolver {
+    /// `overrides` map host names to fixed addresses instead of asking DNS (port 0
+    /// means the URL's port); the guard judges them like any other answer.
+    pub fn new(guard: Arc<Guard>, overrides: &[(String, SocketAddr)]) -> GuardedResolver {
+        let mut map: HashMap<String, Vec<SocketAddr>> = HashMap::new();
+        for (host, addr) in overrides {
+            map.entry(normalize_host(host)).or_default().push(*addr);
+        }
+        GuardedResolver {
+            guard,
+            overrides: Arc::new(map),
+        }
+    }
+
+    /// The addresses of `host` that waitd may connect to, in resolver order.
+    pub async fn resolve_host(&self, host: &str) -> Result<Vec<SocketAddr>, ResolveError> {
+        let host = normalize_host(host);
+        let found: Vec<SocketAddr> = match self.overrides.get(&host) {
+            Some(addrs) => addrs.clone(),
+            None => tokio::net::lookup_host((host.as_str(), 0))
+                .await
+                .map_err(|error| ResolveError::Lookup {
+                    host: host.clone(),
+                    error,
+                })?
+                .collect(),
+        };
+        if found.is_empty() {
+            return Err(ResolveError::NoAddresses { host });
+        }
+        let mut kept = Vec::new();
+        let mut reasons: Vec<String> = Vec::new();
+        for addr in found {
+            match self.guard.refusal(&host, addr.ip()) {
+                None => {
+                    if !kept.contains(&addr) {
+                        kept.push(addr);
+                    }
+                }
+                Some(reason) => {
+                    if !reasons.contains(&reason) {
+                        reasons.push(reason);
+                    }
+                }
+            }
+        }
+        if kept.is_empty() {
+            return Err(ResolveError::Forbidden { host, reasons });
+        }
+        if !reasons.is_empty() {
+            tracing::debug!(%host, dropped = %reasons.join("; "), "dropped forbidden addresses");
+        }
+        Ok(kept)
+    }
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let this = self.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            match this.resolve_host(&host).await {
+                Ok(addrs) => Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs),
+                Err(e) => Err(Box::new(e) as Box<dyn std::error::Error + Send + Sync>),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(entries: &[&str]) -> Guard {
+        Guard::new(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn public_addresses_have_no_reason_to_be_refused() {
+        for a in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
+            assert_eq!(forbidden_reason(ip(a)), None, "{a}");
+        }
+    }
+
+    #[test]
+    fn every_internal_range_has_a_reason() {
+        for (a, words) in [
+            ("127.0.0.1", "loopback"),
+            ("127.255.0.9", "loopback"),
+            ("10.1.2.3", "private"),
+            ("172.16.0.1", "private"),
+            ("172.31.255.255", "private"),
+            ("192.168.1.1", "private"),
+            ("169.254.169.254", "metadata"),
+            ("169.254.1.1", "link-local"),
+            ("100.64.0.1", "carrier-grade NAT"),
+            ("100.127.255.254", "carrier-grade NAT"),
+            ("224.0.0.1", "multicast"),
+            ("0.0.0.0", "unspecified"),
+            ("0.1.2.3", "this host"),
+            ("255.255.255.255", "broadcast"),
+            ("240.0.0.1", "reserved"),
+            ("198.18.0.1", "benchmarking"),
+            ("::", "unspecified"),
+            ("::1", "loopback"),
+            ("fe80::1", "link-local"),
+            ("fc00::1", "unique-local"),
+            ("fd00:ec2::254", "unique-local"),
+            ("fec0::1", "site-local"),
+            ("ff02::1", "multicast"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:169.254.169.254", "metadata"),
+            ("::127.0.0.1", "loopback"),
+            ("64:ff9b::a00:1", "private"),
+            ("2002:7f00:1::", "loopback"),
+        ] {
+            let reason = forbidden_reason(ip(a)).unwrap_or_else(|| panic!("{a} let through"));
+            assert!(reason.contains(words), "{a}: {reason}");
+        }
+    }
+
+    #[test]
+    fn the_edges_of_ranges_are_where_they_should_be() {
+        assert_eq!(forbidden_reason(ip("172.32.0.1")), None);
+        assert_eq!(forbidden_reason(ip("100.128.0.1")), None);
+        assert_eq!(forbidden_reason(ip("11.0.0.1")), None);
+        assert_eq!(forbidden_reason(ip("fe00::1")), None);
+    }
+
+    #[test]
+    fn allow_list_entries_parse_into_what_they_name() {
+        let g = guard(&[
+            " api.internal ",
+            "*.svc.local",
+            "127.0.0.1",
+            "[::1]",
+            "10.0.0.0/8",
+            "fd00::/8",
+            "EXAMPLE.org.",
+            "",
+        ]);
+        assert!(g.allows_host("api.internal"));
+        assert!(g.allows_host("API.internal."));
+        assert!(!g.allows_host("x.api.internal"));
+        assert!(g.allows_host("a.svc.local"));
+        assert!(g.allows_host("a.b.svc.local"));
+        assert!(!g.allows_host("svc.local"));
+        assert!(!g.allows_host("evilsvc.local"));
+        assert!(g.allows_host("example.org"));
+        assert!(g.allows_ip(ip("127.0.0.1")));
+        assert!(g.allows_ip(ip("::ffff:127.0.0.1")));
+        assert!(!g.allows_ip(ip("127.0.0.2")));
+        assert!(g.allows_ip(ip("::1")));
+        assert!(g.allows_ip(ip("10.200.0.1")));
+        assert!(!g.allows_ip(ip("11.0.0.1")));
+        assert!(g.allows_ip(ip("fd12::1")));
+        assert!(!g.allows_ip(ip("fc00::1")));
+    }
+
+    #[test]
+    fn a_cidr_with_host_bits_set_means_its_network() {
+        let g = guard(&["192.168.1.77/24"]);
+        assert!(g.allows_ip(ip("192.168.1.1")));
+        assert!(!g.allows_ip(ip("192.168.2.1")));
+        let all = guard(&["0.0.0.0/0", "::/0"]);
+        assert!(all.allows_ip(ip("127.0.0.1")));
+        assert!(all.allows_ip(ip("::1")));
+    }
+
+    #[test]
+    fn malformed_allow_list_entries_are_refused_with_the_entry_named() {
+        for (entry, words) in [
+            ("http://api.internal", "is a URL"),
+            ("*", "every host"),
+            ("10.0.0.0/33", "at most 32"),
+            ("::/129", "at most 128"),
+            ("10.0.0.0/x", "CIDR"),
+            ("api.internal:8080", "no scheme or port"),
+            ("*.10.0.0.1", "wildcard"),
+            ("a b", "not a host name"),
+        ] {
+            let err = Guard::new(&[entry.to_string()]).unwrap_err();
+            assert!(err.contains(entry), "{entry}: {err}");
+            assert!(err.contains(words), "{entry}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_odd_ipv4_spelling_in_the_allow_list_means_its_address() {
+        let g = guard(&["2130706433"]);
+        assert!(g.allows_ip(ip("127.0.0.1")));
+    }
+
+    #[test]
+    fn check_ip_refuses_forbidden_addresses_unless_the_host_or_address_is_allowed() {
+        let g = guard(&["trusted.internal", "10.9.0.0/16"]);
+        let err = g.check_ip("evil.test", ip("127.0.0.1")).unwrap_err();
+        assert!(
+            err.contains("evil.test") && err.contains("loopback"),
+            "{err}"
+        );
+        assert!(err.contains("--allow-targets"), "{err}");
+        assert!(g.check_ip("trusted.internal", ip("10.1.1.1")).is_ok());
+        assert!(g.check_ip("other.test", ip("10.9.1.1")).is_ok());
+        assert!(g.check_ip("other.test", ip("10.8.1.1")).is_err());
+        assert!(g.check_ip("public.test", ip("8.8.8.8")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_resolver_drops_forbidden_addresses_and_keeps_the_rest() {
+        let g = Arc::new(guard(&["127.0.0.1"]));
+        let r = GuardedResolver::new(
+            g,
+            &[
+                ("Mixed.test".to_string(), "10.0.0.1:0".parse().unwrap()),
+                ("mixed.test".to_string(), "127.0.0.1:0".parse().unwrap()),
+                ("mixed.test".to_string(), "8.8.8.8:0".parse().unwrap()),
+                (
+                    "evil.test".to_string(),
+                    "169.254.169.254:0".parse().unwrap(),
+                ),
+                ("evil.test".to_string(), "[::1]:0".parse().unwrap()),
+            ],
+        );
+        let kept = r.resolve_host("mixed.test.").await.unwrap();
+        assert_eq!(
+            kept,
+            vec![
+                "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+                "8.8.8.8:0".parse().unwrap()
+            ]
+        );
+        let err = r.resolve_host("evil.test").await.unwrap_err();
+        assert!(matches!(err, ResolveError::Forbidden { .. }));
+        let text = err.to_string();
+        assert!(
+            text.contains("the host evil.test resolves only to forbidden addresses"),
+            "{text}"
+        );
+        assert!(
+            text.contains("metadata") && text.contains("::1 is a loopback"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_resolver_lets_an_allowed_name_reach_an_internal_address() {
+        let g = Arc::new(guard(&["db.internal"]));
+        let r = GuardedResolver::new(g, &[("db.internal".into(), "10.0.0.5:0".parse().unwrap())]);
+        assert_eq!(r.resolve_host("db.internal").await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_resolver_judges_what_the_system_resolver_answers() {
+        // `localhost` resolves through the system resolver to loopback only.
+        let r = GuardedResolver::new(Arc::new(Guard::default()), &[]);
+        match r.resolve_host("localhost").await {
+            Err(ResolveError::Forbidden { .. }) | Err(ResolveError::Lookup { .. }) => {}
+            other => panic!("localhost was let through: {other:?}"),
+        }
+    }
+}

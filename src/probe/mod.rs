@@ -1,0 +1,595 @@
+//! One GET of a wait's target → one [`Observation`].
+//!
+//! The prober knows nothing of storage, scheduling or serving: it takes a [`Spec`],
+//! sends one request with one shared client, and classifies the answer exactly as
+//! DESIGN.md §2 says:
+//!
+//! | answer | observation |
+//! |---|---|
+//! | 2xx, JSON body, state present | [`Observation::State`] (with the `error` detail, if any) |
+//! | 2xx, state absent or null, or a body that is not JSON | [`Observation::Missing`] |
+//! | 404, 410 | [`Observation::NotFound`] |
+//! | connection, DNS, TLS or timeout errors; 408, 425, 429, 500, 502, 503, 504 | [`Observation::Transient`] |
+//! | every other status (3xx, 400, 401, 403, 422, 501…), an SSRF refusal, a body over the cap | [`Observation::Permanent`] |
+//!
+//! The client never follows redirects (a redirect is a permanent error: point the wait
+//! at the final URL), uses no proxy (so the SSRF guard judges the address actually
+//! connected to), bounds every request by [`ProbeConfig::timeout`] from connecting to
+//! the last body byte, reads the body chunk by chunk and stops at
+//! [`ProbeConfig::max_body`], and lets at most [`ProbeConfig::per_host_concurrency`]
+//! probes talk to one host and port at a time.
+//!
+//! Error texts name the status, the cause and what to do; they never contain a header
+//! value (header values are secrets) nor the target URL (the wait shows it already,
+//! and its query may carry a token).
+
+pub mod guard;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::engine::{Observation, Spec};
+
+pub use guard::{Guard, GuardedResolver, ResolveError};
+
+/// The `User-Agent` of every probe.
+pub const USER_AGENT: &str = concat!("waitd/", env!("CARGO_PKG_VERSION"));
+
+/// The largest `Retry-After` honoured; a longer one is cut to this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// How the prober is set up. Build it with `..ProbeConfig::default()` so that new
+/// fields keep their defaults.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// The bound on one request, from connecting to the last body byte (default 10s).
+    pub timeout: Duration,
+    /// The largest response body read (default 1 MiB); a larger one is a permanent
+    /// error.
+    pub max_body: usize,
+    /// The SSRF guard (default: refuse every internal address).
+    pub guard: Guard,
+    /// At most this many probes in flight to one host and port (default 8).
+    pub per_host_concurrency: usize,
+    /// Fixed DNS answers used instead of the system resolver, still judged by the
+    /// guard (tests make `evil.test` resolve to 127.0.0.1 with it). Port 0 means the
+    /// URL's port.
+    pub resolve_overrides: Vec<(String, SocketAddr)>,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            timeout: Duration::from_secs(10),
+            max_body: 1024 * 1024,
+            guard: Guard::default(),
+            per_host_concurrency: 8,
+            resolve_overrides: Vec::new(),
+        }
+    }
+}
+
+/// How a status code is read, before the body is looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusClass {
+    /// 2xx: read the body.
+    Success,
+    /// 404, 410.
+    NotFound,
+    /// 408, 425, 429, 500, 502, 503, 504.
+    Transient,
+    /// Everything else: 1xx, 3xx (redirects are not followed), other 4xx, 501, other 5xx.
+    Permanent,
+}
+
+/// The class of an HTTP status code (DESIGN.md §2).
+pub fn classify_status(status: u16) -> StatusClass {
+    match status {
+        200..=299 => StatusClass::Success,
+        404 | 410 => StatusClass::NotFound,
+        408 | 425 | 429 | 500 | 502 | 503 | 504 => StatusClass::Transient,
+        _ => StatusClass::Permanent,
+    }
+}
+
+/// The target's own lower bound on the next attempt, from the response headers, in
+/// this order: `retry-after-ms`, `x-ms-retry-after-ms` (milliseconds, as Azure sends
+/// them), then `Retry-After` as delta seconds or an HTTP date (relative to `now`). A
+/// header that does not parse is skipped for the next one; a date in the past means
+/// no bound (`None`); a bound over [`MAX_RETRY_AFTER`] is cut to it.
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    };
+    let found = ["retry-after-ms", "x-ms-retry-after-ms"]
+        .iter()
+        .find_map(|name| text(name).and_then(parse_millis))
+        .or_else(|| {
+            let v = text("retry-after")?;
+            if v.bytes().all(|b| b.is_ascii_digit()) {
+                // Delta seconds; absurdly long ones saturate (and are cut below).
+                Some(Duration::from_secs(v.parse::<u64>().unwrap_or(u64::MAX)))
+            } else {
+                let at = httpdate::parse_http_date(v).ok()?;
+                Some(at.duration_since(now).ok()?)
+            }
+        })?;
+    Some(found.min(MAX_RETRY_AFTER))
+}
+
+fn parse_millis(v: &str) -> Option<Duration> {
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_millis(v.parse::<u64>().unwrap_or(u64::MAX)));
+    }
+    // Some servers send fractional milliseconds.
+    let ms: f64 = v.parse().ok()?;
+    (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64((ms / 1000.0).min(1e9)))
+}
+
+/// Sends the GETs. Cheap to clone: every clone shares one client (one connection
+/// pool), one guard and one set of per-host limits.
+#[derive(Clone)]
+pub struct Prober {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: reqwest::Client,
+    guard: Arc<Guard>,
+    timeout: Duration,
+    max_body: usize,
+    per_host: usize,
+    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("guard", &self.inner.guard)
+            .field("timeout", &self.inner.timeout)
+            .field("max_body", &self.inner.max_body)
+            .field("per_host_concurrency", &self.inner.per_host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prober {
+    /// Builds the shared client: rustls with the ring provider (installed as the
+    /// process default if none is), the guarded resolver, no redirects, no proxy, the
+    /// per-request timeout, `User-Agent: waitd/<version>` and `Accept:
+    /// application/json` (a target header of the same name replaces it).
+    pub fn new(config: ProbeConfig) -> Result<Prober, String> {
+        // Another part of the process may have installed a provider first; either
+        // way one is installed afterwards, which is all reqwest needs.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let guard = Arc::new(config.guard);
+        let resolver = GuardedResolver::new(guard.clone(), &config.resolve_overrides);
+        let mut defaults = HeaderMap::new();
+        defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let client = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .default_headers(defaults)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(config.timeout)
+            .dns_resolver(resolver)
+            .build()
+            .map_err(|e| format!("could not build the HTTP client: {}", error_chain(&e)))?;
+        Ok(Prober {
+            inner: Arc::new(Inner {
+                client,
+                guard,
+                timeout: config.timeout,
+                max_body: config.max_body,
+                per_host: config.per_host_concurrency.max(1),
+                hosts: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The guard this prober applies (the API uses the same one at creation).
+    pub fn guard(&self) -> &Guard {
+        &self.inner.guard
+    }
+
+    /// One GET of `spec.target.url` with `spec.target.headers`, classified. Never
+    /// panics and never fails: every problem is an observation.
+    ///
+    /// A body larger than [`ProbeConfig::max_body`] is [`Observation::Permanent`]
+    /// ("the response body exceeded the 1 MiB limit"): the target answered, so
+    /// retrying would fetch the same oversized document again, and reading it whole
+    /// is what the cap exists to prevent. Reading stops at the first chunk over the
+    /// cap (or at once when `Content-Length` announces too much).
+    pub async fn probe(&self, spec: &Spec) -> Observation {
+        let url = match url::Url::parse(&spec.target.url) {
+            Ok(u) => u,
+            Err(e) => {
+                return Observation::Permanent {
+                    error: format!("the target URL is not a valid absolute URL ({e})"),
+                };
+            }
+        };
+        // Address literals never reach the resolver, so they are judged here; names
+        // are judged by the resolver, on the addresses it returns.
+        if let Err(error) = self.inner.guard.check_url(&url) {
+            return Observation::Permanent { error };
+        }
+        let mut headers = HeaderMap::new();
+        for (name, value) in &spec.target.headers {
+            let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+                return Observation::Permanent {
+                    error: format!("the target header name \"{name}\" is not a valid header name"),
+                };
+            };
+            let Ok(mut value) = HeaderValue::from_str(value) else {
+                // Never echo the value: it may be a secret.
+                return Observation::Permanent {
+                    error: format!(
+                        "the value of the target header {name} is not a valid header value (printable ASCII only)"
+                    ),
+                };
+            };
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+
+        let _permit = self.host_permit(&url).await;
+        let result = self.get(url, headers, spec).await;
+        drop(_permit);
+        self.forget_idle_hosts();
+        result
+    }
+
+    async fn get(&self, url: url::Url, headers: HeaderMap, spec: &Spec) -> Observation {
+        let sent = self.inner.client.get(url).headers(headers).send().await;
+        let mut response = match sent {
+            Ok(r) => r,
+            Err(e) => return self.request_error(e),
+        };
+        let status = response.status();
+        match classify_status(status.as_u16()) {
+            StatusClass::NotFound => {
+                return Observation::NotFound {
+                    status: status.as_u16(),
+                };
+            }
+            StatusClass::Transient => {
+                return Observation::Transient {
+                    error: format!("the target answered {}", status_text(status)),
+                    retry_after: retry_after(response.headers(), SystemTime::now()),
+                };
+            }
+            StatusClass::Permanent => {
+                let error = if status.is_redirection() {
+                    format!(
+                        "the target answered {}; waitd does not follow redirects, so point the wait at the final URL (the Location header names it)",
+                        status_text(status)
+                    )
+                } else {
+                    format!("the target answered {}", status_text(status))
+                };
+                return Observation::Permanent { error };
+            }
+            StatusClass::Success => {}
+        }
+
+        let max = self.inner.max_body;
+        let too_large = || Observation::Permanent {
+            error: format!("the response body exceeded the {} limit", format_size(max)),
+        };
+        if response.content_length().is_some_and(|n| n > max as u64) {
+            return too_large();
+        }
+        let mut body: Vec<u8> =
+            Vec::with_capacity(response.content_length().map_or(0, |n| n as usize));
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > max {
+                        return too_large();
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => return self.request_error(e),
+            }
+        }
+        classify_body(&body, spec)
+    }
+
+    /// A failed request or body read: an SSRF refusal is permanent, anything else
+    /// (DNS, connection, TLS, timeout, a broken body) transient.
+    fn request_error(&self, e: reqwest::Error) -> Observation {
+        let e = e.without_url();
+        if let Some(refusal) = find_source::<ResolveError>(&e)
+            && matches!(refusal, ResolveError::Forbidden { .. })
+        {
+            return Observation::Permanent {
+                error: refusal.to_string(),
+            };
+        }
+        let error = if e.is_timeout() {
+            format!(
+                "the target did not answer within {}",
+                crate::engine::duration::format(self.inner.timeout)
+            )
+        } else if let Some(dns) = find_source::<ResolveError>(&e) {
+            dns.to_string()
+        } else if e.is_connect() {
+            format!("could not connect to the target: {}", cause_text(&e))
+        } else {
+            format!("the request to the target failed: {}", cause_text(&e))
+        };
+        Observation::Transient {
+            error,
+            retry_after: None,
+        }
+    }
+
+    async fn host_permit(&self, url: &url::Url) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let key = format!(
+            "{}:{}",
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default().unwrap_or(0)
+        );
+        let sem = {
+            let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
+            hosts
+                .entry(key)
+                .or_insert_with(|| Arc::new(Semaphore::new(self.inner.per_host)))
+                .clone()
+        };
+        sem.acquire_owned().await.ok()
+    }
+
+    /// Drops the limits of hosts nobody is probing, so the map does not grow with
+    /// every host ever seen. (Clones are only taken under the lock, so a count of one
+    /// means idle.)
+    fn forget_idle_hosts(&self) {
+        let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        hosts.retain(|_, sem| Arc::strong_count(sem) > 1);
+    }
+}
+
+/// A 2xx body: the state, or why there is none.
+fn classify_body(body: &[u8], spec: &Spec) -> Observation {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Observation::Missing {
+            reason: "the response body is empty, not JSON".to_string(),
+        };
+    }
+    let json: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(_) => {
+            return Observation::Missing {
+                reason: "the response body is not JSON".to_string(),
+            };
+        }
+    };
+    let path = spec.state.as_str();
+    match spec.state.state_values(&json) {
+        Some(values) => Observation::State {
+            values,
+            detail: spec.error.as_ref().and_then(|p| p.detail(&json)),
+        },
+        None if spec.state.select(&json).is_empty() => Observation::Missing {
+            reason: format!("the response has no value at {path}"),
+        },
+        None => Observation::Missing {
+            reason: format!("the value at {path} is null"),
+        },
+    }
+}
+
+/// "503 Service Unavailable", or "599" for a code without a standard reason.
+fn status_text(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("{} {reason}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    }
+}
+
+/// "1 MiB", "64 KiB", "100 bytes".
+fn format_size(bytes: usize) -> String {
+    const KIB: usize = 1024;
+    const MIB: usize = 1024 * 1024;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
+        format!("{} KiB", bytes / KIB)
+    } else if bytes == 1 {
+        "1 byte".to_string()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// The first error of type `E` in `err`'s source chain (including `err`).
+fn find_source<'a, E: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// What went wrong under a reqwest error, without its generic top line ("error
+/// sending request") and hyper's "client error (Connect)" wrappers.
+fn cause_text(e: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = std::error::Error::source(e);
+    while let Some(err) = cur {
+        let text = err.to_string();
+        if !text.is_empty()
+            && !text.starts_with("client error (")
+            && parts.last().is_none_or(|last| !last.contains(&text))
+        {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    if parts.is_empty() {
+        error_chain(e)
+    } else {
+        parts.join(": ")
+    }
+}
+
+/// Every message in an error's source chain, joined by ": ", skipping one that
+/// repeats the previous (hyper and reqwest often wrap an error with its own text).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !text.is_empty() && parts.last().is_none_or(|last| !last.contains(&text)) {
+            parts.push(text);
+        }
+        cur = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn status_codes_fall_into_the_classes_of_the_design() {
+        use StatusClass::*;
+        for (code, class) in [
+            (200, Success),
+            (201, Success),
+            (204, Success),
+            (299, Success),
+            (404, NotFound),
+            (410, NotFound),
+            (408, Transient),
+            (425, Transient),
+            (429, Transient),
+            (500, Transient),
+            (502, Transient),
+            (503, Transient),
+            (504, Transient),
+            (100, Permanent),
+            (301, Permanent),
+            (302, Permanent),
+            (304, Permanent),
+            (400, Permanent),
+            (401, Permanent),
+            (403, Permanent),
+            (405, Permanent),
+            (409, Permanent),
+            (422, Permanent),
+            (501, Permanent),
+            (505, Permanent),
+            (599, Permanent),
+        ] {
+            assert_eq!(classify_status(code), class, "{code}");
+        }
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_dates_and_milliseconds() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        for (pairs, want) in [
+            (vec![("retry-after", "7")], Some(Duration::from_secs(7))),
+            (vec![("retry-after", " 0 ")], Some(Duration::ZERO)),
+            (
+                vec![("retry-after", date.as_str())],
+                Some(Duration::from_secs(90)),
+            ),
+            (vec![("retry-after", past.as_str())], None),
+            (
+                vec![("retry-after-ms", "250")],
+                Some(Duration::from_millis(250)),
+            ),
+            (
+                vec![("x-ms-retry-after-ms", "1500")],
+                Some(Duration::from_millis(1500)),
+            ),
+            (
+                vec![("retry-after-ms", "2.5")],
+                Some(Duration::from_micros(2500)),
+            ),
+            (
+                vec![("retry-after-ms", "100"), ("retry-after", "9")],
+                Some(Duration::from_millis(100)),
+            ),
+            (
+                vec![("retry-after-ms", "soon"), ("retry-after", "9")],
+                Some(Duration::from_secs(9)),
+            ),
+            (vec![("retry-after", "86400")], Some(MAX_RETRY_AFTER)),
+            (
+                vec![("retry-after", "99999999999999999999999")],
+                Some(MAX_RETRY_AFTER),
+            ),
+            (vec![("retry-after", "-1")], None),
+            (vec![("retry-after", "tomorrow")], None),
+            (vec![("retry-after-ms", "-5")], None),
+            (vec![], None),
+        ] {
+            assert_eq!(retry_after(&headers(&pairs), now), want, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_read_as_a_person_writes_them() {
+        assert_eq!(format_size(1024 * 1024), "1 MiB");
+        assert_eq!(format_size(64 * 1024), "64 KiB");
+        assert_eq!(format_size(100), "100 bytes");
+        assert_eq!(format_size(1500), "1500 bytes");
+    }
+
+    #[test]
+    fn an_error_chain_skips_repeated_messages() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let e = E(
+            "outer: refused",
+            Some(Box::new(E(
+                "refused",
+                Some(Box::new(E("os error 111", None))),
+            ))),
+        );
+        assert_eq!(error_chain(&e), "outer: refused: os error 111");
+    }
+}

@@ -1,0 +1,655 @@
+//! The Postgres store.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{FromRow, Postgres, Transaction};
+use uuid::Uuid;
+
+use super::bus::{CHANNEL, Notice};
+use super::{
+    Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, Progress, StoreError, Wait,
+};
+use crate::engine::{EngineState, Spec};
+
+/// Serialises the assignment of global event ids with their commit, so that a reader
+/// of `GET /events` that has seen id N never later finds a smaller id appear.
+const EVENT_ORDER_LOCK: i64 = 0x7761_6974_6400_0001;
+
+/// A handle on the database. Cloning is shallow (the pool is reference-counted).
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+#[derive(FromRow)]
+struct WaitRow {
+    id: Uuid,
+    status: String,
+    state: Option<String>,
+    reason: Option<String>,
+    error_detail: Option<Value>,
+    last_error: Option<String>,
+    polls: i32,
+    retries: i32,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    deadline: DateTime<Utc>,
+    next_poll_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    labels: Value,
+    spec: Value,
+}
+
+impl From<WaitRow> for Wait {
+    fn from(r: WaitRow) -> Wait {
+        Wait {
+            id: r.id,
+            status: r.status,
+            state: r.state,
+            reason: r.reason,
+            error_detail: r.error_detail,
+            last_error: r.last_error,
+            polls: r.polls,
+            retries: r.retries,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            deadline: r.deadline,
+            next_poll_at: r.next_poll_at,
+            finished_at: r.finished_at,
+            labels: serde_json::from_value(r.labels).unwrap_or_default(),
+            spec: r.spec,
+        }
+    }
+}
+
+#[derive(FromRow)]
+struct EventRow {
+    id: i64,
+    seq: i32,
+    wait_id: Uuid,
+    kind: String,
+    at: DateTime<Utc>,
+    data: Value,
+}
+
+impl From<EventRow> for Event {
+    fn from(r: EventRow) -> Event {
+        Event {
+            id: r.id,
+            seq: r.seq,
+            wait_id: r.wait_id,
+            kind: r.kind,
+            at: r.at,
+            data: r.data,
+        }
+    }
+}
+
+const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
+     w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
+
+impl PgStore {
+    /// Connects (lazily: a database that is down now is retried on use) and returns
+    /// the store. `max_connections` bounds this replica's share of the server.
+    pub fn connect(url: &str, max_connections: u32) -> Result<PgStore, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            StoreError::Other(format!("DATABASE_URL is not a valid postgres URL: {e}"))
+        })?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(options.application_name("waitd"));
+        Ok(PgStore { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies the embedded migrations (sqlx takes an advisory lock, so replicas
+    /// starting together are safe).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("./migrations")
+            .run(&self.pool)
+            .await
+            .map_err(|e| match e {
+                sqlx::migrate::MigrateError::Execute(inner) => StoreError::from(inner),
+                other => StoreError::Other(other.to_string()),
+            })
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Creates a wait with its `created` event. With an idempotency key, a second
+    /// call with the same key and request hash returns the first wait.
+    pub async fn create(
+        &self,
+        tenant: &str,
+        spec: &Spec,
+        now: DateTime<Utc>,
+        idempotency: Option<(&str, &str)>,
+    ) -> Result<Created, StoreError> {
+        if let Some((key, hash)) = idempotency {
+            if let Some(found) = self.find_idempotent(tenant, key, hash).await? {
+                return Ok(Created {
+                    wait: found,
+                    existing: true,
+                });
+            }
+        }
+        let id = Uuid::now_v7();
+        let (engine, first_poll) = EngineState::start(spec, now);
+        let redacted =
+            serde_json::to_value(spec.redacted()).map_err(|e| StoreError::Other(e.to_string()))?;
+        let headers = serde_json::to_value(&spec.target.headers)
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        let labels =
+            serde_json::to_value(&spec.labels).map_err(|e| StoreError::Other(e.to_string()))?;
+        let engine_json =
+            serde_json::to_value(&engine).map_err(|e| StoreError::Other(e.to_string()))?;
+
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 0)",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(now)
+        .bind(engine.deadline)
+        .bind(first_poll)
+        .bind(&labels)
+        .bind(&engine_json)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $2, $3)")
+            .bind(id)
+            .bind(&redacted)
+            .bind(&headers)
+            .execute(&mut *tx)
+            .await?;
+        if let Some((key, hash)) = idempotency {
+            let inserted = sqlx::query(
+                "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            )
+            .bind(tenant)
+            .bind(key)
+            .bind(hash)
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if inserted == 0 {
+                // Another request with this key won the race: answer with its wait.
+                tx.rollback().await?;
+                return match self.find_idempotent(tenant, key, hash).await? {
+                    Some(found) => Ok(Created {
+                        wait: found,
+                        existing: true,
+                    }),
+                    None => Err(StoreError::Other("idempotency key vanished".into())),
+                };
+            }
+        }
+        let event = NewEvent {
+            kind: "created".into(),
+            data: json!({ "deadline": engine.deadline }),
+        };
+        append_events(&mut tx, id, tenant, now, &[event], 0, 'c').await?;
+        sqlx::query("UPDATE waits SET seq = 1 WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let wait = self
+            .get(tenant, id)
+            .await?
+            .ok_or_else(|| StoreError::Other("created wait vanished".into()))?;
+        Ok(Created {
+            wait,
+            existing: false,
+        })
+    }
+
+    async fn find_idempotent(
+        &self,
+        tenant: &str,
+        key: &str,
+        hash: &str,
+    ) -> Result<Option<Wait>, StoreError> {
+        let row: Option<(String, Uuid)> = sqlx::query_as(
+            "SELECT request_hash, wait_id FROM idempotency_keys WHERE tenant = $1 AND key = $2",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some((h, _)) if h != hash => Err(StoreError::IdempotencyConflict),
+            Some((_, id)) => self.get(tenant, id).await,
+        }
+    }
+
+    pub async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
+        let sql = format!(
+            "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = $1 AND w.tenant = $2"
+        );
+        let row: Option<WaitRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(tenant)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(Wait::from))
+    }
+
+    /// A page of a tenant's waits, newest first.
+    pub async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
+        let sql = format!(
+            "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id
+             WHERE w.tenant = $1 AND ($2::text IS NULL OR w.status = $2) AND w.labels @> $3
+               AND ($4::uuid IS NULL OR w.id < $4)
+             ORDER BY w.id DESC LIMIT $5"
+        );
+        let labels = serde_json::to_value(&filter.labels).unwrap_or_else(|_| json!({}));
+        let rows: Vec<WaitRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant)
+            .bind(&filter.status)
+            .bind(labels)
+            .bind(filter.before)
+            .bind(filter.limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(Wait::from).collect())
+    }
+
+    /// Cancels a running wait (ending it exactly once); an ended wait is returned as
+    /// it is. `None` when the tenant has no such wait.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Wait>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(i32, Option<String>)> = sqlx::query_as(
+            "UPDATE waits SET status = 'canceled', reason = 'canceled by a client', finished_at = $3,
+                    updated_at = $3, next_poll_at = NULL, owner = NULL, lease_until = NULL, seq = seq + 1
+             WHERE id = $1 AND tenant = $2 AND status = 'running'
+             RETURNING seq, state",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((seq, state)) = row {
+            let event = NewEvent {
+                kind: "canceled".into(),
+                data: json!({ "reason": "canceled by a client", "state": state }),
+            };
+            append_events(&mut tx, id, tenant, now, &[event], seq - 1, 't').await?;
+        }
+        tx.commit().await?;
+        self.get(tenant, id).await
+    }
+
+    /// A wait's events with `seq > after`, oldest first.
+    pub async fn events(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i32,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(
+            "SELECT id, seq, wait_id, kind, at, data FROM wait_events
+             WHERE wait_id = $1 AND tenant = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+        )
+        .bind(wait_id)
+        .bind(tenant)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(Event::from).collect())
+    }
+
+    /// Events of all the tenant's waits with `id > after`, optionally only of waits
+    /// carrying all the given labels.
+    pub async fn global_events(
+        &self,
+        tenant: &str,
+        after: i64,
+        labels: &std::collections::BTreeMap<String, String>,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let rows: Vec<EventRow> = if labels.is_empty() {
+            sqlx::query_as(
+                "SELECT id, seq, wait_id, kind, at, data FROM wait_events
+                 WHERE tenant = $1 AND id > $2 ORDER BY id LIMIT $3",
+            )
+            .bind(tenant)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+        } else {
+            sqlx::query_as(
+                "SELECT e.id, e.seq, e.wait_id, e.kind, e.at, e.data FROM wait_events e
+                 JOIN waits w ON w.id = e.wait_id
+                 WHERE e.tenant = $1 AND e.id > $2 AND w.labels @> $3 ORDER BY e.id LIMIT $4",
+            )
+            .bind(tenant)
+            .bind(after)
+            .bind(serde_json::to_value(labels).unwrap_or_else(|_| json!({})))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+        };
+        Ok(rows.into_iter().map(Event::from).collect())
+    }
+
+    /// Claims up to `limit` running waits that are due within `lookahead` and unowned
+    /// or whose lease has run out, taking a lease of `ttl` for `owner`.
+    pub async fn claim(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let rows: Vec<(Uuid, i64, Value, Option<DateTime<Utc>>, Value, Value)> = sqlx::query_as(
+            "WITH due AS MATERIALIZED (
+                 SELECT id FROM waits
+                 WHERE status = 'running'
+                   AND next_poll_at <= now() + $3
+                   AND (owner IS NULL OR lease_until < now())
+                 ORDER BY next_poll_at
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED)
+             UPDATE waits w SET owner = $1, lease_until = now() + $2, epoch = w.epoch + 1
+             FROM due, wait_specs s
+             WHERE w.id = due.id AND s.wait_id = w.id
+             RETURNING w.id, w.epoch, w.engine, w.next_poll_at, s.spec, s.headers",
+        )
+        .bind(owner)
+        .bind(ttl)
+        .bind(lookahead)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for (id, epoch, engine, next, spec, headers) in rows {
+            match decode_claim(spec, headers, engine) {
+                Ok((spec, engine)) => claimed.push(Claimed {
+                    id,
+                    epoch,
+                    next_poll_at: next.unwrap_or(engine.deadline),
+                    spec,
+                    engine,
+                }),
+                Err(e) => {
+                    // A row this version cannot read: end it rather than spin on it.
+                    tracing::error!(wait_id = %id, error = %e, "cannot decode a claimed wait; ending it in error");
+                    let progress = Progress {
+                        id,
+                        epoch,
+                        engine: EngineState::start(&placeholder_spec(), Utc::now()).0,
+                        next_poll_at: None,
+                        events: vec![],
+                        end: Some((
+                            "error".into(),
+                            format!("waitd could not read this wait's stored spec: {e}"),
+                            None,
+                        )),
+                    };
+                    let _ = self.record(owner, &progress).await;
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Writes what one poll changed, fenced by owner and epoch. Returns false when the
+    /// wait is no longer this owner's (taken over, canceled or ended elsewhere).
+    pub async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
+        let now = Utc::now();
+        let engine =
+            serde_json::to_value(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?;
+        let mut tx = self.pool.begin().await?;
+        let n_events = p.events.len() as i32 + i32::from(p.end.is_some());
+        let (status, reason, detail) = match &p.end {
+            Some((s, r, d)) => (s.as_str(), Some(r.as_str()), d.clone()),
+            None => ("running", None, None),
+        };
+        let row: Option<(i32, String)> = sqlx::query_as(
+            "UPDATE waits SET status = $4, state = $5, reason = $6, error_detail = $7, last_error = $8,
+                    polls = $9, retries = $10, engine = $11, next_poll_at = $12, updated_at = $13,
+                    finished_at = CASE WHEN $4 = 'running' THEN NULL ELSE $13 END,
+                    owner = CASE WHEN $4 = 'running' THEN owner ELSE NULL END,
+                    lease_until = CASE WHEN $4 = 'running' THEN lease_until ELSE NULL END,
+                    seq = seq + $14
+             WHERE id = $1 AND owner = $2 AND epoch = $3 AND status = 'running'
+             RETURNING seq, tenant",
+        )
+        .bind(p.id)
+        .bind(owner)
+        .bind(p.epoch)
+        .bind(status)
+        .bind(&p.engine.state)
+        .bind(reason)
+        .bind(detail.clone())
+        .bind(&p.engine.last_error)
+        .bind(p.engine.polls as i32)
+        .bind(p.engine.retries as i32)
+        .bind(&engine)
+        .bind(if p.end.is_some() { None } else { p.next_poll_at })
+        .bind(now)
+        .bind(n_events)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((seq, tenant)) = row else {
+            tx.rollback().await?;
+            return Ok(false);
+        };
+        let mut events = p.events.clone();
+        let flag = if let Some((status, reason, detail)) = &p.end {
+            let mut data = json!({ "reason": reason, "state": p.engine.state });
+            if let Some(d) = detail {
+                data["error_detail"] = d.clone();
+            }
+            if let Some(e) = &p.engine.last_error {
+                data["last_error"] = json!(e);
+            }
+            events.push(NewEvent {
+                kind: status.clone(),
+                data,
+            });
+            't'
+        } else {
+            '-'
+        };
+        if !events.is_empty() {
+            append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Renews the lease on every wait in `held` and writes the checkpoints that carry
+    /// one, in one statement. Returns the ids still held; the others were lost.
+    pub async fn renew(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        held: &[Checkpoint],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(held);
+        let kept: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE waits w SET lease_until = now() + $2,
+                    engine = COALESCE(u.engine::jsonb, w.engine),
+                    polls = COALESCE(u.polls, w.polls),
+                    retries = COALESCE(u.retries, w.retries),
+                    next_poll_at = COALESCE(u.next_poll_at, w.next_poll_at),
+                    updated_at = CASE WHEN u.engine IS NULL THEN w.updated_at ELSE now() END
+             FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::int[], $7::int[], $8::timestamptz[])
+                  AS u(id, epoch, engine, polls, retries, next_poll_at)
+             WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'
+             RETURNING w.id",
+        )
+        .bind(owner)
+        .bind(ttl)
+        .bind(ids)
+        .bind(epochs)
+        .bind(engines)
+        .bind(polls)
+        .bind(retries)
+        .bind(nexts)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(kept.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Writes the last checkpoints and gives the leases up, so another replica can
+    /// take the waits over at once (graceful shutdown).
+    pub async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
+        if held.is_empty() {
+            return Ok(0);
+        }
+        let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(held);
+        let n = sqlx::query(
+            "UPDATE waits w SET owner = NULL, lease_until = NULL,
+                    engine = COALESCE(u.engine::jsonb, w.engine),
+                    polls = COALESCE(u.polls, w.polls),
+                    retries = COALESCE(u.retries, w.retries),
+                    next_poll_at = COALESCE(u.next_poll_at, w.next_poll_at),
+                    updated_at = CASE WHEN u.engine IS NULL THEN w.updated_at ELSE now() END
+             FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[])
+                  AS u(id, epoch, engine, polls, retries, next_poll_at)
+             WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'",
+        )
+        .bind(owner)
+        .bind(ids)
+        .bind(epochs)
+        .bind(engines)
+        .bind(polls)
+        .bind(retries)
+        .bind(nexts)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        // Tell the other replicas there is work to claim.
+        sqlx::query("SELECT pg_notify($1, 'released')")
+            .bind(CHANNEL)
+            .execute(&self.pool)
+            .await?;
+        Ok(n)
+    }
+
+    /// Counts of running waits (for `/metrics`).
+    pub async fn count_running(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running'")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n)
+    }
+}
+
+type Columns = (
+    Vec<Uuid>,
+    Vec<i64>,
+    Vec<Option<String>>,
+    Vec<Option<i32>>,
+    Vec<Option<i32>>,
+    Vec<Option<DateTime<Utc>>>,
+);
+
+fn unzip_checkpoints(held: &[Checkpoint]) -> Columns {
+    let mut c: Columns = Default::default();
+    for h in held {
+        c.0.push(h.id);
+        c.1.push(h.epoch);
+        c.2.push(
+            h.engine
+                .as_ref()
+                .and_then(|e| serde_json::to_string(e).ok()),
+        );
+        c.3.push(h.engine.as_ref().map(|e| e.polls as i32));
+        c.4.push(h.engine.as_ref().map(|e| e.retries as i32));
+        c.5.push(h.next_poll_at);
+    }
+    c
+}
+
+fn decode_claim(spec: Value, headers: Value, engine: Value) -> Result<(Spec, EngineState), String> {
+    let mut spec: Spec = serde_json::from_value(spec).map_err(|e| format!("spec: {e}"))?;
+    spec.target.headers = serde_json::from_value(headers).map_err(|e| format!("headers: {e}"))?;
+    let engine: EngineState =
+        serde_json::from_value(engine).map_err(|e| format!("engine state: {e}"))?;
+    Ok((spec, engine))
+}
+
+fn placeholder_spec() -> Spec {
+    Spec::from_request(
+        &json!({"target": {"url": "http://invalid.invalid/"}, "state": "/s", "want": ["x"]}),
+        &crate::engine::Limits::default(),
+    )
+    .expect("the placeholder spec is valid")
+}
+
+/// Appends events numbered from `seq_before + 1`, under the event-order lock, and
+/// notifies listeners with ids only.
+async fn append_events(
+    tx: &mut Transaction<'_, Postgres>,
+    wait_id: Uuid,
+    tenant: &str,
+    at: DateTime<Utc>,
+    events: &[NewEvent],
+    seq_before: i32,
+    flag: char,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(EVENT_ORDER_LOCK)
+        .execute(&mut **tx)
+        .await?;
+    let mut last_gid = 0i64;
+    for (i, e) in events.iter().enumerate() {
+        let (gid,): (i64,) = sqlx::query_as(
+            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(wait_id)
+        .bind(seq_before + 1 + i as i32)
+        .bind(tenant)
+        .bind(&e.kind)
+        .bind(at)
+        .bind(&e.data)
+        .fetch_one(&mut **tx)
+        .await?;
+        last_gid = gid;
+    }
+    let notice = Notice {
+        wait_id,
+        seq: seq_before + events.len() as i32,
+        gid: last_gid,
+        flag,
+    };
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(notice.encode())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,564 @@
+//! The worker pool of one replica: claims due waits from the store under a lease,
+//! keeps them in an in-memory timer queue, probes them with bounded concurrency (the
+//! prober adds a per-host bound), feeds each observation to the engine, and writes
+//! back only what changed.
+//!
+//! One task owns all the state (no locks); probes and writes run as tasks that report
+//! back over a channel. It never talks to the API: the two meet in the store and on
+//! the event bus.
+//!
+//! Write discipline: a new state, a retry or the end is written at once (fenced by
+//! owner and epoch); unchanged polls only mark the wait dirty, and one statement per
+//! renewal interval renews every lease and checkpoints every dirty wait.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::engine::{self, Context, Decision, EngineState, Event, Observation, Spec};
+use crate::metrics::Metrics;
+use crate::probe::Prober;
+use crate::store::bus::{Bus, BusMsg};
+use crate::store::{Checkpoint, Claimed, NewEvent, PgStore, Progress, StoreError};
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// How long a claim lasts without renewal.
+    pub lease_ttl: Duration,
+    /// The operator's floor under every delay.
+    pub floor: Duration,
+    /// Most waits this replica holds at once.
+    pub capacity: usize,
+    /// Most probes in flight at once.
+    pub concurrency: usize,
+    /// The fallback claim sweep (NOTIFY wakes the claimer sooner).
+    pub claim_interval: Duration,
+    /// How long shutdown waits for in-flight probes.
+    pub drain_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            lease_ttl: Duration::from_secs(30),
+            floor: Duration::from_secs(1),
+            capacity: 100_000,
+            concurrency: 512,
+            claim_interval: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct Worker {
+    pub store: PgStore,
+    pub prober: Prober,
+    pub bus: Bus,
+    pub cfg: WorkerConfig,
+    pub metrics: Arc<Metrics>,
+    pub owner: Uuid,
+}
+
+struct Held {
+    spec: Arc<Spec>,
+    engine: EngineState,
+    epoch: i64,
+    next: DateTime<Utc>,
+    /// Bumped whenever the wait is rescheduled: stale timer entries are skipped.
+    generation: u64,
+    /// A probe or a write is in flight.
+    busy: bool,
+    /// Changed since the last checkpoint.
+    dirty: bool,
+    /// When our lease runs out, by our own clock.
+    lease_until: Instant,
+}
+
+enum Msg {
+    Claimed(Instant, Result<Vec<Claimed>, StoreError>),
+    Probed {
+        id: Uuid,
+        generation: u64,
+        obs: Observation,
+        at: DateTime<Utc>,
+    },
+    Recorded {
+        id: Uuid,
+        generation: u64,
+        ended: bool,
+        result: Result<bool, StoreError>,
+    },
+    Renewed {
+        started: Instant,
+        sent: Vec<Uuid>,
+        checkpointed: Vec<Uuid>,
+        result: Result<Vec<Uuid>, StoreError>,
+    },
+}
+
+struct Loop {
+    w: Arc<Worker>,
+    held: HashMap<Uuid, Held>,
+    timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Uuid)>>,
+    tx: mpsc::UnboundedSender<Msg>,
+    generation: u64,
+    claiming: bool,
+    claim_again: bool,
+    renewing: bool,
+    probes: Arc<Semaphore>,
+}
+
+impl Worker {
+    /// Runs until `shutdown` resolves; then stops claiming, lets in-flight probes
+    /// finish (bounded by `drain_timeout`), checkpoints and releases every lease.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        let w = Arc::new(self);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut bus_rx = w.bus.subscribe();
+        let mut lp = Loop {
+            probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
+            w: w.clone(),
+            held: HashMap::new(),
+            timers: BinaryHeap::new(),
+            tx,
+            generation: 0,
+            claiming: false,
+            claim_again: true,
+            renewing: false,
+        };
+        let mut claim_tick = tokio::time::interval(w.cfg.claim_interval);
+        claim_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let renew_every = (w.cfg.lease_ttl / 3).max(Duration::from_millis(50));
+        let mut renew_tick = tokio::time::interval(renew_every);
+        renew_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+
+        tracing::info!(owner = %w.owner, "worker pool started");
+        loop {
+            if lp.claim_again && !lp.claiming {
+                lp.claim();
+            }
+            let wake = lp.next_wake();
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                Some(msg) = rx.recv() => lp.handle(msg),
+                msg = bus_rx.recv() => lp.bus(msg),
+                _ = tokio::time::sleep_until(wake) => lp.fire_due(),
+                _ = claim_tick.tick() => lp.claim_again = true,
+                _ = renew_tick.tick() => lp.renew(),
+            }
+        }
+
+        // Drain: no new probes or claims; let the in-flight ones report back.
+        tracing::info!(held = lp.held.len(), "worker pool stopping");
+        let drain_until = Instant::now() + w.cfg.drain_timeout;
+        while lp.held.values().any(|h| h.busy) || lp.claiming || lp.renewing {
+            tokio::select! {
+                Some(msg) = rx.recv() => lp.handle_draining(msg),
+                _ = tokio::time::sleep_until(drain_until) => break,
+            }
+        }
+        let checkpoints: Vec<Checkpoint> = lp
+            .held
+            .iter()
+            .filter(|(_, h)| !h.busy)
+            .map(|(id, h)| checkpoint(*id, h, true))
+            .collect();
+        w.metrics.write();
+        match w.store.release(w.owner, &checkpoints).await {
+            Ok(n) => tracing::info!(released = n, "leases released"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release leases; they expire after the TTL")
+            }
+        }
+        w.metrics.held.store(0, Relaxed);
+    }
+}
+
+fn checkpoint(id: Uuid, h: &Held, force: bool) -> Checkpoint {
+    let write = force || h.dirty;
+    Checkpoint {
+        id,
+        epoch: h.epoch,
+        engine: write.then(|| h.engine.clone()),
+        next_poll_at: write.then_some(h.next),
+    }
+}
+
+fn instant_at(t: DateTime<Utc>) -> Instant {
+    let now = Utc::now();
+    Instant::now() + (t - now).to_std().unwrap_or(Duration::ZERO)
+}
+
+fn outcome_label(obs: &Observation) -> &'static str {
+    match obs {
+        Observation::State { .. } => "state",
+        Observation::Missing { .. } => "missing",
+        Observation::NotFound { .. } => "not_found",
+        Observation::Transient { .. } => "transient",
+        Observation::Permanent { .. } => "permanent",
+    }
+}
+
+impl Loop {
+    fn next_wake(&self) -> Instant {
+        match self.timers.peek() {
+            Some(Reverse((t, _, _))) => instant_at(*t),
+            None => Instant::now() + Duration::from_secs(3600),
+        }
+    }
+
+    fn schedule(&mut self, id: Uuid, at: DateTime<Utc>) {
+        self.generation += 1;
+        let g = self.generation;
+        if let Some(h) = self.held.get_mut(&id) {
+            h.next = at;
+            h.generation = g;
+            self.timers.push(Reverse((at, g, id)));
+        }
+    }
+
+    fn claim(&mut self) {
+        self.claim_again = false;
+        let free = self.w.cfg.capacity.saturating_sub(self.held.len());
+        if free == 0 {
+            return;
+        }
+        self.claiming = true;
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        let lookahead = (w.cfg.lease_ttl / 2).min(Duration::from_secs(5));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let limit = free.min(1000) as i64;
+            let r = w
+                .store
+                .claim(w.owner, w.cfg.lease_ttl, lookahead, limit)
+                .await;
+            w.metrics.write();
+            let _ = tx.send(Msg::Claimed(started, r));
+        });
+    }
+
+    fn renew(&mut self) {
+        if self.renewing || self.held.is_empty() {
+            return;
+        }
+        self.renewing = true;
+        let mut checkpointed = Vec::new();
+        let held: Vec<Checkpoint> = self
+            .held
+            .iter_mut()
+            .map(|(id, h)| {
+                // A busy wait's progress is being written right now; renew its lease
+                // only, so an older checkpoint cannot land after the newer write.
+                if h.busy {
+                    return Checkpoint {
+                        id: *id,
+                        epoch: h.epoch,
+                        engine: None,
+                        next_poll_at: None,
+                    };
+                }
+                let c = checkpoint(*id, h, false);
+                if h.dirty {
+                    checkpointed.push(*id);
+                    h.dirty = false;
+                }
+                c
+            })
+            .collect();
+        let sent: Vec<Uuid> = held.iter().map(|c| c.id).collect();
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = w.store.renew(w.owner, w.cfg.lease_ttl, &held).await;
+            w.metrics.write();
+            let _ = tx.send(Msg::Renewed {
+                started,
+                sent,
+                checkpointed,
+                result: r,
+            });
+        });
+    }
+
+    fn bus(&mut self, msg: Result<BusMsg, broadcast::error::RecvError>) {
+        match msg {
+            Ok(BusMsg::Notice(n)) => {
+                if n.flag == 'c' {
+                    self.claim_again = true;
+                } else if n.is_terminal() {
+                    // Ended elsewhere (a cancel, another replica): stop polling it.
+                    if self.held.remove(&n.wait_id).is_some() {
+                        self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+                    }
+                }
+            }
+            Ok(BusMsg::Released) | Ok(BusMsg::Resync) => self.claim_again = true,
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                // Missed notices: the next renewal finds any wait we lost.
+                self.claim_again = true;
+            }
+            Err(broadcast::error::RecvError::Closed) => {}
+        }
+    }
+
+    fn fire_due(&mut self) {
+        let now = Utc::now();
+        let instant_now = Instant::now();
+        let safety = (self.w.cfg.lease_ttl / 5).min(Duration::from_secs(2));
+        while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(h) = self.held.get_mut(&id) else {
+                continue;
+            };
+            if h.generation != g || h.busy {
+                continue;
+            }
+            if instant_now + safety >= h.lease_until {
+                // Our lease is about to run out unrenewed (the store is unreachable):
+                // another replica may take this wait; polling it now could double it.
+                tracing::warn!(wait_id = %id, "lease not renewed in time; letting the wait go");
+                self.held.remove(&id);
+                continue;
+            }
+            h.busy = true;
+            self.w
+                .metrics
+                .schedule_lag
+                .observe((now - at).to_std().unwrap_or_default());
+            let spec = h.spec.clone();
+            let probes = self.probes.clone();
+            let w = self.w.clone();
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                // The prober itself bounds the probes in flight per target host.
+                let _p = probes.acquire_owned().await;
+                let started = Instant::now();
+                let obs = w.prober.probe(&spec).await;
+                w.metrics.probe_latency.observe(started.elapsed());
+                w.metrics.poll(outcome_label(&obs));
+                let _ = tx.send(Msg::Probed {
+                    id,
+                    generation: g,
+                    obs,
+                    at: Utc::now(),
+                });
+            });
+        }
+        self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+    }
+
+    fn handle_draining(&mut self, msg: Msg) {
+        match msg {
+            // Finish what was observed, but schedule nothing new.
+            Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Renewed { .. } => self.handle(msg),
+            Msg::Claimed(_, Ok(claimed)) => {
+                self.claiming = false;
+                // Claimed while stopping: hold them just long enough to release them.
+                for c in claimed {
+                    self.insert(c, Instant::now() + self.w.cfg.lease_ttl);
+                }
+            }
+            Msg::Claimed(_, Err(_)) => self.claiming = false,
+        }
+    }
+
+    fn insert(&mut self, c: Claimed, lease_until: Instant) {
+        let spec = Arc::new(c.spec);
+        let held = Held {
+            spec,
+            engine: c.engine,
+            epoch: c.epoch,
+            next: c.next_poll_at,
+            generation: 0,
+            busy: false,
+            dirty: false,
+            lease_until,
+        };
+        self.held.insert(c.id, held);
+        self.schedule(c.id, c.next_poll_at);
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Claimed(started, result) => {
+                self.claiming = false;
+                match result {
+                    Ok(claimed) => {
+                        if claimed.len() >= 1000 {
+                            self.claim_again = true;
+                        }
+                        if !claimed.is_empty() {
+                            tracing::debug!(n = claimed.len(), "claimed waits");
+                        }
+                        for c in claimed {
+                            self.insert(c, started + self.w.cfg.lease_ttl);
+                        }
+                        self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "claiming waits failed"),
+                }
+            }
+            Msg::Probed {
+                id,
+                generation,
+                obs,
+                at,
+            } => self.observed(id, generation, obs, at),
+            Msg::Recorded {
+                id,
+                generation,
+                ended,
+                result,
+            } => {
+                let Some(h) = self.held.get_mut(&id) else {
+                    return;
+                };
+                if h.generation != generation {
+                    return;
+                }
+                match result {
+                    Ok(true) if !ended => {
+                        h.busy = false;
+                        h.dirty = false;
+                        let next = h.next;
+                        self.schedule(id, next);
+                    }
+                    Ok(_) => {
+                        self.held.remove(&id);
+                    }
+                    Err(e) => {
+                        // Let the lease run out: another claim resumes from the last
+                        // checkpoint (at-least-once polling, exactly-once ending).
+                        tracing::warn!(wait_id = %id, error = %e, "could not record progress; letting the wait go");
+                        self.held.remove(&id);
+                    }
+                }
+                self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+            }
+            Msg::Renewed {
+                started,
+                sent,
+                checkpointed,
+                result,
+            } => {
+                self.renewing = false;
+                match result {
+                    Ok(kept) => {
+                        let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
+                        for id in sent {
+                            if kept.contains(&id) {
+                                if let Some(h) = self.held.get_mut(&id) {
+                                    h.lease_until = started + self.w.cfg.lease_ttl;
+                                }
+                            } else if self.held.get(&id).is_some_and(|h| !h.busy) {
+                                tracing::debug!(wait_id = %id, "lease lost");
+                                self.held.remove(&id);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "renewing leases failed");
+                        for id in checkpointed {
+                            if let Some(h) = self.held.get_mut(&id) {
+                                h.dirty = true;
+                            }
+                        }
+                    }
+                }
+                self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+            }
+        }
+    }
+
+    fn observed(&mut self, id: Uuid, generation: u64, obs: Observation, at: DateTime<Utc>) {
+        let floor = self.w.cfg.floor;
+        let Some(h) = self.held.get_mut(&id) else {
+            return;
+        };
+        if h.generation != generation {
+            return;
+        }
+        let cx = Context {
+            now: at,
+            floor,
+            jitter: fastrand::f64() * 2.0 - 1.0,
+        };
+        let step = engine::step(&h.spec, &mut h.engine, obs, cx);
+        let events: Vec<NewEvent> = step.events.iter().map(event_record).collect();
+        let (next, end) = match step.decision {
+            Decision::PollAt(t) => (Some(t), None),
+            Decision::End(o) => (
+                None,
+                Some((o.end.as_str().to_string(), o.reason, o.error_detail)),
+            ),
+        };
+        if let Some(t) = next {
+            h.next = t;
+        }
+        if events.is_empty() && end.is_none() {
+            // Nothing changed: keep it in memory, checkpoint later.
+            h.dirty = true;
+            h.busy = false;
+            let t = h.next;
+            self.schedule(id, t);
+            return;
+        }
+        let ended = end.is_some();
+        if let Some((status, _, _)) = &end {
+            self.w.metrics.ended(status);
+        }
+        let progress = Progress {
+            id,
+            epoch: h.epoch,
+            engine: h.engine.clone(),
+            next_poll_at: next,
+            events,
+            end,
+        };
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let result = w.store.record(w.owner, &progress).await;
+            w.metrics.write();
+            let _ = tx.send(Msg::Recorded {
+                id,
+                generation,
+                ended,
+                result,
+            });
+        });
+    }
+}
+
+fn event_record(e: &Event) -> NewEvent {
+    match e {
+        Event::State { from, to } => NewEvent {
+            kind: "state".into(),
+            data: json!({ "from": from, "to": to }),
+        },
+        Event::Retry {
+            error,
+            attempt,
+            delay,
+        } => NewEvent {
+            kind: "retry".into(),
+            data: json!({ "error": error, "attempt": attempt, "delay": engine::duration::format(*delay) }),
+        },
+    }
+}

@@ -1,0 +1,309 @@
+//! Test support: a fresh Postgres database per test, a scripted upstream standing in
+//! for the cloud APIs, and waitd itself on 127.0.0.1:0.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use sqlx::Connection;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The server the tests use; `WAITD_TEST_DATABASE_URL` points elsewhere.
+pub fn admin_url() -> String {
+    std::env::var("WAITD_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A throwaway database, dropped by [`TestDb::drop_db`] (or left for CI's sweep).
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin = admin_url();
+        let name = format!("waitd_t_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("tests need Postgres: set WAITD_TEST_DATABASE_URL or run .ci/run");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        let base = admin
+            .rsplit_once('/')
+            .map(|(b, _)| b.to_string())
+            .unwrap_or(admin.clone());
+        TestDb {
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    pub async fn drop_db(&self) {
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            )))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+/// One scripted answer of the upstream.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub headers: Vec<(String, String)>,
+    pub delay: Duration,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: Value) -> Reply {
+        Reply {
+            status,
+            body: body.to_string(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// `{"data": {"attributes": {"status": s}}}`, the Latitude.sh shape.
+    pub fn status(s: &str) -> Reply {
+        Reply::json(200, json!({"data": {"attributes": {"status": s}}}))
+    }
+
+    pub fn header(mut self, k: &str, v: &str) -> Reply {
+        self.headers.push((k.into(), v.into()));
+        self
+    }
+}
+
+#[derive(Default)]
+struct Script {
+    /// Per path: the replies left; the last one repeats.
+    replies: HashMap<String, Vec<Reply>>,
+    hits: HashMap<String, usize>,
+    seen_headers: HashMap<String, Vec<HeaderMap>>,
+}
+
+/// A scripted HTTP server on 127.0.0.1:0 standing in for a cloud API. Each path has
+/// its own script, so many waits can share one upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    pub base: String,
+    script: Arc<Mutex<Script>>,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let app = axum::Router::new()
+            .route("/{*path}", axum::routing::get(answer))
+            .with_state(script.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Upstream { base, script }
+    }
+
+    /// Sets the script of `path` (e.g. "/servers/1"); returns the full URL.
+    pub fn script(&self, path: &str, replies: Vec<Reply>) -> String {
+        let mut s = self.script.lock().unwrap();
+        s.replies
+            .insert(path.trim_start_matches('/').to_string(), replies);
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn hits(&self, path: &str) -> usize {
+        let s = self.script.lock().unwrap();
+        s.hits
+            .get(path.trim_start_matches('/'))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn headers_seen(&self, path: &str) -> Vec<HeaderMap> {
+        let s = self.script.lock().unwrap();
+        s.seen_headers
+            .get(path.trim_start_matches('/'))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+async fn answer(
+    State(script): State<Arc<Mutex<Script>>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let reply = {
+        let mut s = script.lock().unwrap();
+        *s.hits.entry(path.clone()).or_default() += 1;
+        s.seen_headers
+            .entry(path.clone())
+            .or_default()
+            .push(headers);
+        match s.replies.get_mut(&path) {
+            Some(list) if list.len() > 1 => Some(list.remove(0)),
+            Some(list) => list.first().cloned(),
+            None => None,
+        }
+    };
+    let Some(reply) = reply else {
+        return (StatusCode::NOT_FOUND, "no script").into_response();
+    };
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    let mut res = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
+    for (k, v) in reply.headers {
+        res.headers_mut().insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            axum::http::HeaderValue::from_str(&v).unwrap(),
+        );
+    }
+    res
+}
+
+/// waitd on 127.0.0.1:0 against a test database.
+pub struct App {
+    pub base: String,
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), String>>>,
+}
+
+/// Flags every test app gets: millisecond polling, loopback targets allowed, short leases.
+pub fn test_args(db_url: &str) -> Vec<String> {
+    [
+        "--database-url",
+        db_url,
+        "--min-poll-interval",
+        "1ms",
+        "--allow-targets",
+        "127.0.0.1",
+        "--lease-ttl",
+        "3s",
+        "--db-connections",
+        "8",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+impl App {
+    pub async fn start(db: &TestDb) -> App {
+        App::start_with(db, &[]).await
+    }
+
+    pub async fn start_with(db: &TestDb, extra: &[&str]) -> App {
+        let mut args = test_args(&db.url);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let config = waitd::Config::from_args(args).expect("valid test flags");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(waitd::serve(listener, config, async move {
+            let _ = rx.await;
+        }));
+        let app = App {
+            base,
+            client: client(),
+            stop: Some(tx),
+            task: Some(task),
+        };
+        // Ready when the store answers.
+        for _ in 0..200 {
+            if let Ok(r) = app.client.get(app.url("/readyz")).send().await {
+                if r.status().is_success() {
+                    return app;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("waitd did not become ready");
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Stops the app gracefully; returns what `serve` returned and how long it took.
+    pub async fn stop(mut self) -> (Result<(), String>, Duration) {
+        let started = std::time::Instant::now();
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let r = tokio::time::timeout(Duration::from_secs(20), self.task.take().unwrap())
+            .await
+            .expect("waitd stops within 20 s")
+            .expect("serve task did not panic");
+        (r, started.elapsed())
+    }
+
+    pub async fn create(&self, spec: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .post(self.url("/waits"))
+            .json(&spec)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post(&self, path: &str) -> (u16, Value) {
+        let r = self.client.post(self.url(path)).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Blocks on the wait until it ends (bounded), returning its final form.
+    pub async fn wait_end(&self, id: &str) -> Value {
+        let (_, w) = self.get(&format!("/waits/{id}?wait=20s")).await;
+        w
+    }
+}
+
+/// A minimal valid spec polling `url` for the Latitude-shaped status.
+pub fn spec(url: &str) -> Value {
+    json!({
+        "target": {"url": url},
+        "state": "/data/attributes/status",
+        "want": ["on"],
+        "fail": ["failed_deployment"],
+        "timeout": "20s",
+        "poll": {"initial": "5ms", "max": "20ms", "jitter": 0},
+        "retry": {"delay": "5ms", "max_delay": "20ms"}
+    })
+}
