@@ -189,26 +189,31 @@ fn params() -> impl Strategy<Value = Params> {
 }
 
 fn state_value() -> impl Strategy<Value = String> {
+    // Weighted towards progress so that many waits run long enough to meet their
+    // deadline or spend their budget, rather than end on the second poll.
     prop_oneof![
-        6 => Just("building"),
-        4 => Just("queued"),
-        4 => Just("ready"),
-        2 => Just("done"),
+        20 => Just("building"),
+        16 => Just("queued"),
+        6 => Just("strange"),
+        3 => Just("ready"),
+        1 => Just("done"),
+        2 => Just("READY"),
         1 => Just("broken"),
-        2 => Just("strange"),
-        1 => Just("READY"),
         1 => Just("Broken"),
     ]
     .prop_map(String::from)
 }
 
 fn observation() -> impl Strategy<Value = Observation> {
+    let values = prop_oneof![
+        4 => prop::collection::vec(state_value(), 1..=1),
+        1 => prop::collection::vec(state_value(), 2..=3),
+    ];
     prop_oneof![
-        30 => prop::collection::vec(state_value(), 1..=3)
-            .prop_map(|values| Observation::State { values, detail: None }),
-        5 => Just(Observation::Missing { reason: "the state is absent".into() }),
-        3 => prop_oneof![Just(404u16), Just(410)].prop_map(|status| Observation::NotFound { status }),
-        10 => prop::option::of(0u64..=90_000).prop_map(|ms| Observation::Transient {
+        60 => values.prop_map(|values| Observation::State { values, detail: None }),
+        6 => Just(Observation::Missing { reason: "the state is absent".into() }),
+        2 => prop_oneof![Just(404u16), Just(410)].prop_map(|status| Observation::NotFound { status }),
+        12 => prop::option::of(0u64..=90_000).prop_map(|ms| Observation::Transient {
             error: "503 Service Unavailable".into(),
             retry_after: ms.map(Duration::from_millis),
         }),
