@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the service (the default command).
-    Serve(Config),
+    Serve(Box<Config>),
     /// Apply the database migrations and exit.
     Migrate {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
                 let listener = tokio::net::TcpListener::bind(config.listen)
                     .await
                     .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-                waitd::serve(listener, config, shutdown_signal()).await
+                waitd::serve(listener, *config, shutdown_signal()).await
             }
             Command::Migrate { database_url } => {
                 init_logging(LogFormat::Text);

@@ -141,14 +141,14 @@ enum Kind {
 fn params() -> impl Strategy<Value = Params> {
     (
         (
-            10u64..=3_000,
+            prop_oneof![10u64..=200, 10u64..=3_000],
             0u64..=20_000,
             prop_oneof![Just(1.0), 1.0f64..=3.0],
             prop_oneof![Just(0.0), 0.0f64..0.5],
             prop_oneof![Just(0u64), 0u64..=5_000],
         ),
         (
-            10u64..=2_000,
+            prop_oneof![10u64..=200, 10u64..=2_000],
             0u64..=30_000,
             prop_oneof![Just(None), (0u32..=6).prop_map(Some)],
             1u64..=60_000,
@@ -213,7 +213,7 @@ fn observation() -> impl Strategy<Value = Observation> {
         60 => values.prop_map(|values| Observation::State { values, detail: None }),
         6 => Just(Observation::Missing { reason: "the state is absent".into() }),
         2 => prop_oneof![Just(404u16), Just(410)].prop_map(|status| Observation::NotFound { status }),
-        12 => prop::option::of(0u64..=90_000).prop_map(|ms| Observation::Transient {
+        12 => prop_oneof![3 => Just(None), 1 => (0u64..=90_000).prop_map(Some)].prop_map(|ms| Observation::Transient {
             error: "503 Service Unavailable".into(),
             retry_after: ms.map(Duration::from_millis),
         }),

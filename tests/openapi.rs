@@ -19,7 +19,13 @@ fn the_committed_openapi_document_matches_the_code() {
 fn the_document_is_openapi_3_1_and_names_every_route() {
     let doc: serde_json::Value = serde_json::from_str(&waitd::api::openapi::document()).unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
-    for path in ["/waits", "/waits/{id}", "/waits/{id}/cancel", "/waits/{id}/events", "/events"] {
+    for path in [
+        "/waits",
+        "/waits/{id}",
+        "/waits/{id}/cancel",
+        "/waits/{id}/events",
+        "/events",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "{path} missing");
     }
 }

@@ -136,13 +136,13 @@ impl PgStore {
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
     ) -> Result<Created, StoreError> {
-        if let Some((key, hash)) = idempotency {
-            if let Some(found) = self.find_idempotent(tenant, key, hash).await? {
-                return Ok(Created {
-                    wait: found,
-                    existing: true,
-                });
-            }
+        if let Some((key, hash)) = idempotency
+            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+        {
+            return Ok(Created {
+                wait: found,
+                existing: true,
+            });
         }
         let id = Uuid::now_v7();
         let (engine, first_poll) = EngineState::start(spec, now);
@@ -368,7 +368,7 @@ impl PgStore {
         lookahead: Duration,
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let rows: Vec<(Uuid, i64, Value, Option<DateTime<Utc>>, Value, Value)> = sqlx::query_as(
+        let rows: Vec<ClaimRow> = sqlx::query_as(
             "WITH due AS MATERIALIZED (
                  SELECT id FROM waits
                  WHERE status = 'running'
@@ -567,6 +567,9 @@ impl PgStore {
         Ok(n)
     }
 }
+
+/// id, epoch, engine, next_poll_at, spec, headers.
+type ClaimRow = (Uuid, i64, Value, Option<DateTime<Utc>>, Value, Value);
 
 type Columns = (
     Vec<Uuid>,

@@ -237,10 +237,10 @@ impl App {
         };
         // Ready when the store answers.
         for _ in 0..200 {
-            if let Ok(r) = app.client.get(app.url("/readyz")).send().await {
-                if r.status().is_success() {
-                    return app;
-                }
+            if let Ok(r) = app.client.get(app.url("/readyz")).send().await
+                && r.status().is_success()
+            {
+                return app;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
