@@ -29,6 +29,11 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Exit 0 when a waitd answers /healthz (for container health checks).
+    Healthcheck {
+        #[arg(long, env = "WAITD_URL", default_value = "http://127.0.0.1:8080")]
+        server: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
                 print!("{}", waitd::api::openapi::document());
                 Ok(())
             }
+            Command::Healthcheck { server } => healthcheck(&server).await,
         }
     });
     match result {
@@ -78,6 +84,20 @@ fn main() -> ExitCode {
             eprintln!("waitd: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+async fn healthcheck(server: &str) -> Result<(), String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let url = format!("{}/healthz", server.trim_end_matches('/'));
+    match client.get(&url).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("{url} answered {}", r.status())),
+        Err(e) => Err(format!("{url} did not answer: {e}")),
     }
 }
 
