@@ -228,12 +228,14 @@ pub fn step(spec: &Spec, st: &mut EngineState, obs: Observation, cx: Context) ->
                         delay = delay.max(ra);
                     }
                     st.retry_delay_ms = millis(scale(base, 2.0).min(spec.retry.max_delay));
+                    let at = at_or_deadline(cx.now, delay, st.deadline);
                     events.push(Event::Retry {
                         error,
                         attempt: st.budget_used,
-                        delay,
+                        // The delay actually scheduled: the deadline may cut it short.
+                        delay: (at - cx.now).to_std().unwrap_or_default(),
                     });
-                    Decision::PollAt(at_or_deadline(cx.now, delay, st.deadline))
+                    Decision::PollAt(at)
                 }
             }
         }
@@ -355,8 +357,11 @@ fn scale(d: Duration, factor: f64) -> Duration {
     }
 }
 
+/// `now + delay`, but never after the deadline (and never overflowing: a delay past
+/// chrono's range is simply "at the deadline").
 fn at_or_deadline(now: DateTime<Utc>, delay: Duration, deadline: DateTime<Utc>) -> DateTime<Utc> {
-    (now + delta(delay)).min(deadline)
+    now.checked_add_signed(delta(delay))
+        .map_or(deadline, |t| t.min(deadline))
 }
 
 fn millis(d: Duration) -> u64 {

@@ -695,11 +695,11 @@ fn parse_poll(
     let initial_given = opt(obj, "initial").and_then(|v| parse_duration("poll.initial", v, errs));
     let max_given = opt(obj, "max").and_then(|v| parse_duration("poll.max", v, errs));
     if let Some(d) = initial_given {
-        check_floor("poll.initial", d, floor, errs);
+        check_interval("poll.initial", d, limits, errs);
         poll.initial = d;
     }
     if let Some(d) = max_given {
-        check_floor("poll.max", d, floor, errs);
+        check_interval("poll.max", d, limits, errs);
         poll.max = d;
     }
     // A given initial above the default max raises the max rather than fail: the
@@ -750,14 +750,23 @@ fn parse_poll(
     (errs.0.len() == before).then_some(poll)
 }
 
-fn check_floor(field: &str, d: Duration, floor: Duration, errs: &mut Errors) {
-    if d < floor {
+fn check_interval(field: &str, d: Duration, limits: &Limits, errs: &mut Errors) {
+    if d < limits.min_poll_interval {
         errs.push(
             field,
             format!(
                 "is {}, below this server's minimum poll interval of {}",
                 duration::format(d),
-                duration::format(floor)
+                duration::format(limits.min_poll_interval)
+            ),
+        );
+    } else if d > limits.max_timeout {
+        errs.push(
+            field,
+            format!(
+                "is {}, longer than this server's maximum timeout of {}",
+                duration::format(d),
+                duration::format(limits.max_timeout)
             ),
         );
     }
@@ -783,11 +792,11 @@ fn parse_retry(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<
     let delay_given = opt(obj, "delay").and_then(|v| parse_duration("retry.delay", v, errs));
     let max_given = opt(obj, "max_delay").and_then(|v| parse_duration("retry.max_delay", v, errs));
     if let Some(d) = delay_given {
-        check_floor("retry.delay", d, floor, errs);
+        check_interval("retry.delay", d, limits, errs);
         retry.delay = d;
     }
     if let Some(d) = max_given {
-        check_floor("retry.max_delay", d, floor, errs);
+        check_interval("retry.max_delay", d, limits, errs);
         retry.max_delay = d;
     }
     if delay_given.is_some() && max_given.is_none() {
