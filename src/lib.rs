@@ -7,9 +7,11 @@
 //! other.
 
 pub mod api;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod presets;
 pub mod probe;
 pub mod store;
 pub mod worker;
@@ -20,6 +22,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use crate::store::Store;
 
 pub use config::Config;
 
@@ -65,13 +69,8 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let url = config.database_url.clone().ok_or_else(|| {
-        "no database configured: set DATABASE_URL (or --database-url) to a postgres:// URL"
-            .to_string()
-    })?;
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err("DATABASE_URL must be a postgres:// or postgresql:// URL".into());
-    }
+    // No URL: the embedded SQLite file in the working directory.
+    let url = config.database_url.clone().unwrap_or_else(|| "sqlite://waitd.db".to_string());
     let tokens = load_tokens(&config)?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     if tokens.is_empty() {
@@ -83,8 +82,16 @@ pub async fn serve(
         }
         tracing::warn!(%addr, "no API tokens configured: serving anonymously");
     }
+    let limits = engine::Limits {
+        min_poll_interval: config.min_poll_interval,
+        max_timeout: config.max_timeout,
+        ..Default::default()
+    };
+    let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
     let guard = probe::guard::Guard::new(&config.allow_targets)?;
-    let store = store::PgStore::connect(&url, config.db_connections).map_err(|e| e.to_string())?;
+    let bus = store::bus::Bus::new();
+    let store = store::AnyStore::open(&url, config.db_connections, bus.clone())
+        .map_err(|e| format!("cannot open the database: {e}"))?;
     store
         .migrate()
         .await
@@ -106,8 +113,11 @@ pub async fn serve(
     };
 
     let metrics = Arc::new(metrics::Metrics::default());
-    let bus = store::bus::Bus::new();
-    let listener_task = tokio::spawn(bus.clone().listen(store.clone(), stopped(stop_rx.clone())));
+    // Postgres feeds the bus from LISTEN; SQLite publishes to it after each commit.
+    let listener_task = match &store {
+        store::AnyStore::Postgres(pg) => Some(tokio::spawn(bus.clone().listen(pg.clone(), stopped(stop_rx.clone())))),
+        store::AnyStore::Sqlite(_) => None,
+    };
 
     let worker_task = (!config.no_worker).then(|| {
         let worker = worker::Worker {
@@ -130,11 +140,8 @@ pub async fn serve(
     let state = api::AppState {
         store: store.clone(),
         bus,
-        limits: Arc::new(engine::Limits {
-            min_poll_interval: config.min_poll_interval,
-            max_timeout: config.max_timeout,
-            ..Default::default()
-        }),
+        limits: Arc::new(limits),
+        presets: Arc::new(presets),
         metrics,
         guard: Arc::new(guard),
         tokens: Arc::new(tokens),
@@ -149,7 +156,9 @@ pub async fn serve(
     if let Some(t) = worker_task {
         let _ = t.await;
     }
-    let _ = listener_task.await;
-    store.pool().close().await;
+    if let Some(t) = listener_task {
+        let _ = t.await;
+    }
+    store.close().await;
     served
 }

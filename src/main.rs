@@ -1,10 +1,12 @@
-//! The `waitd` command: `serve` (the default), `migrate`, `openapi`.
+//! The `waitd` command: `serve` (the default), `migrate`, `openapi`, `healthcheck`,
+//! and the client: `create`, `get`, `list`, `cancel`, `follow`.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use waitd::Config;
+use waitd::store::Store;
 use waitd::config::LogFormat;
 
 #[derive(Parser)]
@@ -34,18 +36,29 @@ enum Command {
         #[arg(long, env = "WAITD_URL", default_value = "http://127.0.0.1:8080")]
         server: String,
     },
+    #[command(flatten)]
+    Client(waitd::client::Command),
 }
 
 fn main() -> ExitCode {
     // `waitd` alone, or `waitd --flag …`, means `waitd serve …`.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    let client_command = waitd::client::COMMANDS.contains(&first);
     if args.len() == 1
         || (first.starts_with('-') && !matches!(first, "-h" | "--help" | "-V" | "--version"))
     {
         args.insert(1, "serve".into());
     }
-    let cli = Cli::parse_from(args);
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(c) => c,
+        // The client's usage errors exit 5 (its exit codes 1–4 tell how a wait ended).
+        Err(e) if client_command && e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::from(waitd::client::EXIT_PROBLEM);
+        }
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -53,8 +66,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let command = match cli.command {
+        Command::Client(c) => return runtime.block_on(waitd::client::run(c)),
+        other => other,
+    };
     let result = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Serve(config) => {
                 init_logging(config.log_format);
                 let listener = tokio::net::TcpListener::bind(config.listen)
@@ -65,7 +82,7 @@ fn main() -> ExitCode {
             Command::Migrate { database_url } => {
                 init_logging(LogFormat::Text);
                 let store =
-                    waitd::store::PgStore::connect(&database_url, 1).map_err(|e| e.to_string())?;
+                    waitd::store::AnyStore::open(&database_url, 1, waitd::store::bus::Bus::new()).map_err(|e| e.to_string())?;
                 store
                     .migrate()
                     .await
@@ -76,6 +93,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Healthcheck { server } => healthcheck(&server).await,
+            Command::Client(_) => unreachable!("client commands returned above"),
         }
     });
     match result {

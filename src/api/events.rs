@@ -26,7 +26,7 @@ use super::{AppState, Tenant, json_response};
 use crate::api::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use crate::store::bus::BusMsg;
-use crate::store::{Event, StoreError};
+use crate::store::{Event, Store, StoreError};
 
 const PAGE: i64 = 500;
 /// A stream re-reads the table at least this often even without a notice.

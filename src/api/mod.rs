@@ -6,6 +6,7 @@
 pub mod error;
 mod events;
 pub mod openapi;
+mod presets;
 mod waits;
 
 use std::collections::HashMap;
@@ -26,7 +27,7 @@ use tower_http::trace::TraceLayer;
 use crate::engine::Limits;
 use crate::metrics::Metrics;
 use crate::probe::guard::Guard;
-use crate::store::PgStore;
+use crate::store::{AnyStore, Store};
 use crate::store::bus::Bus;
 pub use error::{ApiError, ApiResult};
 
@@ -36,9 +37,11 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// What every handler shares. Cloning is shallow.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: PgStore,
+    pub store: AnyStore,
     pub bus: Bus,
     pub limits: Arc<Limits>,
+    /// The presets requests may name (built-in plus `--presets-dir`).
+    pub presets: Arc<crate::presets::Registry>,
     pub metrics: Arc<Metrics>,
     pub guard: Arc<Guard>,
     /// token → tenant; empty means anonymous use (tenant "").
@@ -55,6 +58,8 @@ pub fn router(state: AppState) -> Router {
         .route("/waits/{id}/cancel", post(waits::cancel))
         .route("/waits/{id}/events", get(events::wait_events))
         .route("/events", get(events::all_events))
+        .route("/presets", get(presets::list))
+        .route("/presets/{name}", get(presets::get_one))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

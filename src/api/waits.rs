@@ -17,7 +17,7 @@ use super::{AppState, JsonBody, Tenant, blocked_status, json_response, parse_blo
 use crate::api::error::{ApiError, ApiResult};
 use crate::engine::Spec;
 use crate::store::bus::BusMsg;
-use crate::store::{ListFilter, Wait};
+use crate::store::{ListFilter, Store, Wait};
 
 /// After a wait's deadline, how long a blocked request still waits for the worker to
 /// record the end before answering 202.
@@ -146,7 +146,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 409, description = "Idempotency key reused, or blocked and canceled", body = crate::api::error::Problem),
         (status = 413, description = "Body over 64 KiB", body = crate::api::error::Problem),
         (status = 415, description = "Not JSON", body = crate::api::error::Problem),
-        (status = 422, description = "Target refused by the SSRF guard, or blocked and failed", body = crate::api::error::Problem),
+        (status = 422, description = "Unknown preset or bad preset params, target refused by the SSRF guard, or blocked and failed", body = crate::api::error::Problem),
         (status = 502, description = "Blocked and ended in error", body = Wait),
         (status = 503, description = "Store unavailable", body = crate::api::error::Problem),
         (status = 504, description = "Blocked and timed out", body = Wait),
@@ -163,7 +163,8 @@ pub async fn create(
     only(&pairs, &["wait"])?;
     let block_for = parse_block(param(&pairs, "wait"))?;
     let key = idempotency_key(&headers)?;
-    let spec = Spec::from_request(&body, &s.limits).map_err(ApiError::validation)?;
+    let request = super::presets::expand(&s, &body)?;
+    let spec = Spec::from_request(&request, &s.limits).map_err(ApiError::validation)?;
     let url =
         url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
     s.guard.check_url(&url).map_err(ApiError::unprocessable)?;

@@ -9,8 +9,10 @@
 
 pub mod bus;
 mod postgres;
+mod sqlite;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -20,6 +22,7 @@ use uuid::Uuid;
 use crate::engine::{EngineState, Spec};
 
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
 
 /// A wait as clients see it (`GET /waits/{id}`).
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -167,4 +170,257 @@ impl From<sqlx::Error> for StoreError {
 pub struct Created {
     pub wait: Wait,
     pub existing: bool,
+}
+
+/// The reason recorded when a client cancels a wait.
+pub const CANCEL_REASON: &str = "canceled by a client";
+
+/// Everything a new wait's rows need, computed once for every backend.
+pub(crate) struct NewWait {
+    pub id: Uuid,
+    pub engine: EngineState,
+    pub first_poll: DateTime<Utc>,
+    /// The spec as stored and shown: header values redacted.
+    pub spec: Value,
+    /// The header values, kept apart.
+    pub headers: Value,
+    pub labels: Value,
+    pub engine_json: Value,
+    pub created: NewEvent,
+}
+
+impl NewWait {
+    pub fn prepare(spec: &Spec, now: DateTime<Utc>) -> Result<NewWait, StoreError> {
+        let (engine, first_poll) = EngineState::start(spec, now);
+        Ok(NewWait {
+            id: Uuid::now_v7(),
+            first_poll,
+            spec: to_json(&spec.redacted())?,
+            headers: to_json(&spec.target.headers)?,
+            labels: to_json(&spec.labels)?,
+            engine_json: to_json(&engine)?,
+            created: NewEvent {
+                kind: "created".into(),
+                data: serde_json::json!({ "deadline": engine.deadline }),
+            },
+            engine,
+        })
+    }
+}
+
+pub(crate) fn to_json<T: Serialize>(v: &T) -> Result<Value, StoreError> {
+    serde_json::to_value(v).map_err(|e| StoreError::Other(e.to_string()))
+}
+
+pub(crate) fn canceled_event(state: Option<String>) -> NewEvent {
+    NewEvent {
+        kind: "canceled".into(),
+        data: serde_json::json!({ "reason": CANCEL_REASON, "state": state }),
+    }
+}
+
+impl Progress {
+    /// The status, reason and error detail columns this progress writes.
+    pub(crate) fn columns(&self) -> (&str, Option<&str>, Option<Value>) {
+        match &self.end {
+            Some((s, r, d)) => (s.as_str(), Some(r.as_str()), d.clone()),
+            None => ("running", None, None),
+        }
+    }
+
+    /// The events to append: the observed ones, then the terminal one if it ended.
+    pub(crate) fn all_events(&self) -> Vec<NewEvent> {
+        let mut events = self.events.clone();
+        if let Some((status, reason, detail)) = &self.end {
+            let mut data = serde_json::json!({ "reason": reason, "state": self.engine.state });
+            if let Some(d) = detail {
+                data["error_detail"] = d.clone();
+            }
+            if let Some(e) = &self.engine.last_error {
+                data["last_error"] = serde_json::json!(e);
+            }
+            events.push(NewEvent {
+                kind: status.clone(),
+                data,
+            });
+        }
+        events
+    }
+
+    /// Progress that ends a wait this version cannot read, rather than spin on it.
+    pub(crate) fn undecodable(id: Uuid, epoch: i64, why: String) -> Progress {
+        let now = Utc::now();
+        Progress {
+            id,
+            epoch,
+            engine: EngineState {
+                deadline: now,
+                polls: 0,
+                retries: 0,
+                budget_used: 0,
+                poll_interval_ms: 0,
+                retry_delay_ms: 0,
+                transition_seen: false,
+                hits: 0,
+                state: None,
+                last_error: Some(why.clone()),
+            },
+            next_poll_at: None,
+            events: vec![],
+            end: Some(("error".into(), format!("waitd could not read this wait's stored spec: {why}"), None)),
+        }
+    }
+}
+
+/// A claimed row's stored parts back into a spec (headers restored) and engine state.
+pub(crate) fn decode_claim(spec: Value, headers: Value, engine: Value) -> Result<(Spec, EngineState), String> {
+    let mut spec: Spec = serde_json::from_value(spec).map_err(|e| format!("spec: {e}"))?;
+    spec.target.headers = serde_json::from_value(headers).map_err(|e| format!("headers: {e}"))?;
+    let engine: EngineState = serde_json::from_value(engine).map_err(|e| format!("engine state: {e}"))?;
+    Ok((spec, engine))
+}
+
+/// What the API and the worker pool need of a store. Postgres and the embedded SQLite
+/// file implement it; [`AnyStore`] is whichever the operator configured.
+#[allow(async_fn_in_trait)] // used with concrete types only
+pub trait Store: Clone + Send + Sync + 'static {
+    async fn migrate(&self) -> Result<(), StoreError>;
+    async fn ping(&self) -> Result<(), StoreError>;
+    async fn close(&self);
+    /// Creates a wait with its `created` event. With an idempotency key (and the
+    /// request's hash), a second call with the same key and hash returns the first
+    /// wait; the same key with another hash is [`StoreError::IdempotencyConflict`].
+    async fn create(
+        &self,
+        tenant: &str,
+        spec: &Spec,
+        now: DateTime<Utc>,
+        idempotency: Option<(&str, &str)>,
+    ) -> Result<Created, StoreError>;
+    async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError>;
+    /// A page of a tenant's waits, newest first.
+    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError>;
+    /// Cancels a running wait, ending it exactly once; an ended wait is returned as it
+    /// is. `None` when the tenant has no such wait.
+    async fn cancel(&self, tenant: &str, id: Uuid, now: DateTime<Utc>) -> Result<Option<Wait>, StoreError>;
+    /// A wait's events with `seq > after`, oldest first.
+    async fn events(&self, tenant: &str, wait_id: Uuid, after: i32, limit: i64) -> Result<Vec<Event>, StoreError>;
+    /// The tenant's events with global `id > after`, of waits carrying all `labels`.
+    async fn global_events(
+        &self,
+        tenant: &str,
+        after: i64,
+        labels: &BTreeMap<String, String>,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError>;
+    /// Claims up to `limit` running waits due within `lookahead` that are unowned or
+    /// whose lease has run out, taking a lease of `ttl` (epoch + 1).
+    async fn claim(&self, owner: Uuid, ttl: Duration, lookahead: Duration, limit: i64)
+    -> Result<Vec<Claimed>, StoreError>;
+    /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
+    /// no longer this owner's.
+    async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError>;
+    /// Renews the leases of `held` and writes the checkpoints that carry one; returns
+    /// the ids still held.
+    async fn renew(&self, owner: Uuid, ttl: Duration, held: &[Checkpoint]) -> Result<Vec<Uuid>, StoreError>;
+    /// Writes the last checkpoints and gives the leases up.
+    async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError>;
+    async fn count_running(&self) -> Result<i64, StoreError>;
+}
+
+/// The configured store. Cloning is shallow.
+#[derive(Clone, Debug)]
+pub enum AnyStore {
+    Postgres(PgStore),
+    Sqlite(SqliteStore),
+}
+
+impl AnyStore {
+    /// Opens the store a URL names: `postgres://…`, `sqlite://PATH`, `sqlite::memory:`.
+    /// The bus is where a SQLite store publishes its events (Postgres uses NOTIFY, and
+    /// [`bus::Bus::listen`] feeds the bus instead).
+    pub fn open(url: &str, max_connections: u32, bus: bus::Bus) -> Result<AnyStore, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            PgStore::connect(url, max_connections).map(AnyStore::Postgres)
+        } else if url.starts_with("sqlite:") {
+            SqliteStore::open(url, bus).map(AnyStore::Sqlite)
+        } else {
+            let scheme: String = url.split(':').next().unwrap_or("").chars().take(20).collect();
+            Err(StoreError::Other(format!(
+                "the database URL has the scheme \"{scheme}\"; use postgres://…, sqlite://PATH or sqlite::memory:"
+            )))
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $method:ident ( $($arg:expr),* )) => {
+        match $self {
+            AnyStore::Postgres(s) => s.$method($($arg),*).await,
+            AnyStore::Sqlite(s) => s.$method($($arg),*).await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        dispatch!(self, migrate())
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        dispatch!(self, ping())
+    }
+    async fn close(&self) {
+        dispatch!(self, close())
+    }
+    async fn create(
+        &self,
+        tenant: &str,
+        spec: &Spec,
+        now: DateTime<Utc>,
+        idempotency: Option<(&str, &str)>,
+    ) -> Result<Created, StoreError> {
+        dispatch!(self, create(tenant, spec, now, idempotency))
+    }
+    async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
+        dispatch!(self, get(tenant, id))
+    }
+    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
+        dispatch!(self, list(tenant, filter))
+    }
+    async fn cancel(&self, tenant: &str, id: Uuid, now: DateTime<Utc>) -> Result<Option<Wait>, StoreError> {
+        dispatch!(self, cancel(tenant, id, now))
+    }
+    async fn events(&self, tenant: &str, wait_id: Uuid, after: i32, limit: i64) -> Result<Vec<Event>, StoreError> {
+        dispatch!(self, events(tenant, wait_id, after, limit))
+    }
+    async fn global_events(
+        &self,
+        tenant: &str,
+        after: i64,
+        labels: &BTreeMap<String, String>,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        dispatch!(self, global_events(tenant, after, labels, limit))
+    }
+    async fn claim(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        dispatch!(self, claim(owner, ttl, lookahead, limit))
+    }
+    async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
+        dispatch!(self, record(owner, progress))
+    }
+    async fn renew(&self, owner: Uuid, ttl: Duration, held: &[Checkpoint]) -> Result<Vec<Uuid>, StoreError> {
+        dispatch!(self, renew(owner, ttl, held))
+    }
+    async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
+        dispatch!(self, release(owner, held))
+    }
+    async fn count_running(&self) -> Result<i64, StoreError> {
+        dispatch!(self, count_running())
+    }
 }

@@ -10,9 +10,11 @@ use uuid::Uuid;
 
 use super::bus::{CHANNEL, Notice};
 use super::{
-    Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, Progress, StoreError, Wait,
+    Store,
+    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress, StoreError, Wait,
+    canceled_event, decode_claim,
 };
-use crate::engine::{EngineState, Spec};
+use crate::engine::Spec;
 
 /// Serialises the assignment of global event ids with their commit, so that a reader
 /// of `GET /events` that has seen id N never later finds a smaller id appear.
@@ -92,6 +94,26 @@ const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w
      w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
 
 impl PgStore {
+    async fn find_idempotent(
+        &self,
+        tenant: &str,
+        key: &str,
+        hash: &str,
+    ) -> Result<Option<Wait>, StoreError> {
+        let row: Option<(String, Uuid)> = sqlx::query_as(
+            "SELECT request_hash, wait_id FROM idempotency_keys WHERE tenant = $1 AND key = $2",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some((h, _)) if h != hash => Err(StoreError::IdempotencyConflict),
+            Some((_, id)) => self.get(tenant, id).await,
+        }
+    }
+
     /// Connects (lazily: a database that is down now is retried on use) and returns
     /// the store. `max_connections` bounds this replica's share of the server.
     pub fn connect(url: &str, max_connections: u32) -> Result<PgStore, StoreError> {
@@ -110,10 +132,13 @@ impl PgStore {
         &self.pool
     }
 
+}
+
+impl Store for PgStore {
     /// Applies the embedded migrations (sqlx takes an advisory lock, so replicas
     /// starting together are safe).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations")
+    async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("./migrations/postgres")
             .run(&self.pool)
             .await
             .map_err(|e| match e {
@@ -122,14 +147,18 @@ impl PgStore {
             })
     }
 
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 
     /// Creates a wait with its `created` event. With an idempotency key, a second
     /// call with the same key and request hash returns the first wait.
-    pub async fn create(
+    async fn create(
         &self,
         tenant: &str,
         spec: &Spec,
@@ -144,17 +173,8 @@ impl PgStore {
                 existing: true,
             });
         }
-        let id = Uuid::now_v7();
-        let (engine, first_poll) = EngineState::start(spec, now);
-        let redacted =
-            serde_json::to_value(spec.redacted()).map_err(|e| StoreError::Other(e.to_string()))?;
-        let headers = serde_json::to_value(&spec.target.headers)
-            .map_err(|e| StoreError::Other(e.to_string()))?;
-        let labels =
-            serde_json::to_value(&spec.labels).map_err(|e| StoreError::Other(e.to_string()))?;
-        let engine_json =
-            serde_json::to_value(&engine).map_err(|e| StoreError::Other(e.to_string()))?;
-
+        let nw = NewWait::prepare(spec, now)?;
+        let id = nw.id;
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
@@ -163,16 +183,16 @@ impl PgStore {
         .bind(id)
         .bind(tenant)
         .bind(now)
-        .bind(engine.deadline)
-        .bind(first_poll)
-        .bind(&labels)
-        .bind(&engine_json)
+        .bind(nw.engine.deadline)
+        .bind(nw.first_poll)
+        .bind(&nw.labels)
+        .bind(&nw.engine_json)
         .execute(&mut *tx)
         .await?;
         sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $2, $3)")
             .bind(id)
-            .bind(&redacted)
-            .bind(&headers)
+            .bind(&nw.spec)
+            .bind(&nw.headers)
             .execute(&mut *tx)
             .await?;
         if let Some((key, hash)) = idempotency {
@@ -200,11 +220,7 @@ impl PgStore {
                 };
             }
         }
-        let event = NewEvent {
-            kind: "created".into(),
-            data: json!({ "deadline": engine.deadline }),
-        };
-        append_events(&mut tx, id, tenant, now, &[event], 0, 'c').await?;
+        append_events(&mut tx, id, tenant, now, &[nw.created], 0, 'c').await?;
         sqlx::query("UPDATE waits SET seq = 1 WHERE id = $1")
             .bind(id)
             .execute(&mut *tx)
@@ -220,27 +236,8 @@ impl PgStore {
         })
     }
 
-    async fn find_idempotent(
-        &self,
-        tenant: &str,
-        key: &str,
-        hash: &str,
-    ) -> Result<Option<Wait>, StoreError> {
-        let row: Option<(String, Uuid)> = sqlx::query_as(
-            "SELECT request_hash, wait_id FROM idempotency_keys WHERE tenant = $1 AND key = $2",
-        )
-        .bind(tenant)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            None => Ok(None),
-            Some((h, _)) if h != hash => Err(StoreError::IdempotencyConflict),
-            Some((_, id)) => self.get(tenant, id).await,
-        }
-    }
 
-    pub async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
+    async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
         let sql = format!(
             "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = $1 AND w.tenant = $2"
         );
@@ -253,7 +250,7 @@ impl PgStore {
     }
 
     /// A page of a tenant's waits, newest first.
-    pub async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
+    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
         let sql = format!(
             "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id
              WHERE w.tenant = $1 AND ($2::text IS NULL OR w.status = $2) AND w.labels @> $3
@@ -274,7 +271,7 @@ impl PgStore {
 
     /// Cancels a running wait (ending it exactly once); an ended wait is returned as
     /// it is. `None` when the tenant has no such wait.
-    pub async fn cancel(
+    async fn cancel(
         &self,
         tenant: &str,
         id: Uuid,
@@ -282,7 +279,7 @@ impl PgStore {
     ) -> Result<Option<Wait>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = 'canceled', reason = 'canceled by a client', finished_at = $3,
+            "UPDATE waits SET status = 'canceled', reason = $4, finished_at = $3,
                     updated_at = $3, next_poll_at = NULL, owner = NULL, lease_until = NULL, seq = seq + 1
              WHERE id = $1 AND tenant = $2 AND status = 'running'
              RETURNING seq, state",
@@ -290,21 +287,18 @@ impl PgStore {
         .bind(id)
         .bind(tenant)
         .bind(now)
+        .bind(CANCEL_REASON)
         .fetch_optional(&mut *tx)
         .await?;
         if let Some((seq, state)) = row {
-            let event = NewEvent {
-                kind: "canceled".into(),
-                data: json!({ "reason": "canceled by a client", "state": state }),
-            };
-            append_events(&mut tx, id, tenant, now, &[event], seq - 1, 't').await?;
+            append_events(&mut tx, id, tenant, now, &[canceled_event(state)], seq - 1, 't').await?;
         }
         tx.commit().await?;
         self.get(tenant, id).await
     }
 
     /// A wait's events with `seq > after`, oldest first.
-    pub async fn events(
+    async fn events(
         &self,
         tenant: &str,
         wait_id: Uuid,
@@ -326,7 +320,7 @@ impl PgStore {
 
     /// Events of all the tenant's waits with `id > after`, optionally only of waits
     /// carrying all the given labels.
-    pub async fn global_events(
+    async fn global_events(
         &self,
         tenant: &str,
         after: i64,
@@ -361,7 +355,7 @@ impl PgStore {
 
     /// Claims up to `limit` running waits that are due within `lookahead` and unowned
     /// or whose lease has run out, taking a lease of `ttl` for `owner`.
-    pub async fn claim(
+    async fn claim(
         &self,
         owner: Uuid,
         ttl: Duration,
@@ -401,18 +395,7 @@ impl PgStore {
                 Err(e) => {
                     // A row this version cannot read: end it rather than spin on it.
                     tracing::error!(wait_id = %id, error = %e, "cannot decode a claimed wait; ending it in error");
-                    let progress = Progress {
-                        id,
-                        epoch,
-                        engine: EngineState::start(&placeholder_spec(), Utc::now()).0,
-                        next_poll_at: None,
-                        events: vec![],
-                        end: Some((
-                            "error".into(),
-                            format!("waitd could not read this wait's stored spec: {e}"),
-                            None,
-                        )),
-                    };
+                    let progress = Progress::undecodable(id, epoch, e);
                     let _ = self.record(owner, &progress).await;
                 }
             }
@@ -422,16 +405,14 @@ impl PgStore {
 
     /// Writes what one poll changed, fenced by owner and epoch. Returns false when the
     /// wait is no longer this owner's (taken over, canceled or ended elsewhere).
-    pub async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
+    async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
         let now = Utc::now();
         let engine =
             serde_json::to_value(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?;
         let mut tx = self.pool.begin().await?;
-        let n_events = p.events.len() as i32 + i32::from(p.end.is_some());
-        let (status, reason, detail) = match &p.end {
-            Some((s, r, d)) => (s.as_str(), Some(r.as_str()), d.clone()),
-            None => ("running", None, None),
-        };
+        let events = p.all_events();
+        let n_events = events.len() as i32;
+        let (status, reason, detail) = p.columns();
         let row: Option<(i32, String)> = sqlx::query_as(
             "UPDATE waits SET status = $4, state = $5, reason = $6, error_detail = $7, last_error = $8,
                     polls = $9, retries = $10, engine = $11, next_poll_at = $12, updated_at = $13,
@@ -462,23 +443,7 @@ impl PgStore {
             tx.rollback().await?;
             return Ok(false);
         };
-        let mut events = p.events.clone();
-        let flag = if let Some((status, reason, detail)) = &p.end {
-            let mut data = json!({ "reason": reason, "state": p.engine.state });
-            if let Some(d) = detail {
-                data["error_detail"] = d.clone();
-            }
-            if let Some(e) = &p.engine.last_error {
-                data["last_error"] = json!(e);
-            }
-            events.push(NewEvent {
-                kind: status.clone(),
-                data,
-            });
-            't'
-        } else {
-            '-'
-        };
+        let flag = if p.end.is_some() { 't' } else { '-' };
         if !events.is_empty() {
             append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
         }
@@ -488,7 +453,7 @@ impl PgStore {
 
     /// Renews the lease on every wait in `held` and writes the checkpoints that carry
     /// one, in one statement. Returns the ids still held; the others were lost.
-    pub async fn renew(
+    async fn renew(
         &self,
         owner: Uuid,
         ttl: Duration,
@@ -525,7 +490,7 @@ impl PgStore {
 
     /// Writes the last checkpoints and gives the leases up, so another replica can
     /// take the waits over at once (graceful shutdown).
-    pub async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
+    async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         if held.is_empty() {
             return Ok(0);
         }
@@ -560,7 +525,7 @@ impl PgStore {
     }
 
     /// Counts of running waits (for `/metrics`).
-    pub async fn count_running(&self) -> Result<i64, StoreError> {
+    async fn count_running(&self) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running'")
             .fetch_one(&self.pool)
             .await?;
@@ -595,22 +560,6 @@ fn unzip_checkpoints(held: &[Checkpoint]) -> Columns {
         c.5.push(h.next_poll_at);
     }
     c
-}
-
-fn decode_claim(spec: Value, headers: Value, engine: Value) -> Result<(Spec, EngineState), String> {
-    let mut spec: Spec = serde_json::from_value(spec).map_err(|e| format!("spec: {e}"))?;
-    spec.target.headers = serde_json::from_value(headers).map_err(|e| format!("headers: {e}"))?;
-    let engine: EngineState =
-        serde_json::from_value(engine).map_err(|e| format!("engine state: {e}"))?;
-    Ok((spec, engine))
-}
-
-fn placeholder_spec() -> Spec {
-    Spec::from_request(
-        &json!({"target": {"url": "http://invalid.invalid/"}, "state": "/s", "want": ["x"]}),
-        &crate::engine::Limits::default(),
-    )
-    .expect("the placeholder spec is valid")
 }
 
 /// Appends events numbered from `seq_before + 1`, under the event-order lock, and

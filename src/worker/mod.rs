@@ -27,7 +27,7 @@ use crate::engine::{self, Context, Decision, EngineState, Event, Observation, Sp
 use crate::metrics::Metrics;
 use crate::probe::Prober;
 use crate::store::bus::{Bus, BusMsg};
-use crate::store::{Checkpoint, Claimed, NewEvent, PgStore, Progress, StoreError};
+use crate::store::{AnyStore, Checkpoint, Claimed, NewEvent, Progress, Store, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -59,7 +59,7 @@ impl Default for WorkerConfig {
 }
 
 pub struct Worker {
-    pub store: PgStore,
+    pub store: AnyStore,
     pub prober: Prober,
     pub bus: Bus,
     pub cfg: WorkerConfig,
