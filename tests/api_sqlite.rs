@@ -1,0 +1,101 @@
+//! The black-box API on the embedded SQLite store: create, block, cancel, follow,
+//! and a restart on the same file.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::Value;
+
+#[tokio::test]
+async fn a_wait_on_sqlite_is_created_blocked_on_and_succeeds() {
+    let dir = TempDir::new();
+    let up = Upstream::start().await;
+    let url = up.script("/s/1", vec![Reply::status("deploying"), Reply::status("on")]);
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    let r = app
+        .client
+        .post(app.url("/waits?wait=10s"))
+        .json(&spec(&url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let w: Value = r.json().await.unwrap();
+    assert_eq!(w["status"], "succeeded", "{w}");
+    assert_eq!(up.hits("/s/1"), 2);
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
+    let dir = TempDir::new();
+    let up = Upstream::start().await;
+    let url = up.script("/s/2", vec![Reply::status("deploying")]);
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    let (_, w) = app.create(spec(&url)).await;
+    let id = w["id"].as_str().unwrap().to_string();
+    let blocked = {
+        let (client, u) = (app.client.clone(), app.url(&format!("/waits/{id}?wait=10s")));
+        tokio::spawn(async move { client.get(u).send().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, canceled) = app.post(&format!("/waits/{id}/cancel")).await;
+    assert_eq!((status, canceled["status"].as_str()), (200, Some("canceled")));
+    let r = tokio::time::timeout(Duration::from_secs(3), blocked).await.unwrap().unwrap();
+    assert_eq!(r.status(), 409);
+    let hits = up.hits("/s/2");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(up.hits("/s/2"), hits, "polling stopped after the cancel");
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_follower_on_sqlite_sees_every_event_in_order_and_the_stream_ends() {
+    let dir = TempDir::new();
+    let up = Upstream::start().await;
+    let url = up.script(
+        "/s/3",
+        vec![Reply::status("deploying"), Reply::status("deploying"), Reply::status("booting"), Reply::status("on")],
+    );
+    let mut s = spec(&url);
+    s["poll"] = serde_json::json!({"initial": "30ms", "max": "30ms", "jitter": 0});
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    let (_, w) = app.create(s).await;
+    let id = w["id"].as_str().unwrap();
+    let r = app
+        .client
+        .get(app.url(&format!("/waits/{id}/events")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    let events: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(10),
+        eventsource_stream::EventStream::new(r.bytes_stream()).collect::<Vec<_>>(),
+    )
+    .await
+    .expect("the stream ends after the terminal event");
+    let kinds: Vec<String> = events.into_iter().map(|e| e.unwrap().event).collect();
+    assert_eq!(kinds, ["created", "state", "state", "state", "succeeded"]);
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_wait_on_sqlite_survives_a_restart_and_ends() {
+    let dir = TempDir::new();
+    let up = Upstream::start().await;
+    let url = up.script("/s/4", vec![Reply::status("deploying")]);
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    let (_, w) = app.create(spec(&url)).await;
+    let id = w["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    app.stop().await.0.unwrap();
+    up.script("/s/4", vec![Reply::status("on")]);
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    let end = app.wait_end(&id).await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+    app.stop().await.0.unwrap();
+}
