@@ -65,6 +65,23 @@ pub struct Config {
     #[arg(long, env = "WAITD_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<String>,
 
+    /// The key before the last rotation: only reads values sealed under it.
+    #[arg(long, env = "WAITD_SECRET_KEY_PREVIOUS", hide_env_values = true)]
+    pub secret_key_previous: Option<String>,
+
+    /// Most running waits one tenant may have at once (429 beyond).
+    #[arg(long, env = "WAITD_MAX_ACTIVE_WAITS", default_value_t = 10_000)]
+    pub max_active_waits: i64,
+
+    /// API requests per second one token may make, on average (429 beyond); 0 for no limit.
+    #[arg(long, env = "WAITD_RATE_LIMIT", default_value_t = 50.0)]
+    pub rate_limit: f64,
+
+    /// Fixed DNS answers, `host=ip` (comma-separated), still judged by the SSRF guard:
+    /// like curl's --resolve, for split-horizon names and for tests.
+    #[arg(long, env = "WAITD_RESOLVE", value_delimiter = ',')]
+    pub resolve: Vec<String>,
+
     /// `text` or `json`.
     #[arg(long, env = "WAITD_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -96,6 +113,11 @@ pub struct Config {
     /// Do not run the worker pool (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]
     pub no_worker: bool,
+
+    /// A directory of extra presets (`<name>.json` files), added to the built-in ones;
+    /// a file named like a built-in preset replaces it.
+    #[arg(long, env = "WAITD_PRESETS_DIR")]
+    pub presets_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Config {

@@ -60,6 +60,27 @@ pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, String> {
     Ok(tokens)
 }
 
+/// `host=ip` pairs of `--resolve`.
+fn parse_resolve(entries: &[String]) -> Result<Vec<(String, std::net::SocketAddr)>, String> {
+    entries
+        .iter()
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let (host, ip) = e
+                .split_once('=')
+                .ok_or_else(|| format!("--resolve entry \"{e}\" is not host=ip"))?;
+            let ip: std::net::IpAddr = ip
+                .trim()
+                .parse()
+                .map_err(|_| format!("--resolve entry \"{e}\" has no valid IP address after ="))?;
+            Ok((
+                host.trim().to_ascii_lowercase(),
+                std::net::SocketAddr::new(ip, 0),
+            ))
+        })
+        .collect()
+}
+
 /// Runs waitd on `listener` until `shutdown` resolves: applies migrations, starts the
 /// event listener, the worker pool and the API. On shutdown: blocked requests and
 /// streams end, the worker finishes in-flight probes and releases its leases, and
@@ -70,7 +91,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     // No URL: the embedded SQLite file in the working directory.
-    let url = config.database_url.clone().unwrap_or_else(|| "sqlite://waitd.db".to_string());
+    let url = config
+        .database_url
+        .clone()
+        .unwrap_or_else(|| "sqlite://waitd.db".to_string());
     let tokens = load_tokens(&config)?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     if tokens.is_empty() {
@@ -90,8 +114,16 @@ pub async fn serve(
     let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
     let guard = probe::guard::Guard::new(&config.allow_targets)?;
     let bus = store::bus::Bus::new();
+    let cipher = store::secrets::Cipher::new(
+        config.secret_key.as_deref(),
+        config.secret_key_previous.as_deref(),
+    )?;
+    if !cipher.is_enabled() {
+        tracing::info!("no WAITD_SECRET_KEY: target header values are stored unencrypted");
+    }
     let store = store::AnyStore::open(&url, config.db_connections, bus.clone())
-        .map_err(|e| format!("cannot open the database: {e}"))?;
+        .map_err(|e| format!("cannot open the database: {e}"))?
+        .with_cipher(cipher);
     store
         .migrate()
         .await
@@ -100,6 +132,7 @@ pub async fn serve(
         timeout: config.probe_timeout,
         max_body: config.max_body,
         guard: guard.clone(),
+        resolve_overrides: parse_resolve(&config.resolve)?,
         ..Default::default()
     })?;
 
@@ -115,7 +148,9 @@ pub async fn serve(
     let metrics = Arc::new(metrics::Metrics::default());
     // Postgres feeds the bus from LISTEN; SQLite publishes to it after each commit.
     let listener_task = match &store {
-        store::AnyStore::Postgres(pg) => Some(tokio::spawn(bus.clone().listen(pg.clone(), stopped(stop_rx.clone())))),
+        store::AnyStore::Postgres(pg) => Some(tokio::spawn(
+            bus.clone().listen(pg.clone(), stopped(stop_rx.clone())),
+        )),
         store::AnyStore::Sqlite(_) => None,
     };
 
@@ -145,6 +180,8 @@ pub async fn serve(
         metrics,
         guard: Arc::new(guard),
         tokens: Arc::new(tokens),
+        max_active_waits: config.max_active_waits,
+        rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
         stopping: stop_rx.clone(),
     };
     tracing::info!(%addr, "waitd listening");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::waits::{parse_id, parse_labels, query_pairs};
+use super::waits::{WaitId, parse_labels, query_pairs};
 use super::{AppState, Tenant, json_response};
 use crate::api::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
@@ -117,13 +117,12 @@ fn only(pairs: &[(String, String)], allowed: &[&str]) -> ApiResult<()> {
 pub async fn wait_events(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(id): Path<String>,
+    WaitId(id): WaitId,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let pairs = query_pairs(&q);
     only(&pairs, &["after", "follow"])?;
-    let id = parse_id(&id)?;
     let stream_it = wants_stream(&headers, &pairs)?;
     let after = i32::try_from(resume_point(&headers, &pairs)?)
         .map_err(|_| ApiError::bad_request("Last-Event-ID (or after) is not a seq of this wait"))?;

@@ -27,8 +27,8 @@ use tower_http::trace::TraceLayer;
 use crate::engine::Limits;
 use crate::metrics::Metrics;
 use crate::probe::guard::Guard;
-use crate::store::{AnyStore, Store};
 use crate::store::bus::Bus;
+use crate::store::{AnyStore, Store};
 pub use error::{ApiError, ApiResult};
 
 /// Largest request body accepted.
@@ -46,6 +46,10 @@ pub struct AppState {
     pub guard: Arc<Guard>,
     /// token → tenant; empty means anonymous use (tenant "").
     pub tokens: Arc<HashMap<String, String>>,
+    /// Most running waits one tenant may have.
+    pub max_active_waits: i64,
+    /// Requests per second per API token.
+    pub rate: Arc<RateLimiter>,
     /// Flips to true when the server is stopping: streams and blocked reads end.
     pub stopping: watch::Receiver<bool>,
 }
@@ -111,7 +115,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    let active = s.store.count_running().await.ok();
+    let active = s.store.count_running(None).await.ok();
     (
         [(
             header::CONTENT_TYPE,
@@ -160,9 +164,9 @@ impl FromRequestParts<AppState> for Tenant {
                 found = Some(tenant.clone());
             }
         }
-        found
-            .map(Tenant)
-            .ok_or_else(|| ApiError::unauthorized("the API token is not valid"))
+        let tenant = found.ok_or_else(|| ApiError::unauthorized("the API token is not valid"))?;
+        s.rate.check(&tenant)?;
+        Ok(Tenant(tenant))
     }
 }
 
@@ -254,4 +258,52 @@ pub(crate) fn blocked_status(status: &str, created: bool) -> StatusCode {
 
 pub(crate) fn json_response(status: StatusCode, value: impl serde::Serialize) -> Response {
     (status, Json(value)).into_response()
+}
+
+/// A token bucket per tenant: `rate` requests a second on average, bursts of up to
+/// twice that. In memory, per replica.
+pub struct RateLimiter {
+    rate: f64,
+    buckets: std::sync::Mutex<HashMap<String, (f64, std::time::Instant)>>,
+}
+
+impl RateLimiter {
+    pub fn new(rate: f64) -> RateLimiter {
+        RateLimiter {
+            rate: if rate.is_finite() && rate > 0.0 {
+                rate
+            } else {
+                0.0
+            },
+            buckets: Default::default(),
+        }
+    }
+
+    fn check(&self, tenant: &str) -> Result<(), ApiError> {
+        if self.rate == 0.0 {
+            return Ok(());
+        }
+        let burst = (self.rate * 2.0).max(1.0);
+        let now = std::time::Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let (tokens, last) = buckets.entry(tenant.to_string()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(burst);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = ((1.0 - *tokens) / self.rate).ceil().max(1.0) as u64;
+        Err(ApiError {
+            retry_after: Some(wait),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests",
+                format!(
+                    "this API token is limited to {} requests a second; try again in {wait} s",
+                    self.rate
+                ),
+            )
+        })
+    }
 }

@@ -8,18 +8,25 @@ use utoipa::OpenApi;
 
 use crate::api::error::{Problem, ProblemField};
 use crate::api::events::EventPage;
+use crate::api::presets::PresetList;
 use crate::api::waits::WaitPage;
+use crate::presets::{Param, ParamKind, Preset, PresetSummary};
 use crate::store::{Event, Wait};
 
 /// The request body of `POST /waits`. Unknown fields are rejected.
 #[derive(Serialize, utoipa::ToSchema)]
 #[allow(dead_code)] // documentation only: requests are parsed by `Spec::from_request`
 pub struct CreateWait {
-    pub target: TargetSchema,
-    /// Where the state lives in the target's JSON body: a JSON Pointer (`/data/attributes/status`) or a JSONPath (`$.items[*].status`).
-    pub state: String,
-    /// States that mean done (strings, numbers or booleans, compared as JSON text). With several values at `state`, all must be in `want`.
-    pub want: Vec<String>,
+    /// A named waiter definition (`GET /presets` lists them) whose fields this request starts from; the request's own fields override them (objects merge key by key, arrays are replaced). An unknown preset is a 422.
+    pub preset: Option<String>,
+    /// Values for the preset's `{param}` placeholders, by name; `base_url` points a preset at another host. A missing or unknown parameter is a 422 naming `params.<name>`.
+    pub params: Option<BTreeMap<String, String>>,
+    /// What to poll. Required unless a preset gives it.
+    pub target: Option<TargetSchema>,
+    /// Where the state lives in the target's JSON body: a JSON Pointer (`/data/attributes/status`) or a JSONPath (`$.items[*].status`). Required unless a preset gives it.
+    pub state: Option<String>,
+    /// States that mean done (strings, numbers or booleans, compared as JSON text). With several values at `state`, all must be in `want`. Required unless a preset gives it.
+    pub want: Option<Vec<String>>,
     /// States that end the wait as `failed` at once; any value in `fail` is enough.
     pub fail: Option<Vec<String>>,
     /// The healthy in-progress states; when given, any other state is retried against the retry budget.
@@ -94,14 +101,76 @@ pub struct RetrySchema {
         super::waits::cancel,
         super::events::wait_events,
         super::events::all_events,
+        super::presets::list,
+        super::presets::get_one,
     ),
-    components(schemas(Wait, Event, WaitPage, EventPage, Problem, ProblemField, CreateWait, TargetSchema, PollSchema, RetrySchema)),
+    components(schemas(Wait, Event, WaitPage, EventPage, Problem, ProblemField, CreateWait, TargetSchema, PollSchema, RetrySchema, PresetList, Preset, PresetSummary, Param, ParamKind)),
+    modifiers(&Security),
     tags(
         (name = "waits", description = "Create, read, list, block on and cancel waits"),
         (name = "events", description = "A wait's history, and live streams"),
+        (name = "presets", description = "Named waiter definitions a create request can start from"),
     )
 )]
 pub struct ApiDoc;
+
+/// Bearer tokens on every route of the API (health, readiness, metrics and this
+/// document stay open), and the responses every authenticated route can give.
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        use utoipa::openapi::{ContentBuilder, RefOr, ResponseBuilder};
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        doc.security = Some(vec![SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+        let problem = || {
+            ContentBuilder::new()
+                .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+                .build()
+        };
+        for item in doc.paths.paths.values_mut() {
+            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+                let responses = &mut op.responses.responses;
+                responses.entry("401".into()).or_insert_with(|| {
+                    RefOr::T(
+                        ResponseBuilder::new()
+                            .description(
+                                "Missing or invalid API token (when tokens are configured)",
+                            )
+                            .content("application/problem+json", problem())
+                            .build(),
+                    )
+                });
+                responses.entry("429".into()).or_insert_with(|| {
+                    RefOr::T(
+                        ResponseBuilder::new()
+                            .description("Over this token's request rate; see Retry-After")
+                            .content("application/problem+json", problem())
+                            .build(),
+                    )
+                });
+                responses.entry("503".into()).or_insert_with(|| {
+                    RefOr::T(
+                        ResponseBuilder::new()
+                            .description("The store is unreachable; try again shortly")
+                            .content("application/problem+json", problem())
+                            .build(),
+                    )
+                });
+            }
+        }
+    }
+}
 
 /// The document as pretty JSON, with a trailing newline.
 pub fn document() -> String {

@@ -54,13 +54,23 @@ fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-pub(crate) fn parse_id(id: &str) -> ApiResult<Uuid> {
-    Uuid::parse_str(id).map_err(|_| {
-        ApiError::not_found(format!(
-            "there is no wait \"{}\"; wait ids are UUIDs such as 0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21",
-            id.chars().take(64).collect::<String>()
-        ))
-    })
+/// The `{id}` of a wait route. Anything that is not a UUID (including text that is
+/// not even UTF-8) is a wait that does not exist: a 404 problem, like any other.
+pub(crate) struct WaitId(pub Uuid);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for WaitId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<WaitId, ApiError> {
+        let raw = Path::<String>::from_request_parts(parts, state).await.ok();
+        let text = raw.as_ref().map(|p| p.0.as_str()).unwrap_or("");
+        Uuid::parse_str(text).map(WaitId).map_err(|_| {
+            ApiError::not_found(format!(
+                "there is no wait \"{}\"; wait ids are UUIDs such as 0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21",
+                text.chars().take(64).collect::<String>()
+            ))
+        })
+    }
 }
 
 fn no_such_wait(id: Uuid) -> ApiError {
@@ -168,6 +178,19 @@ pub async fn create(
     let url =
         url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
     s.guard.check_url(&url).map_err(ApiError::unprocessable)?;
+    let active = s.store.count_running(Some(&tenant)).await?;
+    if active >= s.max_active_waits {
+        return Err(ApiError {
+            retry_after: Some(30),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many active waits",
+                format!(
+                    "this tenant already has {active} running waits, the most this server allows; cancel some or wait for them to end"
+                ),
+            )
+        });
+    }
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex(&Sha256::digest(body.to_string().as_bytes()))
@@ -232,13 +255,12 @@ fn hex(bytes: &[u8]) -> String {
 pub async fn get_one(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(id): Path<String>,
+    WaitId(id): WaitId,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let pairs = query_pairs(&q);
     only(&pairs, &["wait"])?;
     let block_for = parse_block(param(&pairs, "wait"))?;
-    let id = parse_id(&id)?;
     match block_for {
         None => {
             let wait = s
@@ -360,9 +382,15 @@ pub(crate) fn parse_labels(pairs: &[(String, String)]) -> ApiResult<BTreeMap<Str
 pub async fn cancel(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
-    Path(id): Path<String>,
+    WaitId(id): WaitId,
+    RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
-    let id = parse_id(&id)?;
+    if let Some((k, _)) = query_pairs(&q).first() {
+        return Err(ApiError::bad_request(format!(
+            "unknown query parameter \"{}\"; cancel takes none",
+            k.chars().take(64).collect::<String>()
+        )));
+    }
     let wait = s
         .store
         .cancel(&tenant, id, Utc::now())

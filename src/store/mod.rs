@@ -9,6 +9,7 @@
 
 pub mod bus;
 mod postgres;
+pub mod secrets;
 mod sqlite;
 
 use std::collections::BTreeMap;
@@ -190,13 +191,19 @@ pub(crate) struct NewWait {
 }
 
 impl NewWait {
-    pub fn prepare(spec: &Spec, now: DateTime<Utc>) -> Result<NewWait, StoreError> {
+    pub fn prepare(
+        spec: &Spec,
+        now: DateTime<Utc>,
+        cipher: &secrets::Cipher,
+    ) -> Result<NewWait, StoreError> {
         let (engine, first_poll) = EngineState::start(spec, now);
         Ok(NewWait {
             id: Uuid::now_v7(),
             first_poll,
             spec: to_json(&spec.redacted())?,
-            headers: to_json(&spec.target.headers)?,
+            headers: cipher
+                .seal(&spec.target.headers)
+                .map_err(StoreError::Other)?,
             labels: to_json(&spec.labels)?,
             engine_json: to_json(&engine)?,
             created: NewEvent {
@@ -267,16 +274,26 @@ impl Progress {
             },
             next_poll_at: None,
             events: vec![],
-            end: Some(("error".into(), format!("waitd could not read this wait's stored spec: {why}"), None)),
+            end: Some((
+                "error".into(),
+                format!("waitd could not read this wait's stored spec: {why}"),
+                None,
+            )),
         }
     }
 }
 
 /// A claimed row's stored parts back into a spec (headers restored) and engine state.
-pub(crate) fn decode_claim(spec: Value, headers: Value, engine: Value) -> Result<(Spec, EngineState), String> {
+pub(crate) fn decode_claim(
+    spec: Value,
+    headers: Value,
+    engine: Value,
+    cipher: &secrets::Cipher,
+) -> Result<(Spec, EngineState), String> {
     let mut spec: Spec = serde_json::from_value(spec).map_err(|e| format!("spec: {e}"))?;
-    spec.target.headers = serde_json::from_value(headers).map_err(|e| format!("headers: {e}"))?;
-    let engine: EngineState = serde_json::from_value(engine).map_err(|e| format!("engine state: {e}"))?;
+    spec.target.headers = cipher.open(&headers)?;
+    let engine: EngineState =
+        serde_json::from_value(engine).map_err(|e| format!("engine state: {e}"))?;
     Ok((spec, engine))
 }
 
@@ -302,9 +319,20 @@ pub trait Store: Clone + Send + Sync + 'static {
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError>;
     /// Cancels a running wait, ending it exactly once; an ended wait is returned as it
     /// is. `None` when the tenant has no such wait.
-    async fn cancel(&self, tenant: &str, id: Uuid, now: DateTime<Utc>) -> Result<Option<Wait>, StoreError>;
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Wait>, StoreError>;
     /// A wait's events with `seq > after`, oldest first.
-    async fn events(&self, tenant: &str, wait_id: Uuid, after: i32, limit: i64) -> Result<Vec<Event>, StoreError>;
+    async fn events(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i32,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError>;
     /// The tenant's events with global `id > after`, of waits carrying all `labels`.
     async fn global_events(
         &self,
@@ -315,17 +343,28 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> Result<Vec<Event>, StoreError>;
     /// Claims up to `limit` running waits due within `lookahead` that are unowned or
     /// whose lease has run out, taking a lease of `ttl` (epoch + 1).
-    async fn claim(&self, owner: Uuid, ttl: Duration, lookahead: Duration, limit: i64)
-    -> Result<Vec<Claimed>, StoreError>;
+    async fn claim(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError>;
     /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
     /// no longer this owner's.
     async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError>;
     /// Renews the leases of `held` and writes the checkpoints that carry one; returns
     /// the ids still held.
-    async fn renew(&self, owner: Uuid, ttl: Duration, held: &[Checkpoint]) -> Result<Vec<Uuid>, StoreError>;
+    async fn renew(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        held: &[Checkpoint],
+    ) -> Result<Vec<Uuid>, StoreError>;
     /// Writes the last checkpoints and gives the leases up.
     async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError>;
-    async fn count_running(&self) -> Result<i64, StoreError>;
+    /// Running waits in the store; with a tenant, only that tenant's.
+    async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError>;
 }
 
 /// The configured store. Cloning is shallow.
@@ -336,6 +375,21 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
+    /// Seals target header values at rest under `cipher`'s key.
+    pub fn with_cipher(self, cipher: secrets::Cipher) -> AnyStore {
+        let cipher = std::sync::Arc::new(cipher);
+        match self {
+            AnyStore::Postgres(mut s) => {
+                s.cipher = cipher;
+                AnyStore::Postgres(s)
+            }
+            AnyStore::Sqlite(mut s) => {
+                s.cipher = cipher;
+                AnyStore::Sqlite(s)
+            }
+        }
+    }
+
     /// Opens the store a URL names: `postgres://…`, `sqlite://PATH`, `sqlite::memory:`.
     /// The bus is where a SQLite store publishes its events (Postgres uses NOTIFY, and
     /// [`bus::Bus::listen`] feeds the bus instead).
@@ -345,7 +399,13 @@ impl AnyStore {
         } else if url.starts_with("sqlite:") {
             SqliteStore::open(url, bus).map(AnyStore::Sqlite)
         } else {
-            let scheme: String = url.split(':').next().unwrap_or("").chars().take(20).collect();
+            let scheme: String = url
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(20)
+                .collect();
             Err(StoreError::Other(format!(
                 "the database URL has the scheme \"{scheme}\"; use postgres://…, sqlite://PATH or sqlite::memory:"
             )))
@@ -387,10 +447,21 @@ impl Store for AnyStore {
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
         dispatch!(self, list(tenant, filter))
     }
-    async fn cancel(&self, tenant: &str, id: Uuid, now: DateTime<Utc>) -> Result<Option<Wait>, StoreError> {
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Wait>, StoreError> {
         dispatch!(self, cancel(tenant, id, now))
     }
-    async fn events(&self, tenant: &str, wait_id: Uuid, after: i32, limit: i64) -> Result<Vec<Event>, StoreError> {
+    async fn events(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i32,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
         dispatch!(self, events(tenant, wait_id, after, limit))
     }
     async fn global_events(
@@ -414,13 +485,18 @@ impl Store for AnyStore {
     async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
         dispatch!(self, record(owner, progress))
     }
-    async fn renew(&self, owner: Uuid, ttl: Duration, held: &[Checkpoint]) -> Result<Vec<Uuid>, StoreError> {
+    async fn renew(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        held: &[Checkpoint],
+    ) -> Result<Vec<Uuid>, StoreError> {
         dispatch!(self, renew(owner, ttl, held))
     }
     async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         dispatch!(self, release(owner, held))
     }
-    async fn count_running(&self) -> Result<i64, StoreError> {
-        dispatch!(self, count_running())
+    async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        dispatch!(self, count_running(tenant))
     }
 }

@@ -10,9 +10,8 @@ use uuid::Uuid;
 
 use super::bus::{CHANNEL, Notice};
 use super::{
-    Store,
-    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress, StoreError, Wait,
-    canceled_event, decode_claim,
+    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress,
+    Store, StoreError, Wait, canceled_event, decode_claim,
 };
 use crate::engine::Spec;
 
@@ -24,6 +23,7 @@ const EVENT_ORDER_LOCK: i64 = 0x7761_6974_6400_0001;
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    pub(super) cipher: std::sync::Arc<super::secrets::Cipher>,
 }
 
 #[derive(FromRow)]
@@ -125,13 +125,15 @@ impl PgStore {
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(3))
             .connect_lazy_with(options.application_name("waitd"));
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            cipher: Default::default(),
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
-
 }
 
 impl Store for PgStore {
@@ -173,7 +175,7 @@ impl Store for PgStore {
                 existing: true,
             });
         }
-        let nw = NewWait::prepare(spec, now)?;
+        let nw = NewWait::prepare(spec, now, &self.cipher)?;
         let id = nw.id;
         let mut tx = self.pool.begin().await?;
         sqlx::query(
@@ -236,7 +238,6 @@ impl Store for PgStore {
         })
     }
 
-
     async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
         let sql = format!(
             "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = $1 AND w.tenant = $2"
@@ -291,7 +292,16 @@ impl Store for PgStore {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some((seq, state)) = row {
-            append_events(&mut tx, id, tenant, now, &[canceled_event(state)], seq - 1, 't').await?;
+            append_events(
+                &mut tx,
+                id,
+                tenant,
+                now,
+                &[canceled_event(state)],
+                seq - 1,
+                't',
+            )
+            .await?;
         }
         tx.commit().await?;
         self.get(tenant, id).await
@@ -384,7 +394,7 @@ impl Store for PgStore {
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for (id, epoch, engine, next, spec, headers) in rows {
-            match decode_claim(spec, headers, engine) {
+            match decode_claim(spec, headers, engine, &self.cipher) {
                 Ok((spec, engine)) => claimed.push(Claimed {
                     id,
                     epoch,
@@ -525,10 +535,14 @@ impl Store for PgStore {
     }
 
     /// Counts of running waits (for `/metrics`).
-    async fn count_running(&self) -> Result<i64, StoreError> {
-        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running'")
-            .fetch_one(&self.pool)
-            .await?;
+    async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM waits WHERE status = 'running' AND ($1::text IS NULL OR tenant = $1)",
+        )
+        .bind(tenant)
+        
+        .fetch_one(&self.pool)
+        .await?;
         Ok(n)
     }
 }

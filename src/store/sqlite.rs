@@ -10,15 +10,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{FromRow, Sqlite, Transaction};
 use uuid::Uuid;
 
 use super::bus::{Bus, BusMsg, Notice};
 use super::{
-    Store,
-    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress, StoreError, Wait,
-    canceled_event, decode_claim,
+    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress,
+    Store, StoreError, Wait, canceled_event, decode_claim,
 };
 use crate::engine::Spec;
 
@@ -27,6 +28,7 @@ use crate::engine::Spec;
 pub struct SqliteStore {
     pool: SqlitePool,
     bus: Bus,
+    pub(super) cipher: std::sync::Arc<super::secrets::Cipher>,
     /// Held open for the life of the store: the lock that keeps a second process out.
     _lock: Option<std::sync::Arc<std::fs::File>>,
 }
@@ -118,7 +120,12 @@ impl SqliteStore {
     }
 
     /// With a TTL: renew the leases. Without: give them up.
-    async fn write_checkpoints(&self, owner: Uuid, held: &[Checkpoint], ttl: Option<Duration>) -> Result<Vec<Uuid>, StoreError> {
+    async fn write_checkpoints(
+        &self,
+        owner: Uuid,
+        held: &[Checkpoint],
+        ttl: Option<Duration>,
+    ) -> Result<Vec<Uuid>, StoreError> {
         if held.is_empty() {
             return Ok(Vec::new());
         }
@@ -127,7 +134,10 @@ impl SqliteStore {
         let mut kept = Vec::with_capacity(held.len());
         let mut tx = self.pool.begin().await?;
         for c in held {
-            let engine = c.engine.as_ref().and_then(|e| serde_json::to_string(e).ok());
+            let engine = c
+                .engine
+                .as_ref()
+                .and_then(|e| serde_json::to_string(e).ok());
             let n = sqlx::query(
                 "UPDATE waits SET owner = CASE WHEN ? IS NULL THEN NULL ELSE owner END, lease_until = ?,
                         engine = COALESCE(?, engine), polls = COALESCE(?, polls), retries = COALESCE(?, retries),
@@ -173,7 +183,9 @@ impl SqliteStore {
         } else {
             let path = PathBuf::from(rest.split('?').next().unwrap_or(rest));
             if path.as_os_str().is_empty() {
-                return Err(StoreError::Other("the sqlite URL names no file; write sqlite://waitd.db".into()));
+                return Err(StoreError::Other(
+                    "the sqlite URL names no file; write sqlite://waitd.db".into(),
+                ));
             }
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
                 && !dir.is_dir()
@@ -189,7 +201,12 @@ impl SqliteStore {
                 .truncate(false)
                 .write(true)
                 .open(&lock_path)
-                .map_err(|e| StoreError::Other(format!("cannot open the lock file {}: {e}", lock_path.display())))?;
+                .map_err(|e| {
+                    StoreError::Other(format!(
+                        "cannot open the lock file {}: {e}",
+                        lock_path.display()
+                    ))
+                })?;
             file.try_lock().map_err(|_| {
                 StoreError::Other(format!(
                     "another waitd is already using {} (it holds {}); one process per SQLite file — use Postgres for several replicas",
@@ -213,9 +230,13 @@ impl SqliteStore {
             .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options);
-        Ok(SqliteStore { pool, bus, _lock: lock })
+        Ok(SqliteStore {
+            pool,
+            bus,
+            cipher: Default::default(),
+            _lock: lock,
+        })
     }
-
 }
 
 impl Store for SqliteStore {
@@ -235,7 +256,6 @@ impl Store for SqliteStore {
         self.pool.close().await;
     }
 
-
     async fn create(
         &self,
         tenant: &str,
@@ -243,22 +263,29 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
     ) -> Result<Created, StoreError> {
-        let nw = NewWait::prepare(spec, now)?;
+        let nw = NewWait::prepare(spec, now, &self.cipher)?;
         let id = nw.id;
         let mut tx = self.pool.begin().await?;
         if let Some((key, hash)) = idempotency {
-            let row: Option<(String, Uuid)> =
-                sqlx::query_as("SELECT request_hash, wait_id FROM idempotency_keys WHERE tenant = ? AND key = ?")
-                    .bind(tenant)
-                    .bind(key)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let row: Option<(String, Uuid)> = sqlx::query_as(
+                "SELECT request_hash, wait_id FROM idempotency_keys WHERE tenant = ? AND key = ?",
+            )
+            .bind(tenant)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
             match row {
                 Some((h, _)) if h != hash => return Err(StoreError::IdempotencyConflict),
                 Some((_, existing)) => {
                     tx.commit().await?;
-                    let wait = self.get(tenant, existing).await?.ok_or_else(|| StoreError::Other("idempotent wait vanished".into()))?;
-                    return Ok(Created { wait, existing: true });
+                    let wait = self
+                        .get(tenant, existing)
+                        .await?
+                        .ok_or_else(|| StoreError::Other("idempotent wait vanished".into()))?;
+                    return Ok(Created {
+                        wait,
+                        existing: true,
+                    });
                 }
                 None => {}
             }
@@ -296,12 +323,20 @@ impl Store for SqliteStore {
         let notice = append_events(&mut tx, id, tenant, now, &[nw.created], 0, 'c').await?;
         tx.commit().await?;
         self.publish(notice);
-        let wait = self.get(tenant, id).await?.ok_or_else(|| StoreError::Other("created wait vanished".into()))?;
-        Ok(Created { wait, existing: false })
+        let wait = self
+            .get(tenant, id)
+            .await?
+            .ok_or_else(|| StoreError::Other("created wait vanished".into()))?;
+        Ok(Created {
+            wait,
+            existing: false,
+        })
     }
 
     async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
-        let sql = format!("SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = ? AND w.tenant = ?");
+        let sql = format!(
+            "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = ? AND w.tenant = ?"
+        );
         let row: Option<WaitRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(tenant)
@@ -334,7 +369,12 @@ impl Store for SqliteStore {
         Ok(rows.into_iter().map(Wait::from).collect())
     }
 
-    async fn cancel(&self, tenant: &str, id: Uuid, now: DateTime<Utc>) -> Result<Option<Wait>, StoreError> {
+    async fn cancel(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Wait>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
             "UPDATE waits SET status = 'canceled', reason = ?, finished_at = ?, updated_at = ?, next_poll_at = NULL,
@@ -351,14 +391,29 @@ impl Store for SqliteStore {
         .await?;
         let mut notice = None;
         if let Some((seq, state)) = row {
-            notice = append_events(&mut tx, id, tenant, now, &[canceled_event(state)], seq - 1, 't').await?;
+            notice = append_events(
+                &mut tx,
+                id,
+                tenant,
+                now,
+                &[canceled_event(state)],
+                seq - 1,
+                't',
+            )
+            .await?;
         }
         tx.commit().await?;
         self.publish(notice);
         self.get(tenant, id).await
     }
 
-    async fn events(&self, tenant: &str, wait_id: Uuid, after: i32, limit: i64) -> Result<Vec<Event>, StoreError> {
+    async fn events(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i32,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
         let rows: Vec<EventRow> = sqlx::query_as(
             "SELECT id, seq, wait_id, kind, at, data FROM wait_events
              WHERE wait_id = ? AND tenant = ? AND seq > ? ORDER BY seq LIMIT ?",
@@ -387,7 +442,9 @@ impl Store for SqliteStore {
             sql.push_str(" AND json_extract(w.labels, ?) = ?");
         }
         sql.push_str(" ORDER BY e.id LIMIT ?");
-        let mut q = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(sql)).bind(tenant).bind(after);
+        let mut q = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(sql))
+            .bind(tenant)
+            .bind(after);
         for (k, v) in labels {
             q = q.bind(format!("$.\"{}\"", k.replace('"', ""))).bind(v);
         }
@@ -395,7 +452,13 @@ impl Store for SqliteStore {
         Ok(rows.into_iter().map(Event::from).collect())
     }
 
-    async fn claim(&self, owner: Uuid, ttl: Duration, lookahead: Duration, limit: i64) -> Result<Vec<Claimed>, StoreError> {
+    async fn claim(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError> {
         let now = Utc::now();
         let rows: Vec<(Uuid, i64, String, Option<i64>, String, String)> = sqlx::query_as(
             "UPDATE waits SET owner = ?, lease_until = ?, epoch = epoch + 1
@@ -420,7 +483,7 @@ impl Store for SqliteStore {
                 let spec: Value = serde_json::from_str(&spec).map_err(|e| e.to_string())?;
                 let headers: Value = serde_json::from_str(&headers).map_err(|e| e.to_string())?;
                 let engine: Value = serde_json::from_str(&engine).map_err(|e| e.to_string())?;
-                decode_claim(spec, headers, engine)
+                decode_claim(spec, headers, engine, &self.cipher)
             })();
             match parsed {
                 Ok((spec, engine)) => claimed.push(Claimed {
@@ -432,7 +495,9 @@ impl Store for SqliteStore {
                 }),
                 Err(e) => {
                     tracing::error!(wait_id = %id, error = %e, "cannot decode a claimed wait; ending it in error");
-                    let _ = self.record(owner, &Progress::undecodable(id, epoch, e)).await;
+                    let _ = self
+                        .record(owner, &Progress::undecodable(id, epoch, e))
+                        .await;
                 }
             }
         }
@@ -480,7 +545,8 @@ impl Store for SqliteStore {
         let mut notice = None;
         if !events.is_empty() {
             let flag = if ended { 't' } else { '-' };
-            notice = append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
+            notice =
+                append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
         }
         tx.commit().await?;
         self.publish(notice);
@@ -489,7 +555,12 @@ impl Store for SqliteStore {
 
     /// Renews leases and writes checkpoints, one wait at a time inside one transaction
     /// (SQLite has no array parameters; one transaction is one disk sync all the same).
-    async fn renew(&self, owner: Uuid, ttl: Duration, held: &[Checkpoint]) -> Result<Vec<Uuid>, StoreError> {
+    async fn renew(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        held: &[Checkpoint],
+    ) -> Result<Vec<Uuid>, StoreError> {
         self.write_checkpoints(owner, held, Some(ttl)).await
     }
 
@@ -499,11 +570,14 @@ impl Store for SqliteStore {
         Ok(n)
     }
 
-
-    async fn count_running(&self) -> Result<i64, StoreError> {
-        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running'")
-            .fetch_one(&self.pool)
-            .await?;
+    async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM waits WHERE status = 'running' AND (? IS NULL OR tenant = ?)",
+        )
+        .bind(tenant)
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?;
         Ok(n)
     }
 }

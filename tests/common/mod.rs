@@ -222,6 +222,12 @@ impl App {
     pub async fn start_with(db: &TestDb, extra: &[&str]) -> App {
         let mut args = test_args(&db.url);
         args.extend(extra.iter().map(|s| s.to_string()));
+        App::start_args(args).await
+    }
+
+    /// Starts waitd with exactly these flags (see [`test_args`] for the usual ones),
+    /// for tests that must change one of the usual flags rather than add one.
+    pub async fn start_args(args: Vec<String>) -> App {
         let config = waitd::Config::from_args(args).expect("valid test flags");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -306,4 +312,153 @@ pub fn spec(url: &str) -> Value {
         "poll": {"initial": "5ms", "max": "20ms", "jitter": 0},
         "retry": {"delay": "5ms", "max_delay": "20ms"}
     })
+}
+
+/// Checks `check` every 10 ms until it holds or `within` passes; returns whether it held.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs a `SELECT count(*) …` directly against the test database.
+pub async fn db_count(db: &TestDb, sql: &'static str) -> i64 {
+    let mut conn = sqlx::PgConnection::connect(&db.url)
+        .await
+        .expect("connect to the test database");
+    let n: i64 = sqlx::query_scalar(sql)
+        .fetch_one(&mut conn)
+        .await
+        .expect("count query");
+    let _ = conn.close().await;
+    n
+}
+
+/// Runs one statement directly against the test database; returns the rows affected.
+pub async fn db_exec(db: &TestDb, sql: &'static str) -> u64 {
+    let mut conn = sqlx::PgConnection::connect(&db.url)
+        .await
+        .expect("connect to the test database");
+    let n = sqlx::query(sql)
+        .execute(&mut conn)
+        .await
+        .expect("statement")
+        .rows_affected();
+    let _ = conn.close().await;
+    n
+}
+
+/// A TCP proxy in front of Postgres that a test can cut (every connection dropped,
+/// new ones refused) and restore, to make the store unreachable for a while.
+pub struct PgProxy {
+    pub port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    live: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl PgProxy {
+    pub fn start() -> PgProxy {
+        let admin = url::Url::parse(&admin_url()).expect("a URL");
+        let target = format!(
+            "{}:{}",
+            admin.host_str().unwrap_or("127.0.0.1"),
+            admin.port().unwrap_or(5432)
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let live: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let (up2, live2) = (up.clone(), live.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if !up2.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&target) else {
+                    continue;
+                };
+                {
+                    let mut l = live2.lock().unwrap();
+                    l.push(client.try_clone().unwrap());
+                    l.push(server.try_clone().unwrap());
+                }
+                let pump = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                pump(client.try_clone().unwrap(), server.try_clone().unwrap());
+                pump(server, client);
+            }
+        });
+        PgProxy { port, up, live }
+    }
+
+    /// The test database's URL, through this proxy.
+    pub fn url(&self, db: &TestDb) -> String {
+        let mut u = url::Url::parse(&db.url).expect("a URL");
+        u.set_host(Some("127.0.0.1")).unwrap();
+        u.set_port(Some(self.port)).unwrap();
+        u.to_string()
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl App {
+    /// waitd on the embedded SQLite store at `url` (`sqlite://PATH`), with the usual
+    /// test flags.
+    pub async fn start_sqlite(url: &str) -> App {
+        let db = TestDb {
+            name: String::new(),
+            url: url.to_string(),
+        };
+        App::start(&db).await
+    }
+}
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let p = std::env::temp_dir().join(format!("waitd-test-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn sqlite_url(&self) -> String {
+        format!("sqlite://{}", self.0.join("waitd.db").display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
