@@ -247,7 +247,8 @@ async fn create_waits(waitd: &str, upstream: &str, n: usize, interval: &str) -> 
                     "state": "/data/attributes/status",
                     "want": ["on"],
                     "timeout": "1h",
-                    "poll": {"initial": interval, "factor": 1, "max": interval, "jitter": 0},
+                    "poll": {"initial": interval, "factor": 1, "max": interval, "jitter": 0,
+                             "delay": if interval == "1h" { "30m" } else { "0s" }},
                 });
                 let r = c
                     .post(format!("{waitd}/waits"))
@@ -379,7 +380,7 @@ async fn one_run(a: &Args) -> Run {
     // (2), (3): saturated — waits due as fast as the floor allows.
     let db = new_db().await;
     let w = start_waitd(&db, a.concurrency).await;
-    let create = create_waits(&w.base, &up, a.waits, "1ms").await;
+    create_waits(&w.base, &up, a.waits, "1ms").await;
     until_held(&w.base, a.waits).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
@@ -391,6 +392,13 @@ async fn one_run(a: &Args) -> Run {
     let stmts_per_poll = stmts / p;
     // Subtract the benchmark's own reads? pg_stat counts only written tuples.
     let rows_per_poll = (r1 - r0) as f64 / p;
+    stop_waitd(w).await;
+    drop_db(&db).await;
+
+    // (6): create throughput alone: waits whose first poll is half an hour away.
+    let db = new_db().await;
+    let w = start_waitd(&db, a.concurrency).await;
+    let create = create_waits(&w.base, &up, a.waits, "1h").await;
     stop_waitd(w).await;
     drop_db(&db).await;
 
@@ -432,7 +440,7 @@ async fn rss_per_wait(n: usize) -> f64 {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kib();
     // A long interval: memory at rest, not in flight.
-    create_waits(&w.base, &up, n, "1h").await;
+    create_waits(&w.base, &up, n, "59m").await;
     // Polled once at creation, then idle for an hour: all held, none in flight.
     until_held(&w.base, n).await;
     tokio::time::sleep(Duration::from_secs(1)).await;

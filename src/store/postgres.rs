@@ -180,7 +180,7 @@ impl Store for PgStore {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 0)",
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)",
         )
         .bind(id)
         .bind(tenant)
@@ -223,10 +223,6 @@ impl Store for PgStore {
             }
         }
         append_events(&mut tx, id, tenant, now, &[nw.created], 0, 'c').await?;
-        sqlx::query("UPDATE waits SET seq = 1 WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
         let wait = self
             .get(tenant, id)
