@@ -13,7 +13,10 @@ use serde_json::Value;
 async fn a_wait_on_sqlite_is_created_blocked_on_and_succeeds() {
     let dir = TempDir::new();
     let up = Upstream::start().await;
-    let url = up.script("/s/1", vec![Reply::status("deploying"), Reply::status("on")]);
+    let url = up.script(
+        "/s/1",
+        vec![Reply::status("deploying"), Reply::status("on")],
+    );
     let app = App::start_sqlite(&dir.sqlite_url()).await;
     let r = app
         .client
@@ -38,13 +41,22 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
     let (_, w) = app.create(spec(&url)).await;
     let id = w["id"].as_str().unwrap().to_string();
     let blocked = {
-        let (client, u) = (app.client.clone(), app.url(&format!("/waits/{id}?wait=10s")));
+        let (client, u) = (
+            app.client.clone(),
+            app.url(&format!("/waits/{id}?wait=10s")),
+        );
         tokio::spawn(async move { client.get(u).send().await.unwrap() })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, canceled) = app.post(&format!("/waits/{id}/cancel")).await;
-    assert_eq!((status, canceled["status"].as_str()), (200, Some("canceled")));
-    let r = tokio::time::timeout(Duration::from_secs(3), blocked).await.unwrap().unwrap();
+    assert_eq!(
+        (status, canceled["status"].as_str()),
+        (200, Some("canceled"))
+    );
+    let r = tokio::time::timeout(Duration::from_secs(3), blocked)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(r.status(), 409);
     let hits = up.hits("/s/2");
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -58,7 +70,12 @@ async fn a_follower_on_sqlite_sees_every_event_in_order_and_the_stream_ends() {
     let up = Upstream::start().await;
     let url = up.script(
         "/s/3",
-        vec![Reply::status("deploying"), Reply::status("deploying"), Reply::status("booting"), Reply::status("on")],
+        vec![
+            Reply::status("deploying"),
+            Reply::status("deploying"),
+            Reply::status("booting"),
+            Reply::status("on"),
+        ],
     );
     let mut s = spec(&url);
     s["poll"] = serde_json::json!({"initial": "30ms", "max": "30ms", "jitter": 0});

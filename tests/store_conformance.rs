@@ -25,7 +25,8 @@ mod tempdir {
     pub struct Dir(pub std::path::PathBuf);
     impl Dir {
         pub fn new() -> Dir {
-            let p = std::env::temp_dir().join(format!("waitd-test-{}", uuid::Uuid::now_v7().simple()));
+            let p =
+                std::env::temp_dir().join(format!("waitd-test-{}", uuid::Uuid::now_v7().simple()));
             std::fs::create_dir_all(&p).unwrap();
             Dir(p)
         }
@@ -59,7 +60,10 @@ impl Backend {
 }
 
 async fn backends() -> Vec<Backend> {
-    vec![Backend::Postgres(TestDb::new().await), Backend::Sqlite(tempdir::Dir::new())]
+    vec![
+        Backend::Postgres(TestDb::new().await),
+        Backend::Sqlite(tempdir::Dir::new()),
+    ]
 }
 
 fn spec_with(labels: serde_json::Value) -> Spec {
@@ -101,7 +105,11 @@ async fn a_created_wait_reads_back_with_its_created_event_and_redacted_headers()
     for_each_store!(|store, backend| {
         let created = store.create("t1", &spec(), Utc::now(), None).await.unwrap();
         assert!(!created.existing);
-        let w = store.get("t1", created.wait.id).await.unwrap().expect("the wait exists");
+        let w = store
+            .get("t1", created.wait.id)
+            .await
+            .unwrap()
+            .expect("the wait exists");
         assert_eq!(w.status, "running", "{}", backend.url());
         assert_eq!(w.spec["target"]["headers"]["Authorization"], "<redacted>");
         assert!(!w.spec.to_string().contains("secret-token-value"));
@@ -115,14 +123,42 @@ async fn a_created_wait_reads_back_with_its_created_event_and_redacted_headers()
 #[tokio::test]
 async fn another_tenant_sees_nothing_of_a_wait() {
     for_each_store!(|store, _backend| {
-        let w = store.create("t1", &spec(), Utc::now(), None).await.unwrap().wait;
+        let w = store
+            .create("t1", &spec(), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
         assert!(store.get("t2", w.id).await.unwrap().is_none());
-        assert!(store.cancel("t2", w.id, Utc::now()).await.unwrap().is_none());
+        assert!(
+            store
+                .cancel("t2", w.id, Utc::now())
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert!(store.events("t2", w.id, 0, 10).await.unwrap().is_empty());
-        assert!(store.global_events("t2", 0, &BTreeMap::new(), 10).await.unwrap().is_empty());
-        let page = store.list("t2", &ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+        assert!(
+            store
+                .global_events("t2", 0, &BTreeMap::new(), 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let page = store
+            .list(
+                "t2",
+                &ListFilter {
+                    limit: 10,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
         assert!(page.is_empty());
-        assert_eq!(store.get("t1", w.id).await.unwrap().unwrap().status, "running");
+        assert_eq!(
+            store.get("t1", w.id).await.unwrap().unwrap().status,
+            "running"
+        );
     });
 }
 
@@ -132,11 +168,21 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
         let mut ids = Vec::new();
         for i in 0..7 {
             let labels = json!({"team": if i % 2 == 0 { "a" } else { "b" }});
-            ids.push(store.create("t", &spec_with(labels), Utc::now(), None).await.unwrap().wait.id);
+            ids.push(
+                store
+                    .create("t", &spec_with(labels), Utc::now(), None)
+                    .await
+                    .unwrap()
+                    .wait
+                    .id,
+            );
         }
         store.cancel("t", ids[0], Utc::now()).await.unwrap();
         let mut seen = Vec::new();
-        let mut filter = ListFilter { limit: 3, ..Default::default() };
+        let mut filter = ListFilter {
+            limit: 3,
+            ..Default::default()
+        };
         loop {
             let page = store.list("t", &filter).await.unwrap();
             seen.extend(page.iter().map(|w| w.id));
@@ -151,29 +197,69 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
 
         let mut labels = BTreeMap::new();
         labels.insert("team".to_string(), "a".to_string());
-        let team_a = store.list("t", &ListFilter { limit: 50, labels, ..Default::default() }).await.unwrap();
-        assert_eq!(team_a.len(), 4);
-        let canceled = store
-            .list("t", &ListFilter { limit: 50, status: Some("canceled".into()), ..Default::default() })
+        let team_a = store
+            .list(
+                "t",
+                &ListFilter {
+                    limit: 50,
+                    labels,
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
-        assert_eq!(canceled.iter().map(|w| w.id).collect::<Vec<_>>(), vec![ids[0]]);
+        assert_eq!(team_a.len(), 4);
+        let canceled = store
+            .list(
+                "t",
+                &ListFilter {
+                    limit: 50,
+                    status: Some("canceled".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            canceled.iter().map(|w| w.id).collect::<Vec<_>>(),
+            vec![ids[0]]
+        );
     });
 }
 
 #[tokio::test]
 async fn an_idempotency_key_returns_the_first_wait_and_refuses_another_body() {
     for_each_store!(|store, _backend| {
-        let first = store.create("t", &spec(), Utc::now(), Some(("k1", "hash-a"))).await.unwrap();
-        let again = store.create("t", &spec(), Utc::now(), Some(("k1", "hash-a"))).await.unwrap();
+        let first = store
+            .create("t", &spec(), Utc::now(), Some(("k1", "hash-a")))
+            .await
+            .unwrap();
+        let again = store
+            .create("t", &spec(), Utc::now(), Some(("k1", "hash-a")))
+            .await
+            .unwrap();
         assert!(again.existing);
         assert_eq!(first.wait.id, again.wait.id);
-        let other = store.create("t", &spec(), Utc::now(), Some(("k1", "hash-b"))).await;
+        let other = store
+            .create("t", &spec(), Utc::now(), Some(("k1", "hash-b")))
+            .await;
         assert!(matches!(other, Err(StoreError::IdempotencyConflict)));
         // Keys are per tenant.
-        let elsewhere = store.create("u", &spec(), Utc::now(), Some(("k1", "hash-b"))).await.unwrap();
+        let elsewhere = store
+            .create("u", &spec(), Utc::now(), Some(("k1", "hash-b")))
+            .await
+            .unwrap();
         assert!(!elsewhere.existing);
-        let all = store.list("t", &ListFilter { limit: 50, ..Default::default() }).await.unwrap();
+        let all = store
+            .list(
+                "t",
+                &ListFilter {
+                    limit: 50,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
         assert_eq!(all.len(), 1);
     });
 }
@@ -181,13 +267,26 @@ async fn an_idempotency_key_returns_the_first_wait_and_refuses_another_body() {
 #[tokio::test]
 async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_out() {
     for_each_store!(|store, backend| {
-        let w = store.create("t", &spec(), Utc::now(), None).await.unwrap().wait;
+        let w = store
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         let ttl = Duration::from_millis(300);
         let claimed = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(claimed.len(), 1, "{}", backend.url());
-        assert_eq!(claimed[0].spec.target.headers["Authorization"], "Bearer secret-token-value");
-        assert!(store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().is_empty());
+        assert_eq!(
+            claimed[0].spec.target.headers["Authorization"],
+            "Bearer secret-token-value"
+        );
+        assert!(
+            store
+                .claim(b, ttl, Duration::ZERO, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         tokio::time::sleep(Duration::from_millis(400)).await;
         let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
@@ -198,15 +297,32 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             epoch: claimed[0].epoch,
             engine: claimed[0].engine.clone(),
             next_poll_at: Some(Utc::now()),
-            events: vec![NewEvent { kind: "state".into(), data: json!({"from": null, "to": "x"}) }],
+            events: vec![NewEvent {
+                kind: "state".into(),
+                data: json!({"from": null, "to": "x"}),
+            }],
             end: None,
         };
         assert!(!store.record(a, &stale).await.unwrap());
-        let renew = [Checkpoint { id: w.id, epoch: claimed[0].epoch, engine: None, next_poll_at: None }];
+        let renew = [Checkpoint {
+            id: w.id,
+            epoch: claimed[0].epoch,
+            engine: None,
+            next_poll_at: None,
+        }];
         assert!(store.renew(a, ttl, &renew).await.unwrap().is_empty());
-        let renew_b = [Checkpoint { id: w.id, epoch: taken[0].epoch, engine: None, next_poll_at: None }];
+        let renew_b = [Checkpoint {
+            id: w.id,
+            epoch: taken[0].epoch,
+            engine: None,
+            next_poll_at: None,
+        }];
         assert_eq!(store.renew(b, ttl, &renew_b).await.unwrap(), vec![w.id]);
-        assert_eq!(store.events("t", w.id, 0, 10).await.unwrap().len(), 1, "the fenced write left no event");
+        assert_eq!(
+            store.events("t", w.id, 0, 10).await.unwrap().len(),
+            1,
+            "the fenced write left no event"
+        );
     });
 }
 
@@ -223,7 +339,13 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
                 let me = Uuid::now_v7();
                 let mut mine = Vec::new();
                 for _ in 0..5 {
-                    mine.extend(s.claim(me, Duration::from_secs(30), Duration::ZERO, 4).await.unwrap().into_iter().map(|c| c.id));
+                    mine.extend(
+                        s.claim(me, Duration::from_secs(30), Duration::ZERO, 4)
+                            .await
+                            .unwrap()
+                            .into_iter()
+                            .map(|c| c.id),
+                    );
                 }
                 mine
             }));
@@ -235,7 +357,12 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
         let n = all.len();
         all.sort();
         all.dedup();
-        assert_eq!(all.len(), n, "a wait was claimed twice on {}", backend.url());
+        assert_eq!(
+            all.len(),
+            n,
+            "a wait was claimed twice on {}",
+            backend.url()
+        );
         assert_eq!(n, 40);
     });
 }
@@ -244,9 +371,17 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
 async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
     for_each_store!(|store, backend| {
         for _ in 0..10 {
-            let w = store.create("t", &spec(), Utc::now(), None).await.unwrap().wait;
+            let w = store
+                .create("t", &spec(), Utc::now(), None)
+                .await
+                .unwrap()
+                .wait;
             let me = Uuid::now_v7();
-            let c = store.claim(me, Duration::from_secs(30), Duration::ZERO, 1).await.unwrap().remove(0);
+            let c = store
+                .claim(me, Duration::from_secs(30), Duration::ZERO, 1)
+                .await
+                .unwrap()
+                .remove(0);
             let mut engine: EngineState = c.engine.clone();
             engine.state = Some("on".into());
             let success = Progress {
@@ -264,7 +399,13 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
             );
             let events = store.events("t", w.id, 0, 10).await.unwrap();
             let terminal: Vec<_> = events.iter().filter(|e| e.is_terminal()).collect();
-            assert_eq!(terminal.len(), 1, "{} on {}", serde_json::to_string(&events).unwrap(), backend.url());
+            assert_eq!(
+                terminal.len(),
+                1,
+                "{} on {}",
+                serde_json::to_string(&events).unwrap(),
+                backend.url()
+            );
             let end = store.get("t", w.id).await.unwrap().unwrap();
             assert_eq!(end.status, terminal[0].kind);
             assert_eq!(a, end.status == "succeeded");
@@ -276,10 +417,21 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
 #[tokio::test]
 async fn events_replay_by_seq_and_by_global_cursor_in_order() {
     for_each_store!(|store, backend| {
-        let w1 = store.create("t", &spec_with(json!({"k": "1"})), Utc::now(), None).await.unwrap().wait;
-        let w2 = store.create("t", &spec_with(json!({"k": "2"})), Utc::now(), None).await.unwrap().wait;
+        let w1 = store
+            .create("t", &spec_with(json!({"k": "1"})), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
+        let w2 = store
+            .create("t", &spec_with(json!({"k": "2"})), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
         let me = Uuid::now_v7();
-        let claimed = store.claim(me, Duration::from_secs(30), Duration::ZERO, 10).await.unwrap();
+        let claimed = store
+            .claim(me, Duration::from_secs(30), Duration::ZERO, 10)
+            .await
+            .unwrap();
         for c in &claimed {
             let p = Progress {
                 id: c.id,
@@ -287,23 +439,43 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
                 engine: c.engine.clone(),
                 next_poll_at: Some(Utc::now()),
                 events: vec![
-                    NewEvent { kind: "state".into(), data: json!({"from": null, "to": "deploying"}) },
-                    NewEvent { kind: "retry".into(), data: json!({"error": "503", "attempt": 1, "delay": "1s"}) },
+                    NewEvent {
+                        kind: "state".into(),
+                        data: json!({"from": null, "to": "deploying"}),
+                    },
+                    NewEvent {
+                        kind: "retry".into(),
+                        data: json!({"error": "503", "attempt": 1, "delay": "1s"}),
+                    },
                 ],
                 end: None,
             };
             assert!(store.record(me, &p).await.unwrap());
         }
         let e1 = store.events("t", w1.id, 0, 100).await.unwrap();
-        assert_eq!(e1.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3], "{}", backend.url());
-        assert_eq!(e1.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["created", "state", "retry"]);
+        assert_eq!(
+            e1.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "{}",
+            backend.url()
+        );
+        assert_eq!(
+            e1.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+            ["created", "state", "retry"]
+        );
         assert_eq!(store.events("t", w1.id, 1, 100).await.unwrap().len(), 2);
         assert_eq!(e1[1].data["to"], "deploying");
 
-        let all = store.global_events("t", 0, &BTreeMap::new(), 100).await.unwrap();
+        let all = store
+            .global_events("t", 0, &BTreeMap::new(), 100)
+            .await
+            .unwrap();
         assert_eq!(all.len(), 6);
         assert!(all.windows(2).all(|w| w[0].id < w[1].id));
-        let after = store.global_events("t", all[2].id, &BTreeMap::new(), 100).await.unwrap();
+        let after = store
+            .global_events("t", all[2].id, &BTreeMap::new(), 100)
+            .await
+            .unwrap();
         assert_eq!(after.len(), 3);
         let mut only2 = BTreeMap::new();
         only2.insert("k".to_string(), "2".to_string());
@@ -316,15 +488,28 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
 #[tokio::test]
 async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
     for_each_store!(|store, _backend| {
-        let w = store.create("t", &spec(), Utc::now(), None).await.unwrap().wait;
+        let w = store
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
         let first = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
         assert_eq!(first.status, "canceled");
         let second = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
         assert_eq!(second.finished_at, first.finished_at);
         let events = store.events("t", w.id, 0, 10).await.unwrap();
-        assert_eq!(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["created", "canceled"]);
+        assert_eq!(
+            events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+            ["created", "canceled"]
+        );
         // A canceled wait is no longer claimable.
-        assert!(store.claim(Uuid::now_v7(), Duration::from_secs(1), Duration::ZERO, 10).await.unwrap().is_empty());
+        assert!(
+            store
+                .claim(Uuid::now_v7(), Duration::from_secs(1), Duration::ZERO, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
     });
 }
 
@@ -333,16 +518,31 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
     for_each_store!(|store, backend| {
         store.create("t", &spec(), Utc::now(), None).await.unwrap();
         let a = Uuid::now_v7();
-        let c = store.claim(a, Duration::from_secs(60), Duration::ZERO, 1).await.unwrap().remove(0);
+        let c = store
+            .claim(a, Duration::from_secs(60), Duration::ZERO, 1)
+            .await
+            .unwrap()
+            .remove(0);
         let mut engine = c.engine.clone();
         engine.polls = 42;
         let next = Utc::now();
         let n = store
-            .release(a, &[Checkpoint { id: c.id, epoch: c.epoch, engine: Some(engine), next_poll_at: Some(next) }])
+            .release(
+                a,
+                &[Checkpoint {
+                    id: c.id,
+                    epoch: c.epoch,
+                    engine: Some(engine),
+                    next_poll_at: Some(next),
+                }],
+            )
             .await
             .unwrap();
         assert_eq!(n, 1, "{}", backend.url());
-        let again = store.claim(Uuid::now_v7(), Duration::from_secs(60), Duration::ZERO, 1).await.unwrap();
+        let again = store
+            .claim(Uuid::now_v7(), Duration::from_secs(60), Duration::ZERO, 1)
+            .await
+            .unwrap();
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].engine.polls, 42);
         assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 42);
@@ -353,7 +553,11 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
 async fn waits_and_events_persist_across_a_reopen() {
     for backend in backends().await {
         let store = backend.open().await;
-        let w = store.create("t", &spec(), Utc::now(), None).await.unwrap().wait;
+        let w = store
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
         store.close().await;
         drop(store);
         let reopened = backend.open().await;
@@ -383,8 +587,12 @@ async fn a_second_process_on_the_same_sqlite_file_is_refused_with_a_clear_messag
 
 #[tokio::test]
 async fn a_bad_database_url_is_refused_naming_the_problem() {
-    let err = AnyStore::open("mysql://x", 1, Bus::new()).unwrap_err().to_string();
+    let err = AnyStore::open("mysql://x", 1, Bus::new())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("mysql"), "{err}");
-    let err = AnyStore::open("sqlite:///no/such/dir/waitd.db", 1, Bus::new()).unwrap_err().to_string();
+    let err = AnyStore::open("sqlite:///no/such/dir/waitd.db", 1, Bus::new())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("does not exist"), "{err}");
 }

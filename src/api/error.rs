@@ -107,6 +107,16 @@ impl From<StoreError> for ApiError {
                 "Idempotency key reused",
                 "this Idempotency-Key was already used with a different request body; use a new key for a new wait",
             ),
+            StoreError::TooManyActive(n) => ApiError {
+                retry_after: Some(30),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "Too many active waits",
+                    format!(
+                        "this tenant already has {n} running waits, the most this server allows; cancel some or wait for them to end"
+                    ),
+                )
+            },
             StoreError::Other(cause) => {
                 tracing::error!(error = %cause, "store error");
                 ApiError::internal()
@@ -130,6 +140,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self.status == StatusCode::UNAUTHORIZED {
+            res.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(s) = self.retry_after {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));

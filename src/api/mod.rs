@@ -150,13 +150,10 @@ impl FromRequestParts<AppState> for Tenant {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
-            .map(str::trim)
-            .ok_or_else(|| {
-                ApiError::unauthorized("send an API token as \"Authorization: Bearer <token>\"")
-            })?;
+            .ok_or_else(|| ApiError::unauthorized("send an API token as \"Authorization: Bearer <token>\""))?;
         // Compare against every token in constant time, so timing tells nothing.
         let mut found = None;
         for (token, tenant) in s.tokens.iter() {
@@ -165,7 +162,8 @@ impl FromRequestParts<AppState> for Tenant {
             }
         }
         let tenant = found.ok_or_else(|| ApiError::unauthorized("the API token is not valid"))?;
-        s.rate.check(&tenant)?;
+        // The bucket is the token's: two tokens of one tenant do not share it.
+        s.rate.check(given)?;
         Ok(Tenant(tenant))
     }
 }
@@ -260,7 +258,7 @@ pub(crate) fn json_response(status: StatusCode, value: impl serde::Serialize) ->
     (status, Json(value)).into_response()
 }
 
-/// A token bucket per tenant: `rate` requests a second on average, bursts of up to
+/// A token bucket per API token: `rate` requests a second on average, bursts of up to
 /// twice that. In memory, per replica.
 pub struct RateLimiter {
     rate: f64,
@@ -279,14 +277,14 @@ impl RateLimiter {
         }
     }
 
-    fn check(&self, tenant: &str) -> Result<(), ApiError> {
+    fn check(&self, token: &str) -> Result<(), ApiError> {
         if self.rate == 0.0 {
             return Ok(());
         }
         let burst = (self.rate * 2.0).max(1.0);
         let now = std::time::Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let (tokens, last) = buckets.entry(tenant.to_string()).or_insert((burst, now));
+        let (tokens, last) = buckets.entry(token.to_string()).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(burst);
         *last = now;
         if *tokens >= 1.0 {

@@ -178,25 +178,15 @@ pub async fn create(
     let url =
         url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
     s.guard.check_url(&url).map_err(ApiError::unprocessable)?;
-    let active = s.store.count_running(Some(&tenant)).await?;
-    if active >= s.max_active_waits {
-        return Err(ApiError {
-            retry_after: Some(30),
-            ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Too many active waits",
-                format!(
-                    "this tenant already has {active} running waits, the most this server allows; cancel some or wait for them to end"
-                ),
-            )
-        });
-    }
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex(&Sha256::digest(body.to_string().as_bytes()))
     });
     let idem = key.as_deref().zip(hash.as_deref());
-    let created = s.store.create(&tenant, &spec, Utc::now(), idem).await?;
+    let created = s
+        .store
+        .create_within(&tenant, &spec, Utc::now(), idem, Some(s.max_active_waits))
+        .await?;
     if !created.existing {
         s.metrics
             .created

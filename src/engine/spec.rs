@@ -562,15 +562,17 @@ fn parse_target(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option
             } else {
                 for (name, value) in h {
                     // Never echo a header value: it may be a secret.
-                    let shown: String = name.chars().take(64).collect();
-                    let field = format!("target.headers.{shown}");
-                    if name.is_empty() || !name.bytes().all(is_token_byte) {
+                    // Nor an invalid name: someone may have written the whole header,
+                    // secret and all, as the name.
+                    if name.is_empty() || name.len() > 64 || !name.bytes().all(is_token_byte) {
                         errs.push(
-                            &field,
-                            "is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)",
+                            "target.headers",
+                            "has a name that is not a valid header name (1 to 64 of letters, digits and !#$%&'*+-.^_`|~); \
+                             write {\"Name\": \"value\"}, e.g. {\"Authorization\": \"Bearer …\"}",
                         );
                         continue;
                     }
+                    let field = format!("target.headers.{name}");
                     if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
                         errs.push(&field, "is set by waitd itself and cannot be given");
                         continue;

@@ -142,6 +142,9 @@ pub enum StoreError {
     /// The same idempotency key was used with another request body.
     #[error("idempotency key reused with a different request")]
     IdempotencyConflict,
+    /// The tenant already has this many running waits, the most allowed.
+    #[error("the tenant has {0} running waits, the most allowed")]
+    TooManyActive(i64),
     #[error("database error: {0}")]
     Other(String),
 }
@@ -313,6 +316,20 @@ pub trait Store: Clone + Send + Sync + 'static {
         spec: &Spec,
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
+    ) -> Result<Created, StoreError> {
+        self.create_within(tenant, spec, now, idempotency, None).await
+    }
+    /// [`Store::create`], refusing with [`StoreError::TooManyActive`] when the tenant
+    /// already has `max_active` running waits. The count and the insert are atomic
+    /// (concurrent creates cannot overshoot), and an idempotent replay is answered
+    /// before the limit is looked at.
+    async fn create_within(
+        &self,
+        tenant: &str,
+        spec: &Spec,
+        now: DateTime<Utc>,
+        idempotency: Option<(&str, &str)>,
+        max_active: Option<i64>,
     ) -> Result<Created, StoreError>;
     async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError>;
     /// A page of a tenant's waits, newest first.
@@ -432,14 +449,15 @@ impl Store for AnyStore {
     async fn close(&self) {
         dispatch!(self, close())
     }
-    async fn create(
+    async fn create_within(
         &self,
         tenant: &str,
         spec: &Spec,
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
+        max_active: Option<i64>,
     ) -> Result<Created, StoreError> {
-        dispatch!(self, create(tenant, spec, now, idempotency))
+        dispatch!(self, create_within(tenant, spec, now, idempotency, max_active))
     }
     async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
         dispatch!(self, get(tenant, id))

@@ -160,12 +160,13 @@ impl Store for PgStore {
 
     /// Creates a wait with its `created` event. With an idempotency key, a second
     /// call with the same key and request hash returns the first wait.
-    async fn create(
+    async fn create_within(
         &self,
         tenant: &str,
         spec: &Spec,
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
+        max_active: Option<i64>,
     ) -> Result<Created, StoreError> {
         if let Some((key, hash)) = idempotency
             && let Some(found) = self.find_idempotent(tenant, key, hash).await?
@@ -178,6 +179,22 @@ impl Store for PgStore {
         let nw = NewWait::prepare(spec, now, &self.cipher)?;
         let id = nw.id;
         let mut tx = self.pool.begin().await?;
+        if let Some(max) = max_active {
+            // One tenant's creates queue on this lock, so the count and the insert
+            // cannot interleave; other tenants are not held up.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))")
+                .bind(tenant)
+                .execute(&mut *tx)
+                .await?;
+            let (n,): (i64,) =
+                sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1")
+                    .bind(tenant)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if n >= max {
+                return Err(StoreError::TooManyActive(n));
+            }
+        }
         sqlx::query(
             "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)",

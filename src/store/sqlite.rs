@@ -256,12 +256,13 @@ impl Store for SqliteStore {
         self.pool.close().await;
     }
 
-    async fn create(
+    async fn create_within(
         &self,
         tenant: &str,
         spec: &Spec,
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
+        max_active: Option<i64>,
     ) -> Result<Created, StoreError> {
         let nw = NewWait::prepare(spec, now, &self.cipher)?;
         let id = nw.id;
@@ -288,6 +289,17 @@ impl Store for SqliteStore {
                     });
                 }
                 None => {}
+            }
+        }
+        // One connection: this transaction is the only writer, so the count holds.
+        if let Some(max) = max_active {
+            let (n,): (i64,) =
+                sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running' AND tenant = ?")
+                    .bind(tenant)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if n >= max {
+                return Err(StoreError::TooManyActive(n));
             }
         }
         sqlx::query(
