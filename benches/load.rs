@@ -193,6 +193,9 @@ async fn start_waitd(db: &Db, concurrency: usize) -> Waitd {
         "127.0.0.1",
         "--concurrency",
         &concurrency.to_string(),
+        // Every wait here polls the same upstream: let the per-host bound match.
+        "--per-host-concurrency",
+        &concurrency.to_string(),
         "--db-connections",
         "16",
     ])
@@ -439,15 +442,42 @@ async fn rss_per_wait(n: usize) -> f64 {
     let w = start_waitd(&db, 256).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kib();
-    // A long interval: memory at rest, not in flight.
-    create_waits(&w.base, &up, n, "59m").await;
-    // Polled once at creation, then idle for an hour: all held, none in flight.
+    // One wait through the API, then n - 1 copies of its rows straight into the
+    // database: the figure is memory per held wait, not create speed.
+    create_waits(&w.base, &up, 1, "59m").await;
+    clone_waits(&db, n - 1).await;
+    // Each is polled once when claimed, then idle for an hour: all held, none in flight.
     until_held(&w.base, n).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = rss_kib();
     stop_waitd(w).await;
     drop_db(&db).await;
     (after.saturating_sub(before)) as f64 * 1024.0 / n as f64
+}
+
+/// Copies the one wait in the database `n` times (new ids, due now).
+async fn clone_waits(db: &Db, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
+         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline, now(), w.labels, w.engine, 1
+         FROM waits w, generate_series(1, $1) WHERE w.status = 'running'",
+    )
+    .bind(n as i64)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO wait_specs (wait_id, spec, headers)
+         SELECT w.id, s.spec, s.headers FROM waits w, (SELECT spec, headers FROM wait_specs LIMIT 1) s
+         WHERE NOT EXISTS (SELECT 1 FROM wait_specs x WHERE x.wait_id = w.id)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -103,7 +103,7 @@ pub struct Config {
     pub concurrency: usize,
 
     /// Most probes in flight to one target host.
-    #[arg(long, env = "WAITD_PER_HOST_CONCURRENCY", default_value_t = 64)]
+    #[arg(long, env = "WAITD_PER_HOST_CONCURRENCY", default_value_t = 16)]
     pub per_host_concurrency: usize,
 
     /// Database connections this replica may open.

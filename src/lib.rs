@@ -133,6 +133,7 @@ pub async fn serve(
         max_body: config.max_body,
         guard: guard.clone(),
         resolve_overrides: parse_resolve(&config.resolve)?,
+        per_host_concurrency: config.per_host_concurrency.max(1),
         ..Default::default()
     })?;
 
@@ -164,6 +165,14 @@ pub async fn serve(
                 floor: config.min_poll_interval,
                 capacity: config.capacity,
                 concurrency: config.concurrency,
+                // Leave half the pool to the API.
+                max_writes: (config.db_connections as usize / 2).max(1),
+                // A dead replica's waits are claimable once its leases expire; sweep
+                // often enough that takeover follows the TTL closely.
+                claim_interval: (config.lease_ttl / 4).clamp(
+                    std::time::Duration::from_millis(100),
+                    std::time::Duration::from_secs(1),
+                ),
                 ..Default::default()
             },
             metrics: metrics.clone(),

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use waitd::Config;
-use waitd::store::Store;
 use waitd::config::LogFormat;
+use waitd::store::Store;
 
 #[derive(Parser)]
 #[command(
@@ -82,7 +82,8 @@ fn main() -> ExitCode {
             Command::Migrate { database_url } => {
                 init_logging(LogFormat::Text);
                 let store =
-                    waitd::store::AnyStore::open(&database_url, 1, waitd::store::bus::Bus::new()).map_err(|e| e.to_string())?;
+                    waitd::store::AnyStore::open(&database_url, 1, waitd::store::bus::Bus::new())
+                        .map_err(|e| e.to_string())?;
                 store
                     .migrate()
                     .await

@@ -153,7 +153,9 @@ impl FromRequestParts<AppState> for Tenant {
                 let (scheme, token) = v.trim().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
-            .ok_or_else(|| ApiError::unauthorized("send an API token as \"Authorization: Bearer <token>\""))?;
+            .ok_or_else(|| {
+                ApiError::unauthorized("send an API token as \"Authorization: Bearer <token>\"")
+            })?;
         // Compare against every token in constant time, so timing tells nothing.
         let mut found = None;
         for (token, tenant) in s.tokens.iter() {

@@ -61,7 +61,10 @@ pub(crate) struct WaitId(pub Uuid);
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for WaitId {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<WaitId, ApiError> {
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<WaitId, ApiError> {
         let raw = Path::<String>::from_request_parts(parts, state).await.ok();
         let text = raw.as_ref().map(|p| p.0.as_str()).unwrap_or("");
         Uuid::parse_str(text).map(WaitId).map_err(|_| {

@@ -317,7 +317,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
     ) -> Result<Created, StoreError> {
-        self.create_within(tenant, spec, now, idempotency, None).await
+        self.create_within(tenant, spec, now, idempotency, None)
+            .await
     }
     /// [`Store::create`], refusing with [`StoreError::TooManyActive`] when the tenant
     /// already has `max_active` running waits. The count and the insert are atomic
@@ -457,7 +458,10 @@ impl Store for AnyStore {
         idempotency: Option<(&str, &str)>,
         max_active: Option<i64>,
     ) -> Result<Created, StoreError> {
-        dispatch!(self, create_within(tenant, spec, now, idempotency, max_active))
+        dispatch!(
+            self,
+            create_within(tenant, spec, now, idempotency, max_active)
+        )
     }
     async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
         dispatch!(self, get(tenant, id))

@@ -23,6 +23,9 @@ const EVENT_ORDER_LOCK: i64 = 0x7761_6974_6400_0001;
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    /// Claims, renewals and releases get connections of their own, so that a burst
+    /// of API traffic or progress writes can never starve the leases.
+    lease_pool: PgPool,
     pub(super) cipher: std::sync::Arc<super::secrets::Cipher>,
 }
 
@@ -120,13 +123,20 @@ impl PgStore {
         let options: PgConnectOptions = url.parse().map_err(|e| {
             StoreError::Other(format!("DATABASE_URL is not a valid postgres URL: {e}"))
         })?;
+        let options = options.application_name("waitd");
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy_with(options.application_name("waitd"));
+            .connect_lazy_with(options.clone());
+        let lease_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(options);
         Ok(PgStore {
             pool,
+            lease_pool,
             cipher: Default::default(),
         })
     }
@@ -151,6 +161,7 @@ impl Store for PgStore {
 
     async fn close(&self) {
         self.pool.close().await;
+        self.lease_pool.close().await;
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -186,11 +197,12 @@ impl Store for PgStore {
                 .bind(tenant)
                 .execute(&mut *tx)
                 .await?;
-            let (n,): (i64,) =
-                sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1")
-                    .bind(tenant)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1",
+            )
+            .bind(tenant)
+            .fetch_one(&mut *tx)
+            .await?;
             if n >= max {
                 return Err(StoreError::TooManyActive(n));
             }
@@ -403,7 +415,7 @@ impl Store for PgStore {
         .bind(ttl)
         .bind(lookahead)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.lease_pool)
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for (id, epoch, engine, next, spec, headers) in rows {
@@ -474,6 +486,9 @@ impl Store for PgStore {
         Ok(true)
     }
 
+    /// A checkpoint lands only when it is newer (more polls) than what the row holds:
+    /// a progress write that committed while this statement was on its way wins.
+    ///
     /// Renews the lease on every wait in `held` and writes the checkpoints that carry
     /// one, in one statement. Returns the ids still held; the others were lost.
     async fn renew(
@@ -488,11 +503,11 @@ impl Store for PgStore {
         let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(held);
         let kept: Vec<(Uuid,)> = sqlx::query_as(
             "UPDATE waits w SET lease_until = now() + $2,
-                    engine = COALESCE(u.engine::jsonb, w.engine),
-                    polls = COALESCE(u.polls, w.polls),
-                    retries = COALESCE(u.retries, w.retries),
-                    next_poll_at = COALESCE(u.next_poll_at, w.next_poll_at),
-                    updated_at = CASE WHEN u.engine IS NULL THEN w.updated_at ELSE now() END
+                    engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
+                    polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
+                    retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
+                    next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
+                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END
              FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::int[], $7::int[], $8::timestamptz[])
                   AS u(id, epoch, engine, polls, retries, next_poll_at)
              WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'
@@ -506,7 +521,7 @@ impl Store for PgStore {
         .bind(polls)
         .bind(retries)
         .bind(nexts)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.lease_pool)
         .await?;
         Ok(kept.into_iter().map(|(id,)| id).collect())
     }
@@ -520,11 +535,11 @@ impl Store for PgStore {
         let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(held);
         let n = sqlx::query(
             "UPDATE waits w SET owner = NULL, lease_until = NULL,
-                    engine = COALESCE(u.engine::jsonb, w.engine),
-                    polls = COALESCE(u.polls, w.polls),
-                    retries = COALESCE(u.retries, w.retries),
-                    next_poll_at = COALESCE(u.next_poll_at, w.next_poll_at),
-                    updated_at = CASE WHEN u.engine IS NULL THEN w.updated_at ELSE now() END
+                    engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
+                    polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
+                    retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
+                    next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
+                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END
              FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[])
                   AS u(id, epoch, engine, polls, retries, next_poll_at)
              WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'",
@@ -536,13 +551,13 @@ impl Store for PgStore {
         .bind(polls)
         .bind(retries)
         .bind(nexts)
-        .execute(&self.pool)
+        .execute(&self.lease_pool)
         .await?
         .rows_affected();
         // Tell the other replicas there is work to claim.
         sqlx::query("SELECT pg_notify($1, 'released')")
             .bind(CHANNEL)
-            .execute(&self.pool)
+            .execute(&self.lease_pool)
             .await?;
         Ok(n)
     }
@@ -553,7 +568,6 @@ impl Store for PgStore {
             "SELECT count(*) FROM waits WHERE status = 'running' AND ($1::text IS NULL OR tenant = $1)",
         )
         .bind(tenant)
-        
         .fetch_one(&self.pool)
         .await?;
         Ok(n)

@@ -138,20 +138,21 @@ impl SqliteStore {
                 .engine
                 .as_ref()
                 .and_then(|e| serde_json::to_string(e).ok());
+            // A checkpoint lands only when it is newer (more polls) than the row.
             let n = sqlx::query(
-                "UPDATE waits SET owner = CASE WHEN ? IS NULL THEN NULL ELSE owner END, lease_until = ?,
-                        engine = COALESCE(?, engine), polls = COALESCE(?, polls), retries = COALESCE(?, retries),
-                        next_poll_at = COALESCE(?, next_poll_at),
-                        updated_at = CASE WHEN ? IS NULL THEN updated_at ELSE ? END
-                 WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'",
+                "UPDATE waits SET owner = CASE WHEN ?1 IS NULL THEN NULL ELSE owner END, lease_until = ?1,
+                        engine = CASE WHEN ?3 > polls THEN ?2 ELSE engine END,
+                        retries = CASE WHEN ?3 > polls THEN ?4 ELSE retries END,
+                        next_poll_at = CASE WHEN ?3 > polls THEN ?5 ELSE next_poll_at END,
+                        updated_at = CASE WHEN ?3 > polls THEN ?6 ELSE updated_at END,
+                        polls = MAX(polls, COALESCE(?3, polls))
+                 WHERE id = ?7 AND owner = ?8 AND epoch = ?9 AND status = 'running'",
             )
-            .bind(lease)
             .bind(lease)
             .bind(&engine)
             .bind(c.engine.as_ref().map(|e| e.polls as i32))
             .bind(c.engine.as_ref().map(|e| e.retries as i32))
             .bind(c.next_poll_at.map(ms))
-            .bind(&engine)
             .bind(ms(now))
             .bind(c.id)
             .bind(owner)
@@ -293,11 +294,12 @@ impl Store for SqliteStore {
         }
         // One connection: this transaction is the only writer, so the count holds.
         if let Some(max) = max_active {
-            let (n,): (i64,) =
-                sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running' AND tenant = ?")
-                    .bind(tenant)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = ?",
+            )
+            .bind(tenant)
+            .fetch_one(&mut *tx)
+            .await?;
             if n >= max {
                 return Err(StoreError::TooManyActive(n));
             }

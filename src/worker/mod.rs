@@ -43,6 +43,8 @@ pub struct WorkerConfig {
     pub claim_interval: Duration,
     /// How long shutdown waits for in-flight probes.
     pub drain_timeout: Duration,
+    /// Most progress writes in flight at once (keep it under the connection pool).
+    pub max_writes: usize,
 }
 
 impl Default for WorkerConfig {
@@ -54,6 +56,7 @@ impl Default for WorkerConfig {
             concurrency: 512,
             claim_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(5),
+            max_writes: 8,
         }
     }
 }
@@ -98,7 +101,8 @@ enum Msg {
     },
     Renewed {
         started: Instant,
-        sent: Vec<Uuid>,
+        /// (id, epoch) of every wait the renewal covered.
+        sent: Vec<(Uuid, i64)>,
         checkpointed: Vec<Uuid>,
         result: Result<Vec<Uuid>, StoreError>,
     },
@@ -114,6 +118,10 @@ struct Loop {
     claim_again: bool,
     renewing: bool,
     probes: Arc<Semaphore>,
+    writes: Arc<Semaphore>,
+    /// Waits let go because their lease could not be renewed in time: given back
+    /// to the store at the next chance, so nobody waits a whole lease for them.
+    let_go: Vec<Checkpoint>,
 }
 
 impl Worker {
@@ -125,6 +133,8 @@ impl Worker {
         let mut bus_rx = w.bus.subscribe();
         let mut lp = Loop {
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
+            writes: Arc::new(Semaphore::new(w.cfg.max_writes.max(1))),
+            let_go: Vec::new(),
             w: w.clone(),
             held: HashMap::new(),
             timers: BinaryHeap::new(),
@@ -277,7 +287,7 @@ impl Loop {
                 c
             })
             .collect();
-        let sent: Vec<Uuid> = held.iter().map(|c| c.id).collect();
+        let sent: Vec<(Uuid, i64)> = held.iter().map(|c| (c.id, c.epoch)).collect();
         let w = self.w.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -333,6 +343,12 @@ impl Loop {
                 // Our lease is about to run out unrenewed (the store is unreachable):
                 // another replica may take this wait; polling it now could double it.
                 tracing::warn!(wait_id = %id, "lease not renewed in time; letting the wait go");
+                self.let_go.push(Checkpoint {
+                    id,
+                    epoch: h.epoch,
+                    engine: None,
+                    next_poll_at: None,
+                });
                 self.held.remove(&id);
                 continue;
             }
@@ -361,6 +377,23 @@ impl Loop {
             });
         }
         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+        self.give_back();
+    }
+
+    /// Releases the waits let go (fenced by epoch: a wait already taken over is
+    /// untouched). Best effort: if the store is away, the leases expire instead.
+    fn give_back(&mut self) {
+        if self.let_go.is_empty() {
+            return;
+        }
+        let let_go = std::mem::take(&mut self.let_go);
+        let w = self.w.clone();
+        tokio::spawn(async move {
+            w.metrics.write();
+            if let Err(e) = w.store.release(w.owner, &let_go).await {
+                tracing::debug!(error = %e, "could not give back waits let go; their leases will expire");
+            }
+        });
     }
 
     fn handle_draining(&mut self, msg: Msg) {
@@ -461,10 +494,18 @@ impl Loop {
                 match result {
                     Ok(kept) => {
                         let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
-                        for id in sent {
+                        for (id, epoch) in sent {
                             if kept.contains(&id) {
-                                if let Some(h) = self.held.get_mut(&id) {
-                                    h.lease_until = started + self.w.cfg.lease_ttl;
+                                match self.held.get_mut(&id) {
+                                    Some(h) => h.lease_until = started + self.w.cfg.lease_ttl,
+                                    // Let go while the renewal was on its way, which
+                                    // just leased it again: give it back.
+                                    None => self.let_go.push(Checkpoint {
+                                        id,
+                                        epoch,
+                                        engine: None,
+                                        next_poll_at: None,
+                                    }),
                                 }
                             } else if self.held.get(&id).is_some_and(|h| !h.busy) {
                                 tracing::debug!(wait_id = %id, "lease lost");
@@ -482,6 +523,7 @@ impl Loop {
                     }
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+                self.give_back();
             }
         }
     }
@@ -533,7 +575,9 @@ impl Loop {
         };
         let w = self.w.clone();
         let tx = self.tx.clone();
+        let writes = self.writes.clone();
         tokio::spawn(async move {
+            let _permit = writes.acquire_owned().await;
             let result = w.store.record(w.owner, &progress).await;
             w.metrics.write();
             let _ = tx.send(Msg::Recorded {

@@ -1,0 +1,904 @@
+//! Presets: named waiter definitions kept as data (DESIGN.md §4), like botocore's
+//! `waiters-2.json`.
+//!
+//! A preset is a JSON file under `presets/` (compiled in) or in the operator's
+//! `--presets-dir`:
+//!
+//! ```json
+//! {
+//!   "name": "latitude.server",
+//!   "description": "…",
+//!   "params": {
+//!     "base_url":  { "description": "…", "kind": "base_url", "default": "https://api.latitude.sh" },
+//!     "server_id": { "description": "…", "example": "sv_VLMmAD8EOwop2" }
+//!   },
+//!   "request": { "target": { "url": "{base_url}/servers/{server_id}" }, "state": "…", … }
+//! }
+//! ```
+//!
+//! `request` is a create request with `{param}` placeholders in its strings (`{{` and
+//! `}}` are literal braces). A create request naming the preset gets the template
+//! filled in with its `params` (or their defaults), then its own fields laid over it:
+//! objects (`target`, `target.headers`, `poll`, `retry`, `labels`) merge key by key,
+//! everything else (arrays included) is replaced. The result is validated by
+//! [`Spec::from_request`] like any other request, so a preset can never make a
+//! request mean something a hand-written one could not. The engine knows nothing of
+//! presets.
+//!
+//! How a value is written into a string depends on where the string is:
+//! - in `target.url`, a `segment` parameter is percent-encoded (so `a/b` stays one
+//!   path segment and cannot climb out of the template); `base_url`, `url` and `path`
+//!   parameters are checked and inserted as they are;
+//! - in a JSONPath (`state` or `error` starting with `$`), the value is escaped for a
+//!   single-quoted string literal;
+//! - elsewhere it is inserted as it is.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::engine::{FieldError, Limits, Spec};
+
+/// The built-in presets, compiled in from `presets/`.
+const BUILTIN: &[(&str, &str)] = &[
+    (
+        "azure.aks_machine",
+        include_str!("../presets/azure.aks_machine.json"),
+    ),
+    (
+        "github.workflow_run",
+        include_str!("../presets/github.workflow_run.json"),
+    ),
+    ("http.ok", include_str!("../presets/http.ok.json")),
+    (
+        "kubernetes.condition",
+        include_str!("../presets/kubernetes.condition.json"),
+    ),
+    (
+        "latitude.kubernetes_cluster",
+        include_str!("../presets/latitude.kubernetes_cluster.json"),
+    ),
+    (
+        "latitude.server",
+        include_str!("../presets/latitude.server.json"),
+    ),
+    (
+        "latitude.server_off",
+        include_str!("../presets/latitude.server_off.json"),
+    ),
+    (
+        "latitude.virtual_machine",
+        include_str!("../presets/latitude.virtual_machine.json"),
+    ),
+];
+
+/// How a parameter's value is checked, and written into `target.url`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamKind {
+    /// Any non-empty text; percent-encoded in `target.url` (an id, a name).
+    #[default]
+    Segment,
+    /// An absolute path starting with `/` (no `?` or `#`), inserted as it is.
+    Path,
+    /// An http or https URL without query or fragment, inserted without its trailing
+    /// `/`: the host (and path prefix) the template's paths are appended to.
+    BaseUrl,
+    /// A whole http or https URL, inserted as it is.
+    Url,
+}
+
+/// One parameter of a preset.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Param {
+    /// What to pass.
+    pub description: String,
+    /// Used when the request does not give the parameter; without one the parameter
+    /// is required.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    /// A sample value, for documentation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub example: Option<String>,
+    pub kind: ParamKind,
+    /// True when the parameter has no default.
+    pub required: bool,
+}
+
+/// A named waiter definition.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Preset {
+    /// The name a request gives as `preset`, e.g. `latitude.server`.
+    pub name: String,
+    /// What the preset waits for, and how it reads the target.
+    pub description: String,
+    /// The parameters, by name.
+    pub params: BTreeMap<String, Param>,
+    /// The create request it stands for, with `{param}` placeholders.
+    #[schema(value_type = Object)]
+    pub request: Value,
+}
+
+/// A preset file, as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresetFile {
+    name: String,
+    description: String,
+    #[serde(default)]
+    params: BTreeMap<String, ParamFile>,
+    request: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParamFile {
+    description: String,
+    #[serde(default)]
+    default: Option<String>,
+    #[serde(default)]
+    example: Option<String>,
+    #[serde(default)]
+    kind: ParamKind,
+}
+
+/// A preset as `GET /presets` lists it: without its request template.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct PresetSummary {
+    pub name: String,
+    pub description: String,
+    pub params: BTreeMap<String, Param>,
+}
+
+impl Preset {
+    pub fn summary(&self) -> PresetSummary {
+        PresetSummary {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            params: self.params.clone(),
+        }
+    }
+
+    /// Parses and checks one preset file. `expected_name` is the name the file must
+    /// carry (its file name without `.json`).
+    pub fn parse(text: &str, expected_name: &str) -> Result<Preset, String> {
+        let file: PresetFile =
+            serde_json::from_str(text).map_err(|e| format!("is not a valid preset: {e}"))?;
+        let preset = Preset {
+            name: file.name,
+            description: file.description,
+            params: file
+                .params
+                .into_iter()
+                .map(|(k, p)| {
+                    let param = Param {
+                        required: p.default.is_none(),
+                        description: p.description,
+                        default: p.default,
+                        example: p.example,
+                        kind: p.kind,
+                    };
+                    (k, param)
+                })
+                .collect(),
+            request: file.request,
+        };
+        if preset.name != expected_name {
+            return Err(format!(
+                "names the preset \"{}\", but its file name says \"{expected_name}\"; make them agree",
+                preset.name
+            ));
+        }
+        if preset.name.is_empty()
+            || preset.name.len() > 100
+            || !preset
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        {
+            return Err(format!(
+                "has the name \"{}\"; a preset name is 1 to 100 characters of a-z, 0-9, '.', '_' and '-'",
+                preset.name
+            ));
+        }
+        for (name, p) in &preset.params {
+            if !is_param_name(name) {
+                return Err(format!(
+                    "has a parameter \"{name}\"; parameter names are a-z, 0-9 and '_', starting with a letter"
+                ));
+            }
+            if name == "base_url" && p.kind != ParamKind::BaseUrl {
+                return Err(
+                    "declares base_url without \"kind\": \"base_url\"; base_url is always a host to append paths to"
+                        .into(),
+                );
+            }
+            for (what, v) in [("default", &p.default), ("example", &p.example)] {
+                if let Some(v) = v {
+                    check_value(p.kind, v)
+                        .map_err(|e| format!("has a {what} for parameter {name} that {e}"))?;
+                }
+            }
+        }
+        let Value::Object(request) = &preset.request else {
+            return Err("has a request that is not a JSON object".into());
+        };
+        for reserved in ["preset", "params"] {
+            if request.contains_key(reserved) {
+                return Err(format!(
+                    "has \"{reserved}\" in its request; a preset cannot name another preset"
+                ));
+            }
+        }
+        let mut used = Vec::new();
+        collect_placeholders(&preset.request, &mut used)?;
+        for u in &used {
+            if !preset.params.contains_key(u) {
+                return Err(format!(
+                    "uses {{{u}}} in its request, but declares no parameter \"{u}\""
+                ));
+            }
+        }
+        for name in preset.params.keys() {
+            if !used.contains(name) {
+                return Err(format!(
+                    "declares the parameter \"{name}\", but its request never uses {{{name}}}"
+                ));
+            }
+        }
+        Ok(preset)
+    }
+
+    /// The request with the parameters filled in (defaults for those not given). The
+    /// caller has checked `values` with [`Registry::apply`].
+    fn fill(&self, values: &HashMap<String, String>) -> Value {
+        fill(&self.request, "", &self.params, values)
+    }
+
+    /// Sample parameters: each one's example, else its default, else "x".
+    fn sample_params(&self) -> HashMap<String, String> {
+        self.params
+            .iter()
+            .map(|(k, p)| {
+                let v = p
+                    .example
+                    .clone()
+                    .or_else(|| p.default.clone())
+                    .unwrap_or_else(|| "x".into());
+                (k.clone(), v)
+            })
+            .collect()
+    }
+
+    /// Validates the preset's request, filled with sample parameters, as a create
+    /// request: a preset that could never make a valid wait is a mistake.
+    pub fn check(&self, limits: &Limits) -> Result<(), Vec<FieldError>> {
+        Spec::from_request(&self.fill(&self.sample_params()), limits).map(|_| ())
+    }
+}
+
+/// The presets a server knows: the built-in ones and those of `--presets-dir`.
+#[derive(Clone, Debug)]
+pub struct Registry {
+    presets: BTreeMap<String, Preset>,
+}
+
+impl Registry {
+    /// The built-in presets only.
+    pub fn builtin() -> Registry {
+        let presets = BUILTIN
+            .iter()
+            .map(|(name, text)| {
+                let p = Preset::parse(text, name)
+                    .unwrap_or_else(|e| panic!("built-in preset presets/{name}.json {e}"));
+                (name.to_string(), p)
+            })
+            .collect();
+        Registry { presets }
+    }
+
+    /// The built-in presets plus every `*.json` file of `dir` (a file whose name
+    /// equals a built-in one replaces it). Each file from `dir` is also validated as a
+    /// request against `limits` with sample parameters. Any problem is an error
+    /// naming the file.
+    pub fn load(dir: Option<&Path>, limits: &Limits) -> Result<Registry, String> {
+        let mut reg = Registry::builtin();
+        let Some(dir) = dir else {
+            return Ok(reg);
+        };
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read the presets directory {}: {e}", dir.display()))?;
+        let mut files: Vec<std::path::PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
+            .collect();
+        files.sort();
+        for path in files {
+            let shown = path.display();
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .ok_or_else(|| format!("the preset file {shown} has a name that is not UTF-8"))?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read the preset file {shown}: {e}"))?;
+            let preset =
+                Preset::parse(&text, stem).map_err(|e| format!("the preset file {shown} {e}"))?;
+            preset.check(limits).map_err(|errs| {
+                let list: Vec<String> = errs
+                    .iter()
+                    .map(|e| format!("{} {}", e.field, e.message))
+                    .collect();
+                format!(
+                    "the preset file {shown} does not make a valid wait request: {}",
+                    list.join("; ")
+                )
+            })?;
+            if reg.presets.contains_key(stem) {
+                tracing::info!(preset = stem, file = %shown, "a preset file replaces the built-in preset");
+            }
+            reg.presets.insert(stem.to_string(), preset);
+        }
+        Ok(reg)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Preset> {
+        self.presets.get(name)
+    }
+
+    /// Every preset, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Preset> {
+        self.presets.values()
+    }
+
+    /// Turns a create request that names a preset into the plain request it stands
+    /// for: the preset's template with its parameters filled in, and the request's
+    /// own fields laid over it. A request without `preset` and `params` comes back as
+    /// it is. The errors name `preset` or `params.<name>`.
+    pub fn apply<'a>(&self, request: &'a Value) -> Result<Cow<'a, Value>, Vec<FieldError>> {
+        let Some(obj) = request.as_object() else {
+            return Ok(Cow::Borrowed(request));
+        };
+        let preset_v = obj.get("preset");
+        let params_v = obj.get("params");
+        if preset_v.is_none() && params_v.is_none() {
+            return Ok(Cow::Borrowed(request));
+        }
+        let err = |field: &str, message: String| {
+            vec![FieldError {
+                field: field.to_string(),
+                message,
+            }]
+        };
+        let preset = match preset_v {
+            None | Some(Value::Null) => {
+                return Err(err(
+                    "params",
+                    "is given without a preset; name one with \"preset\" (GET /presets lists them), or leave params out".into(),
+                ));
+            }
+            Some(Value::String(name)) => self.get(name).ok_or_else(|| {
+                let shown: String = name.chars().take(100).collect();
+                let hint = self
+                    .presets
+                    .keys()
+                    .find(|k| close(k, name))
+                    .map(|k| format!(" (did you mean \"{k}\"?)"))
+                    .unwrap_or_default();
+                err(
+                    "preset",
+                    format!(
+                        "\"{shown}\" is not a preset of this server{hint}; the presets are {} (GET /presets describes them)",
+                        self.names().join(", ")
+                    ),
+                )
+            })?,
+            Some(_) => {
+                return Err(err(
+                    "preset",
+                    "must be a string naming a preset, such as \"latitude.server\"".into(),
+                ));
+            }
+        };
+        let given = match params_v {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => {
+                return Err(err(
+                    "params",
+                    format!(
+                        "must be an object of parameter names to values, e.g. {{\"{}\": \"…\"}}",
+                        preset.params.keys().next().map_or("id", |k| k.as_str())
+                    ),
+                ));
+            }
+        };
+
+        let mut errors = Vec::new();
+        let mut values: HashMap<String, String> = HashMap::new();
+        for (name, v) in &given {
+            let shown: String = name.chars().take(64).collect();
+            let field = format!("params.{shown}");
+            let Some(def) = preset.params.get(name) else {
+                let hint = preset
+                    .params
+                    .keys()
+                    .find(|k| close(k, name))
+                    .map(|k| format!(" (did you mean \"{k}\"?)"))
+                    .unwrap_or_default();
+                errors.push(FieldError {
+                    field,
+                    message: format!(
+                        "is not a parameter of preset {}{hint}; its parameters are {}",
+                        preset.name,
+                        preset.params.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                });
+                continue;
+            };
+            let text = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(_) | Value::Bool(_) => v.to_string(),
+                _ => {
+                    errors.push(FieldError {
+                        field,
+                        message: "must be a string (numbers and booleans are taken as their text)"
+                            .into(),
+                    });
+                    continue;
+                }
+            };
+            match check_value(def.kind, &text) {
+                Ok(()) => {
+                    values.insert(name.clone(), text);
+                }
+                Err(e) => errors.push(FieldError { field, message: e }),
+            }
+        }
+        for (name, def) in &preset.params {
+            if given.contains_key(name) {
+                continue;
+            }
+            match &def.default {
+                Some(d) => {
+                    values.insert(name.clone(), d.clone());
+                }
+                None => errors.push(FieldError {
+                    field: format!("params.{name}"),
+                    message: format!(
+                        "is required by preset {}: {}{}",
+                        preset.name,
+                        def.description,
+                        def.example
+                            .as_ref()
+                            .map(|e| format!(" (e.g. \"{e}\")"))
+                            .unwrap_or_default()
+                    ),
+                }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+
+        let mut merged = preset.fill(&values);
+        let overlay: Map<String, Value> = obj
+            .iter()
+            .filter(|(k, _)| *k != "preset" && *k != "params")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        merge(&mut merged, &Value::Object(overlay));
+        Ok(Cow::Owned(merged))
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.presets.keys().cloned().collect()
+    }
+}
+
+/// Lays `overlay` over `base`: objects merge key by key (recursively), anything else
+/// replaces. A `null` in the overlay replaces too, which the request parser reads as
+/// "not given": that is how a request drops a preset's optional field.
+pub fn merge(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) if slot.is_object() && v.is_object() => merge(slot, v),
+                    _ => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+fn is_param_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z'))
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && s.len() <= 64
+}
+
+/// Whether `value` is acceptable for a parameter of `kind`; the error completes the
+/// sentence "params.x …".
+fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
+    if value.chars().any(char::is_control) {
+        return Err("has a control character, which no parameter may contain".into());
+    }
+    if value.len() > 2048 {
+        return Err(format!("is {} bytes long; the limit is 2048", value.len()));
+    }
+    match kind {
+        ParamKind::Segment => {
+            if value.is_empty() {
+                return Err("is empty".into());
+            }
+        }
+        ParamKind::Path => {
+            if !value.starts_with('/') || value.contains(['?', '#', ' ']) {
+                return Err(format!(
+                    "must be an absolute path such as \"/apis/apps/v1/namespaces/default/deployments/web\" (starting with '/', without '?', '#' or spaces), not \"{value}\""
+                ));
+            }
+        }
+        ParamKind::BaseUrl | ParamKind::Url => {
+            let url = url::Url::parse(value).map_err(|e| {
+                format!("is not an absolute URL ({e}); write e.g. \"https://api.example.com\"")
+            })?;
+            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+                return Err(format!(
+                    "must be an http or https URL with a host, not \"{value}\""
+                ));
+            }
+            if !url.username().is_empty() || url.password().is_some() {
+                return Err("carries credentials; put them in target.headers instead".into());
+            }
+            if kind == ParamKind::BaseUrl && (url.query().is_some() || url.fragment().is_some()) {
+                return Err(
+                    "must be a base URL without a query or fragment (the preset appends its own path)"
+                        .into(),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The parts of a template string: literal text and placeholders.
+enum Part<'a> {
+    Text(Cow<'a, str>),
+    Param(&'a str),
+}
+
+fn parse_template(s: &str) -> Result<Vec<Part<'_>>, String> {
+    let mut parts = Vec::new();
+    let mut text = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find(['{', '}']) {
+        text.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(after) = tail.strip_prefix("{{") {
+            text.push('{');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("}}") {
+            text.push('}');
+            rest = after;
+        } else if tail.starts_with('}') {
+            return Err(format!(
+                "has a lone '}}' in \"{s}\"; write \"}}}}\" for a literal brace"
+            ));
+        } else {
+            let end = tail.find('}').ok_or_else(|| {
+                format!("has an unclosed '{{' in \"{s}\"; write \"{{{{\" for a literal brace")
+            })?;
+            let name = &tail[1..end];
+            if !is_param_name(name) {
+                return Err(format!(
+                    "has \"{{{name}}}\" in \"{s}\", which is no parameter placeholder; write \"{{{{\" for a literal brace"
+                ));
+            }
+            if !text.is_empty() {
+                parts.push(Part::Text(Cow::Owned(std::mem::take(&mut text))));
+            }
+            parts.push(Part::Param(name));
+            rest = &tail[end + 1..];
+        }
+    }
+    text.push_str(rest);
+    if !text.is_empty() {
+        parts.push(Part::Text(Cow::Owned(text)));
+    }
+    Ok(parts)
+}
+
+fn collect_placeholders(v: &Value, out: &mut Vec<String>) -> Result<(), String> {
+    match v {
+        Value::String(s) => {
+            for part in parse_template(s)? {
+                if let Part::Param(p) = part
+                    && !out.iter().any(|x| x == p)
+                {
+                    out.push(p.to_string());
+                }
+            }
+        }
+        Value::Array(items) => {
+            for i in items {
+                collect_placeholders(i, out)?;
+            }
+        }
+        Value::Object(m) => {
+            for i in m.values() {
+                collect_placeholders(i, out)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Where a template string sits, which decides how values are written into it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Context {
+    Url,
+    JsonPath,
+    Plain,
+}
+
+fn fill(
+    v: &Value,
+    at: &str,
+    params: &BTreeMap<String, Param>,
+    values: &HashMap<String, String>,
+) -> Value {
+    match v {
+        Value::String(s) => {
+            let context = if at == "target.url" {
+                Context::Url
+            } else if (at == "state" || at == "error") && s.starts_with('$') {
+                Context::JsonPath
+            } else {
+                Context::Plain
+            };
+            // Templates were checked at load, so they parse.
+            let parts = parse_template(s).unwrap_or_default();
+            let mut out = String::with_capacity(s.len());
+            for part in parts {
+                match part {
+                    Part::Text(t) => out.push_str(&t),
+                    Part::Param(name) => {
+                        let value = values.get(name).map(String::as_str).unwrap_or_default();
+                        let kind = params.get(name).map(|p| p.kind).unwrap_or_default();
+                        match (context, kind) {
+                            (Context::Url, ParamKind::Segment) => {
+                                out.push_str(&encode_segment(value))
+                            }
+                            (_, ParamKind::BaseUrl) => out.push_str(value.trim_end_matches('/')),
+                            (Context::JsonPath, _) => out.push_str(&escape_jsonpath(value)),
+                            _ => out.push_str(value),
+                        }
+                    }
+                }
+            }
+            Value::String(out)
+        }
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|i| fill(i, at, params, values)).collect())
+        }
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, i)| {
+                    let here = if at.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{at}.{k}")
+                    };
+                    (k.clone(), fill(i, &here, params, values))
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters, so the value is
+/// one path segment (or one query value) whatever it contains.
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Escapes a value for a single-quoted JSONPath string literal (RFC 9535).
+fn escape_jsonpath(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\'', "\\'")
+}
+
+/// True when `a` and `b` differ by one edit or one swap of neighbours: a likely typo.
+fn close(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len().abs_diff(b.len()) > 1 {
+        return false;
+    }
+    if a.len() == b.len() {
+        let diffs: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+        return diffs.len() == 1
+            || (diffs.len() == 2
+                && diffs[1] == diffs[0] + 1
+                && a[diffs[0]] == b[diffs[1]]
+                && a[diffs[1]] == b[diffs[0]]);
+    }
+    let (long, short) = if a.len() > b.len() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let i = (0..short.len())
+        .find(|&i| long[i] != short[i])
+        .unwrap_or(short.len());
+    long[i + 1..] == short[i..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reg() -> Registry {
+        Registry::builtin()
+    }
+
+    #[test]
+    fn every_built_in_preset_parses_and_has_a_base_url_or_a_url() {
+        let r = reg();
+        assert_eq!(r.iter().count(), BUILTIN.len());
+        for p in r.iter() {
+            assert!(
+                p.params.contains_key("base_url") || p.params.contains_key("url"),
+                "{} has neither base_url nor url",
+                p.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_built_in_preset_makes_a_valid_request_with_its_examples() {
+        // http.ok reads the HTTP status (state "@status"), which needs the engine's
+        // path form for it; until then it is the one preset that cannot validate.
+        let status_form_known = crate::engine::ValuePath::parse("@status").is_ok();
+        for p in reg().iter() {
+            if p.name == "http.ok" && !status_form_known {
+                continue;
+            }
+            p.check(&Limits::default())
+                .unwrap_or_else(|e| panic!("{}: {e:?}", p.name));
+        }
+    }
+
+    #[test]
+    fn a_request_without_a_preset_passes_through_untouched() {
+        let req = json!({"target": {"url": "https://x.test"}, "state": "/s", "want": ["on"]});
+        assert!(matches!(reg().apply(&req).unwrap(), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn params_fill_the_template_and_request_fields_override_it() {
+        let req = json!({
+            "preset": "latitude.server",
+            "params": {"server_id": "sv_1", "base_url": "http://127.0.0.1:9/"},
+            "want": ["on", "off"],
+            "poll": {"initial": "5ms"},
+            "target": {"headers": {"Authorization": "Bearer t"}}
+        });
+        let out = reg().apply(&req).unwrap().into_owned();
+        assert_eq!(out["target"]["url"], "http://127.0.0.1:9/servers/sv_1");
+        assert_eq!(out["target"]["headers"]["Authorization"], "Bearer t");
+        assert_eq!(out["want"], json!(["on", "off"]));
+        assert_eq!(out["poll"]["initial"], "5ms");
+        assert_eq!(out["poll"]["max"], "15s", "objects merge key by key");
+        assert_eq!(out["require_transition"], true);
+        assert!(out.get("preset").is_none() && out.get("params").is_none());
+    }
+
+    #[test]
+    fn a_segment_value_cannot_climb_out_of_its_path_segment() {
+        let req = json!({"preset": "latitude.server", "params": {"server_id": "../admin?x=1"}});
+        let out = reg().apply(&req).unwrap().into_owned();
+        assert_eq!(
+            out["target"]["url"],
+            "https://api.latitude.sh/servers/..%2Fadmin%3Fx%3D1"
+        );
+    }
+
+    #[test]
+    fn a_value_in_a_jsonpath_literal_is_escaped() {
+        let req = json!({"preset": "kubernetes.condition",
+            "params": {"path": "/api/v1/namespaces/a/pods/b", "condition": "it's"}});
+        let out = reg().apply(&req).unwrap().into_owned();
+        assert_eq!(
+            out["state"],
+            "$.status.conditions[?@.type=='it\\'s'].status"
+        );
+        crate::engine::ValuePath::parse(out["state"].as_str().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn missing_unknown_and_malformed_params_are_each_named() {
+        let req = json!({"preset": "latitude.server",
+            "params": {"sever_id": "1", "base_url": "ftp://x"}});
+        let errs = reg().apply(&req).unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"params.sever_id"), "{errs:?}");
+        assert!(fields.contains(&"params.base_url"), "{errs:?}");
+        assert!(fields.contains(&"params.server_id"), "{errs:?}");
+        let typo = errs.iter().find(|e| e.field == "params.sever_id").unwrap();
+        assert!(
+            typo.message.contains("did you mean \"server_id\""),
+            "{typo:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_preset_is_named_with_a_suggestion() {
+        let errs = reg()
+            .apply(&json!({"preset": "latitude.sever"}))
+            .unwrap_err();
+        assert_eq!(errs[0].field, "preset");
+        assert!(errs[0].message.contains("did you mean \"latitude.server\""));
+        let errs = reg().apply(&json!({"params": {"a": "b"}})).unwrap_err();
+        assert_eq!(errs[0].field, "params");
+    }
+
+    #[test]
+    fn a_preset_file_must_use_every_parameter_it_declares_and_declare_every_one_it_uses() {
+        let unused = r#"{"name": "a", "description": "d",
+            "params": {"x": {"description": "x"}},
+            "request": {"target": {"url": "https://h.test/"}, "state": "/s", "want": ["on"]}}"#;
+        assert!(
+            Preset::parse(unused, "a")
+                .unwrap_err()
+                .contains("never uses {x}")
+        );
+        let undeclared = r#"{"name": "a", "description": "d",
+            "request": {"target": {"url": "https://h.test/{y}"}, "state": "/s", "want": ["on"]}}"#;
+        assert!(
+            Preset::parse(undeclared, "a")
+                .unwrap_err()
+                .contains("declares no parameter \"y\"")
+        );
+        let misnamed = r#"{"name": "b", "description": "d", "request": {}}"#;
+        assert!(
+            Preset::parse(misnamed, "a")
+                .unwrap_err()
+                .contains("file name")
+        );
+    }
+
+    #[test]
+    fn doubled_braces_are_literal() {
+        let text = r#"{"name": "a", "description": "d",
+            "params": {"x": {"description": "x"}},
+            "request": {"target": {"url": "https://h.test/{x}"}, "state": "/s", "want": ["{{{x}}}"]}}"#;
+        let p = Preset::parse(text, "a").unwrap();
+        let out = p.fill(&HashMap::from([("x".to_string(), "v".to_string())]));
+        assert_eq!(out["want"][0], "{v}");
+    }
+
+    #[test]
+    fn merging_replaces_arrays_and_null_drops_a_field() {
+        let mut base = json!({"a": {"b": 1, "c": [1, 2]}, "d": "x"});
+        merge(&mut base, &json!({"a": {"c": [3]}, "d": null}));
+        assert_eq!(base, json!({"a": {"b": 1, "c": [3]}, "d": null}));
+    }
+}
