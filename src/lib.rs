@@ -134,7 +134,6 @@ pub async fn serve(
         guard: guard.clone(),
         resolve_overrides: parse_resolve(&config.resolve)?,
         per_host_concurrency: config.per_host_concurrency.max(1),
-        ..Default::default()
     })?;
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -137,6 +137,7 @@ async fn running(db: &PgPool) -> i64 {
 
 #[derive(Clone, Debug, PartialEq)]
 struct Ev {
+    /// The global cursor (`gid`); negative (minus the row id) while unsequenced.
     id: i64,
     seq: i32,
     kind: String,
@@ -145,7 +146,7 @@ struct Ev {
 
 async fn histories(db: &PgPool) -> HashMap<Uuid, Vec<Ev>> {
     let v: Vec<(i64, Uuid, i32, String, Value)> = sqlx::query_as(
-        "SELECT id, wait_id, seq, kind, data FROM wait_events ORDER BY wait_id, seq",
+        "SELECT COALESCE(gid, -id) AS id, wait_id, seq, kind, data FROM wait_events ORDER BY wait_id, seq",
     )
     .fetch_all(db)
     .await

@@ -473,7 +473,7 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
         assert_eq!(all.len(), 6);
         assert!(all.windows(2).all(|w| w[0].id < w[1].id));
         let after = store
-            .global_events("t", all[2].id, &BTreeMap::new(), 100)
+            .global_events("t", all[2].id.unwrap(), &BTreeMap::new(), 100)
             .await
             .unwrap();
         assert_eq!(after.len(), 3);

@@ -173,7 +173,7 @@ pub async fn all_events(
     if !stream_it {
         let items = s.store.global_events(&tenant, after, &labels, PAGE).await?;
         let next_cursor = (items.len() as i64 == PAGE)
-            .then(|| items.last().map(|e| e.id.to_string()))
+            .then(|| items.last().and_then(|e| e.id).map(|id| id.to_string()))
             .flatten();
         return Ok(json_response(
             StatusCode::OK,
@@ -199,7 +199,8 @@ impl Source {
     fn cursor(&self, e: &Event) -> i64 {
         match self {
             Source::Wait { .. } => i64::from(e.seq),
-            Source::All { .. } => e.id,
+            // Global reads select sequenced events only.
+            Source::All { .. } => e.id.unwrap_or_default(),
         }
     }
 
@@ -257,13 +258,22 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
                     if full {
                         continue;
                     }
-                    if let Source::Wait { id } = &source {
-                        // Resumed past the end of an ended wait: nothing more will come.
-                        // (A wait's end commits with its terminal event, so an ended
-                        // wait read after this empty page has no event left unread.)
-                        if matches!(s.store.get(&tenant, *id).await, Ok(Some(w)) if !w.is_running())
-                            && matches!(source.read(&s, &tenant, last).await, Ok(v) if v.is_empty())
-                        {
+                    if let Source::Wait { id } = &source
+                        && last > 0
+                    {
+                        // Resumed at the end of an ended wait (the event the client saw
+                        // last is the terminal one), or past it (no such event, and the
+                        // wait has ended): nothing more will come.
+                        let at_end = match source.read(&s, &tenant, last - 1).await {
+                            Ok(v) => match v.first() {
+                                Some(e) => i64::from(e.seq) == last && e.is_terminal(),
+                                None => {
+                                    matches!(s.store.get(&tenant, *id).await, Ok(Some(w)) if !w.is_running())
+                                }
+                            },
+                            Err(_) => false,
+                        };
+                        if at_end {
                             return;
                         }
                     }

@@ -1,5 +1,6 @@
 //! Where a value lives in the target's JSON body: a JSON Pointer (RFC 6901, starts
-//! with `/`) or a JSONPath query (RFC 9535, starts with `$`).
+//! with `/`) or a JSONPath query (RFC 9535, starts with `$`); or, as `@status`, not in
+//! the body at all but in the HTTP status code of a 2xx answer (status-only waits).
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
@@ -9,8 +10,17 @@ use serde_json_path::JsonPath;
 #[derive(Clone, Debug)]
 pub enum ValuePath {
     Pointer(String),
-    Query { text: String, query: JsonPath },
+    Query {
+        text: String,
+        query: JsonPath,
+    },
+    /// `@status`: the state is the HTTP status code of a 2xx answer (e.g. "200"),
+    /// which the prober reports without reading the body. Selects nothing in a body.
+    HttpStatus,
 }
+
+/// The text of [`ValuePath::HttpStatus`].
+pub const HTTP_STATUS: &str = "@status";
 
 impl PartialEq for ValuePath {
     fn eq(&self, other: &Self) -> bool {
@@ -20,7 +30,9 @@ impl PartialEq for ValuePath {
 
 impl ValuePath {
     pub fn parse(text: &str) -> Result<Self, String> {
-        if text.starts_with('/') {
+        if text == HTTP_STATUS {
+            Ok(ValuePath::HttpStatus)
+        } else if text.starts_with('/') {
             // RFC 6901: `~` must be followed by 0 or 1.
             let bytes = text.as_bytes();
             for (i, b) in bytes.iter().enumerate() {
@@ -40,7 +52,7 @@ impl ValuePath {
                 .map_err(|e| format!("\"{text}\" is not a valid JSONPath (RFC 9535): {e}"))
         } else {
             Err(format!(
-                "\"{text}\" is neither a JSON Pointer (starting with \"/\", e.g. \"/data/attributes/status\") nor a JSONPath (starting with \"$\", e.g. \"$.items[*].status\")"
+                "\"{text}\" is neither a JSON Pointer (starting with \"/\", e.g. \"/data/attributes/status\") nor a JSONPath (starting with \"$\", e.g. \"$.items[*].status\"), nor \"@status\" (the HTTP status code)"
             ))
         }
     }
@@ -49,6 +61,7 @@ impl ValuePath {
         match self {
             ValuePath::Pointer(t) => t,
             ValuePath::Query { text, .. } => text,
+            ValuePath::HttpStatus => HTTP_STATUS,
         }
     }
 
@@ -57,6 +70,7 @@ impl ValuePath {
         match self {
             ValuePath::Pointer(p) => body.pointer(p).into_iter().collect(),
             ValuePath::Query { query, .. } => query.query(body).all(),
+            ValuePath::HttpStatus => Vec::new(),
         }
     }
 
@@ -117,6 +131,15 @@ impl<'de> Deserialize<'de> for ValuePath {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn at_status_names_the_http_status_and_selects_nothing_in_a_body() {
+        let p = ValuePath::parse("@status").unwrap();
+        assert_eq!(p, ValuePath::HttpStatus);
+        assert_eq!(p.as_str(), "@status");
+        assert_eq!(p.state_values(&json!({"status": 200})), None);
+        assert!(ValuePath::parse("@other").is_err());
+    }
 
     #[test]
     fn a_pointer_reads_one_value() {

@@ -182,7 +182,13 @@ impl Spec {
         };
         let error = match obj.get("error") {
             None | Some(Value::Null) => None,
-            Some(v) => parse_path("error", v, limits, &mut errs),
+            Some(v) => match parse_path("error", v, limits, &mut errs) {
+                Some(ValuePath::HttpStatus) => {
+                    errs.push("error", "is \"@status\", the HTTP status code, which carries no failure detail; point it at a JSON Pointer or JSONPath in the body");
+                    None
+                }
+                other => other,
+            },
         };
         let want = match obj.get("want") {
             None | Some(Value::Null) => {

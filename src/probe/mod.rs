@@ -7,6 +7,7 @@
 //! | answer | observation |
 //! |---|---|
 //! | 2xx, JSON body, state present | [`Observation::State`] (with the `error` detail, if any) |
+//! | 2xx, state `@status` | [`Observation::State`] with the status code (e.g. "200"); the body is not read |
 //! | 2xx, state absent or null, or a body that is not JSON | [`Observation::Missing`] |
 //! | 404, 410 | [`Observation::NotFound`] |
 //! | connection, DNS, TLS or timeout errors; 408, 425, 429, 500, 502, 503, 504 | [`Observation::Transient`] |
@@ -35,7 +36,7 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::engine::{Observation, Spec};
+use crate::engine::{Observation, Spec, ValuePath};
 
 pub use guard::{Guard, GuardedResolver, ResolveError};
 
@@ -282,6 +283,14 @@ impl Prober {
                 return Observation::Permanent { error };
             }
             StatusClass::Success => {}
+        }
+        if matches!(spec.state, ValuePath::HttpStatus) {
+            // A status-only wait: the 2xx code is the state, whatever the body says
+            // (JSON or not), so the body is not read.
+            return Observation::State {
+                values: vec![status.as_u16().to_string()],
+                detail: None,
+            };
         }
 
         let max = self.inner.max_body;

@@ -55,6 +55,7 @@ pub enum BusMsg {
     Notice(Notice),
     /// Waits were released by a replica that is stopping: worth a claim.
     Released,
+
     /// Notices may have been missed: re-read the table.
     Resync,
 }
@@ -131,7 +132,8 @@ impl Bus {
                     Ok(Some(n)) => match n.payload() {
                         "released" => self.publish(BusMsg::Released),
                         p => {
-                            if let Some(notice) = Notice::decode(p) {
+                            // One notice a line: a sequencer run reports many waits.
+                            for notice in p.lines().filter_map(Notice::decode) {
                                 self.publish(BusMsg::Notice(notice));
                             }
                         }

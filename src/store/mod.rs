@@ -62,8 +62,9 @@ impl Wait {
 /// One entry of a wait's history.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Event {
-    /// The global cursor (`GET /events`).
-    pub id: i64,
+    /// The global cursor (`GET /events`); null for the moment between an event's
+    /// commit and its sequencing.
+    pub id: Option<i64>,
     /// Position in this wait's history, from 1.
     pub seq: i32,
     pub wait_id: Uuid,
@@ -381,6 +382,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> Result<Vec<Uuid>, StoreError>;
     /// Writes the last checkpoints and gives the leases up.
     async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError>;
+    /// Periodic housekeeping, called by the worker pool on every lease renewal
+    /// (Postgres: sequence any event whose writer died before sequencing it).
+    async fn maintain(&self) -> Result<(), StoreError>;
     /// Running waits in the store; with a tenant, only that tenant's.
     async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError>;
 }
@@ -520,5 +524,8 @@ impl Store for AnyStore {
     }
     async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
         dispatch!(self, count_running(tenant))
+    }
+    async fn maintain(&self) -> Result<(), StoreError> {
+        dispatch!(self, maintain())
     }
 }

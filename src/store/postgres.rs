@@ -15,9 +15,9 @@ use super::{
 };
 use crate::engine::Spec;
 
-/// Serialises the assignment of global event ids with their commit, so that a reader
-/// of `GET /events` that has seen id N never later finds a smaller id appear.
-const EVENT_ORDER_LOCK: i64 = 0x7761_6974_6400_0001;
+/// Held by the one sequencer at a time that gives committed events their global
+/// cursor (`gid`).
+const SEQUENCER_LOCK: i64 = 0x7761_6974_6400_0001;
 
 /// A handle on the database. Cloning is shallow (the pool is reference-counted).
 #[derive(Clone, Debug)]
@@ -72,7 +72,7 @@ impl From<WaitRow> for Wait {
 
 #[derive(FromRow)]
 struct EventRow {
-    id: i64,
+    id: Option<i64>,
     seq: i32,
     wait_id: Uuid,
     kind: String,
@@ -97,6 +97,52 @@ const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w
      w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
 
 impl PgStore {
+    /// [`PgStore::sequence`] after a commit: a failure here loses nothing (the
+    /// events are committed, and the next sequencer run, by any writer or the
+    /// worker's periodic tick, picks them up), so it is logged, not returned.
+    async fn sequence_soon(&self) {
+        if let Err(e) = self.sequence().await {
+            tracing::warn!(error = %e, "sequencing events failed; the next run picks them up");
+        }
+    }
+
+    /// Gives every committed event without one its global cursor (`gid`), in the
+    /// order the events were written, and notifies listeners of the newest gid.
+    ///
+    /// One sequencer at a time (an advisory lock held to its commit), so a gid is
+    /// visible only after every smaller one is: a reader of `GET /events` that has
+    /// seen N never finds a smaller gid appear later. Every writer calls this after
+    /// its commit; a call finds its events already sequenced when another got there
+    /// first, which makes it cheap (no rows, no disk flush).
+    pub async fn sequence(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(SEQUENCER_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        let done: Vec<(Uuid, i32, i64, String)> = sqlx::query_as(
+            "WITH base AS (SELECT COALESCE(max(gid), 0) AS b FROM wait_events),
+                  pending AS (SELECT id, row_number() OVER (ORDER BY id) AS rn
+                              FROM wait_events WHERE gid IS NULL ORDER BY id LIMIT 10000)
+             UPDATE wait_events e SET gid = base.b + pending.rn
+             FROM base, pending WHERE e.id = pending.id
+             RETURNING e.wait_id, e.seq, e.gid, e.kind",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        // Listeners hear of events only once they are sequenced, so whatever they
+        // read next (a wait's history, the global feed) already has them.
+        for payload in notices(done) {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(payload)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn find_idempotent(
         &self,
         tenant: &str,
@@ -156,7 +202,9 @@ impl Store for PgStore {
             .map_err(|e| match e {
                 sqlx::migrate::MigrateError::Execute(inner) => StoreError::from(inner),
                 other => StoreError::Other(other.to_string()),
-            })
+            })?;
+        // Events a replica committed but did not live to sequence.
+        self.sequence().await
     }
 
     async fn close(&self) {
@@ -251,8 +299,9 @@ impl Store for PgStore {
                 };
             }
         }
-        append_events(&mut tx, id, tenant, now, &[nw.created], 0, 'c').await?;
+        append_events(&mut tx, id, tenant, now, &[nw.created], 0).await?;
         tx.commit().await?;
+        self.sequence_soon().await;
         let wait = self
             .get(tenant, id)
             .await?
@@ -317,18 +366,12 @@ impl Store for PgStore {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some((seq, state)) = row {
-            append_events(
-                &mut tx,
-                id,
-                tenant,
-                now,
-                &[canceled_event(state)],
-                seq - 1,
-                't',
-            )
-            .await?;
+            append_events(&mut tx, id, tenant, now, &[canceled_event(state)], seq - 1).await?;
+            tx.commit().await?;
+            self.sequence_soon().await;
+        } else {
+            tx.commit().await?;
         }
-        tx.commit().await?;
         self.get(tenant, id).await
     }
 
@@ -341,8 +384,8 @@ impl Store for PgStore {
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
         let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT id, seq, wait_id, kind, at, data FROM wait_events
-             WHERE wait_id = $1 AND tenant = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+            "SELECT gid AS id, seq, wait_id, kind, at, data FROM wait_events
+             WHERE wait_id = $1 AND tenant = $2 AND seq > $3 AND gid IS NOT NULL ORDER BY seq LIMIT $4",
         )
         .bind(wait_id)
         .bind(tenant)
@@ -353,7 +396,7 @@ impl Store for PgStore {
         Ok(rows.into_iter().map(Event::from).collect())
     }
 
-    /// Events of all the tenant's waits with `id > after`, optionally only of waits
+    /// Events of all the tenant's waits with global `gid > after`, optionally only of waits
     /// carrying all the given labels.
     async fn global_events(
         &self,
@@ -364,8 +407,8 @@ impl Store for PgStore {
     ) -> Result<Vec<Event>, StoreError> {
         let rows: Vec<EventRow> = if labels.is_empty() {
             sqlx::query_as(
-                "SELECT id, seq, wait_id, kind, at, data FROM wait_events
-                 WHERE tenant = $1 AND id > $2 ORDER BY id LIMIT $3",
+                "SELECT gid AS id, seq, wait_id, kind, at, data FROM wait_events
+                 WHERE tenant = $1 AND gid > $2 ORDER BY gid LIMIT $3",
             )
             .bind(tenant)
             .bind(after)
@@ -374,9 +417,9 @@ impl Store for PgStore {
             .await?
         } else {
             sqlx::query_as(
-                "SELECT e.id, e.seq, e.wait_id, e.kind, e.at, e.data FROM wait_events e
+                "SELECT e.gid AS id, e.seq, e.wait_id, e.kind, e.at, e.data FROM wait_events e
                  JOIN waits w ON w.id = e.wait_id
-                 WHERE e.tenant = $1 AND e.id > $2 AND w.labels @> $3 ORDER BY e.id LIMIT $4",
+                 WHERE e.tenant = $1 AND e.gid > $2 AND w.labels @> $3 ORDER BY e.gid LIMIT $4",
             )
             .bind(tenant)
             .bind(after)
@@ -478,11 +521,13 @@ impl Store for PgStore {
             tx.rollback().await?;
             return Ok(false);
         };
-        let flag = if p.end.is_some() { 't' } else { '-' };
         if !events.is_empty() {
-            append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
+            append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events).await?;
         }
         tx.commit().await?;
+        if !events.is_empty() {
+            self.sequence_soon().await;
+        }
         Ok(true)
     }
 
@@ -562,6 +607,10 @@ impl Store for PgStore {
         Ok(n)
     }
 
+    async fn maintain(&self) -> Result<(), StoreError> {
+        self.sequence().await
+    }
+
     /// Counts of running waits (for `/metrics`).
     async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(
@@ -603,8 +652,8 @@ fn unzip_checkpoints(held: &[Checkpoint]) -> Columns {
     c
 }
 
-/// Appends events numbered from `seq_before + 1`, under the event-order lock, and
-/// notifies listeners with ids only.
+/// Appends events numbered from `seq_before + 1`. They get their global cursor, and
+/// listeners hear of them, from [`PgStore::sequence`] after commit.
 async fn append_events(
     tx: &mut Transaction<'_, Postgres>,
     wait_id: Uuid,
@@ -612,16 +661,10 @@ async fn append_events(
     at: DateTime<Utc>,
     events: &[NewEvent],
     seq_before: i32,
-    flag: char,
 ) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(EVENT_ORDER_LOCK)
-        .execute(&mut **tx)
-        .await?;
-    let mut last_gid = 0i64;
     for (i, e) in events.iter().enumerate() {
-        let (gid,): (i64,) = sqlx::query_as(
-            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        sqlx::query(
+            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(wait_id)
         .bind(seq_before + 1 + i as i32)
@@ -629,20 +672,56 @@ async fn append_events(
         .bind(&e.kind)
         .bind(at)
         .bind(&e.data)
-        .fetch_one(&mut **tx)
-        .await?;
-        last_gid = gid;
-    }
-    let notice = Notice {
-        wait_id,
-        seq: seq_before + events.len() as i32,
-        gid: last_gid,
-        flag,
-    };
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(CHANNEL)
-        .bind(notice.encode())
         .execute(&mut **tx)
         .await?;
+    }
     Ok(())
+}
+
+/// Notices for sequenced events, one per wait (its newest seq and gid; `t` when the
+/// wait ended, `c` when it was created), packed into payloads under Postgres's 8000
+/// byte limit.
+fn notices(done: Vec<(Uuid, i32, i64, String)>) -> Vec<String> {
+    let mut per_wait: std::collections::BTreeMap<Uuid, Notice> = Default::default();
+    for (wait_id, seq, gid, kind) in done {
+        let flag = if super::TERMINAL_KINDS.contains(&kind.as_str()) {
+            't'
+        } else if kind == "created" {
+            'c'
+        } else {
+            '-'
+        };
+        let n = per_wait.entry(wait_id).or_insert(Notice {
+            wait_id,
+            seq,
+            gid,
+            flag,
+        });
+        if seq >= n.seq {
+            // A terminal flag, once seen, stays: it is the wait's last event.
+            let flag = if n.flag == 't' { 't' } else { flag };
+            *n = Notice {
+                wait_id,
+                seq,
+                gid: gid.max(n.gid),
+                flag,
+            };
+        }
+    }
+    let mut payloads = Vec::new();
+    let mut current = String::new();
+    for n in per_wait.values() {
+        let line = n.encode();
+        if current.len() + line.len() + 1 > 7000 {
+            payloads.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push('\n');
+        }
+        current.push_str(&line);
+    }
+    if !current.is_empty() {
+        payloads.push(current);
+    }
+    payloads
 }

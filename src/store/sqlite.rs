@@ -99,7 +99,7 @@ struct EventRow {
 impl From<EventRow> for Event {
     fn from(r: EventRow) -> Event {
         Event {
-            id: r.id,
+            id: Some(r.id),
             seq: r.seq,
             wait_id: r.wait_id,
             kind: r.kind,
@@ -582,6 +582,11 @@ impl Store for SqliteStore {
         let n = self.write_checkpoints(owner, held, None).await?.len() as u64;
         self.bus.publish(BusMsg::Released);
         Ok(n)
+    }
+
+    /// Nothing to do: one writer sequences events as it writes them.
+    async fn maintain(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 
     async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {

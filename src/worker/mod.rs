@@ -260,7 +260,7 @@ impl Loop {
     }
 
     fn renew(&mut self) {
-        if self.renewing || self.held.is_empty() {
+        if self.renewing {
             return;
         }
         self.renewing = true;
@@ -293,6 +293,9 @@ impl Loop {
         tokio::spawn(async move {
             let started = Instant::now();
             let r = w.store.renew(w.owner, w.cfg.lease_ttl, &held).await;
+            if let Err(e) = w.store.maintain().await {
+                tracing::debug!(error = %e, "store housekeeping failed");
+            }
             w.metrics.write();
             let _ = tx.send(Msg::Renewed {
                 started,
