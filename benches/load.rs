@@ -23,6 +23,8 @@ struct Args {
     rss_waits: Vec<usize>,
     /// The fixed poll interval of the schedule-lag phase.
     interval: String,
+    /// SSE followers in the flip-to-terminal latency phase.
+    followers: usize,
 }
 
 fn args() -> Args {
@@ -33,6 +35,7 @@ fn args() -> Args {
         concurrency: 256,
         rss_waits: vec![10_000, 100_000],
         interval: "1s".into(),
+        followers: 1000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -51,12 +54,14 @@ fn args() -> Args {
                     .collect()
             }
             "--interval" => a.interval = v,
+            "--followers" => a.followers = v.parse().expect("--followers N"),
             "--smoke" => {
                 a.waits = 200;
                 a.seconds = 2;
                 a.runs = 1;
                 a.concurrency = 32;
                 a.rss_waits = vec![500];
+                a.followers = 20;
                 i += 1;
                 continue;
             }
@@ -480,6 +485,216 @@ async fn clone_waits(db: &Db, n: usize) {
     .unwrap();
 }
 
+/// An upstream whose answer flips from "deploying" to "on" when told to.
+async fn flipping_upstream() -> (String, Arc<std::sync::atomic::AtomicBool>) {
+    let flipped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = flipped.clone();
+    let app = axum::Router::new().route(
+        "/{*p}",
+        axum::routing::get(move || {
+            let f = f.clone();
+            async move {
+                let status = if f.load(Relaxed) { "on" } else { "deploying" };
+                (
+                    [("content-type", "application/json")],
+                    format!(r#"{{"data":{{"attributes":{{"status":"{status}"}}}}}}"#),
+                )
+            }
+        }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (base, flipped)
+}
+
+/// (7) From the upstream flipping to the wanted state to the terminal event at each
+/// of `n` SSE followers (one per wait, 100 ms polls): p50 and p99 in seconds.
+async fn flip_latency(n: usize) -> (f64, f64) {
+    let (up, flipped) = flipping_upstream().await;
+    let db = new_db().await;
+    let w = start_waitd(&db, 256).await;
+    let c = client();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let spec = json!({
+            "target": {"url": format!("{up}/servers/{i}")},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "timeout": "10m",
+            "poll": {"initial": "100ms", "factor": 1, "max": "100ms", "jitter": 0},
+        });
+        let r: Value = c.post(format!("{}/waits", w.base)).json(&spec).send().await.unwrap().json().await.unwrap();
+        ids.push(r["id"].as_str().unwrap().to_string());
+    }
+    until_held(&w.base, n).await;
+    let flip_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mut tasks = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(n);
+    for id in ids {
+        let (c, url, flip_at, ready) = (
+            c.clone(),
+            format!("{}/waits/{id}/events?follow=true", w.base),
+            flip_at.clone(),
+            ready_tx.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let r = c.get(url).send().await.unwrap();
+            let _ = ready.send(()).await;
+            let mut body = r.bytes_stream();
+            let mut buf = String::new();
+            while let Some(chunk) = futures_util::StreamExt::next(&mut body).await {
+                buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+                if buf.contains("event: succeeded") {
+                    let at = flip_at.lock().unwrap().expect("flipped before the end");
+                    return at.elapsed().as_secs_f64();
+                }
+            }
+            f64::NAN
+        }));
+    }
+    for _ in 0..n {
+        ready_rx.recv().await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    *flip_at.lock().unwrap() = Some(Instant::now());
+    flipped.store(true, Relaxed);
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.push(t.await.unwrap());
+    }
+    stop_waitd(w).await;
+    drop_db(&db).await;
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (lat[lat.len() / 2], lat[(lat.len() * 99 / 100).min(lat.len() - 1)])
+}
+
+/// A waitd replica as its own process (so it can be killed with SIGKILL).
+struct Replica {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_waitd"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--database-url", &db.url])
+        .args(["--min-poll-interval", "1ms", "--allow-targets", "127.0.0.1", "--lease-ttl", ttl])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start waitd");
+    let base = format!("http://127.0.0.1:{port}");
+    let c = client();
+    for _ in 0..500 {
+        if c.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Replica { child, base }
+}
+
+/// (8) kill -9 of one of two replicas (lease TTL `ttl`, 50 ms polls): seconds from
+/// the kill to the first poll of each of its waits by the survivor; the maximum.
+async fn takeover(n: usize, ttl: &str) -> f64 {
+    // Per path: when it was last polled.
+    let last: Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> = Default::default();
+    let l2 = last.clone();
+    let app = axum::Router::new().route(
+        "/{*p}",
+        axum::routing::get(move |axum::extract::Path(p): axum::extract::Path<String>| {
+            let l2 = l2.clone();
+            async move {
+                l2.lock().unwrap().insert(p, Instant::now());
+                ([("content-type", "application/json")], r#"{"data":{"attributes":{"status":"deploying"}}}"#)
+            }
+        }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let db = new_db().await;
+    let mut a = spawn_replica(&db, ttl).await;
+    let b = spawn_replica(&db, ttl).await;
+    let c = client();
+    for i in 0..n {
+        let spec = json!({
+            "target": {"url": format!("{up}/t/{i}")},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "timeout": "10m",
+            "poll": {"initial": "50ms", "factor": 1, "max": "50ms", "jitter": 0},
+        });
+        let r = c.post(format!("{}/waits", a.base)).json(&spec).send().await.unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The waits A holds, by the database.
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let owners: Vec<(Option<uuid::Uuid>, String)> =
+        sqlx::query_as("SELECT w.owner, s.spec->'target'->>'url' FROM waits w JOIN wait_specs s ON s.wait_id = w.id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    let mut by_owner: std::collections::HashMap<Option<uuid::Uuid>, Vec<String>> = Default::default();
+    for (o, url) in owners {
+        by_owner.entry(o).or_default().push(url.rsplit_once("/t/").map(|(_, i)| format!("t/{i}")).unwrap());
+    }
+    // Kill the replica holding the most waits (whichever it is, A is the one we kill:
+    // if B holds more, swap roles by killing B instead).
+    let victim_paths = by_owner.values().max_by_key(|v| v.len()).cloned().unwrap_or_default();
+    let victim_is_a = {
+        // A answered the creates, so ask A which replica it is through /metrics: the
+        // held count tells which process holds the larger share.
+        let held = |base: String| async move {
+            let m = metrics(&base).await;
+            m.get("waitd_held_waits").copied().unwrap_or(0.0) as usize
+        };
+        held(a.base.clone()).await >= held(b.base.clone()).await
+    };
+    let killed_at = Instant::now();
+    let mut b = b;
+    if victim_is_a {
+        a.child.kill().unwrap();
+    } else {
+        b.child.kill().unwrap();
+    }
+    let deadline = killed_at + Duration::from_secs(120);
+    let mut worst: f64;
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let l = last.lock().unwrap();
+        let polled_since: Vec<f64> = victim_paths
+            .iter()
+            .map(|p| match l.get(p) {
+                Some(t) if *t > killed_at + Duration::from_millis(100) => (*t - killed_at).as_secs_f64(),
+                _ => f64::NAN,
+            })
+            .collect();
+        worst = polled_since.iter().cloned().fold(0.0, f64::max);
+        if polled_since.iter().all(|x| !x.is_nan()) || Instant::now() > deadline {
+            break;
+        }
+    }
+    drop(a);
+    drop(b);
+    drop_db(&db).await;
+    worst
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -512,6 +727,13 @@ fn main() {
             let per = rss_per_wait(*n).await;
             println!("| 5 | RSS per held wait at {n} waits | {:.2} KiB | ≤ 4 KiB |", per / 1024.0);
         }
-        let _ = Value::Null;
+        let (p50, p99) = flip_latency(a.followers).await;
+        println!("| 7 | upstream flips to `want` → terminal event at {} SSE followers (100 ms polls): p50 / p99 | {:.0} ms / {:.0} ms | p99 ≤ 150 ms |", a.followers, p50 * 1e3, p99 * 1e3);
+        let ttl = if a.runs == 1 && a.waits <= 200 { "1s" } else { "5s" };
+        let mut takeovers = Vec::new();
+        for _ in 0..a.runs {
+            takeovers.push(takeover(if a.waits <= 200 { 20 } else { 200 }, ttl).await);
+        }
+        println!("| 8 | kill -9 of one of two replicas → every orphaned wait polled again (lease TTL {ttl}, 50 ms polls) | {:.2} s | ≤ TTL + one poll interval |", median(takeovers));
     });
 }

@@ -19,6 +19,11 @@ use crate::engine::Spec;
 /// cursor (`gid`).
 const SEQUENCER_LOCK: i64 = 0x7761_6974_6400_0001;
 
+/// Below `max_active_waits - LIMIT_MARGIN` running waits, creates skip the per-tenant
+/// lock: more concurrent creates than this (connections across all replicas) would
+/// be needed to overshoot the limit.
+const LIMIT_MARGIN: i64 = 256;
+
 /// A handle on the database. Cloning is shallow (the pool is reference-counted).
 #[derive(Clone, Debug)]
 pub struct PgStore {
@@ -239,18 +244,19 @@ impl Store for PgStore {
         let id = nw.id;
         let mut tx = self.pool.begin().await?;
         if let Some(max) = max_active {
-            // One tenant's creates queue on this lock, so the count and the insert
-            // cannot interleave; other tenants are not held up.
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))")
-                .bind(tenant)
-                .execute(&mut *tx)
-                .await?;
-            let (n,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1",
-            )
-            .bind(tenant)
-            .fetch_one(&mut *tx)
-            .await?;
+            const COUNT: &str = "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1";
+            let (mut n,): (i64,) = sqlx::query_as(COUNT).bind(tenant).fetch_one(&mut *tx).await?;
+            if n + LIMIT_MARGIN >= max {
+                // Near the limit, one tenant's creates queue on this lock so the count
+                // and the insert cannot interleave. Far from it, concurrent creates
+                // (at most one per pooled connection of every replica) cannot reach
+                // it, and creates go in parallel.
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))")
+                    .bind(tenant)
+                    .execute(&mut *tx)
+                    .await?;
+                (n,) = sqlx::query_as(COUNT).bind(tenant).fetch_one(&mut *tx).await?;
+            }
             if n >= max {
                 return Err(StoreError::TooManyActive(n));
             }
