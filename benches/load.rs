@@ -526,7 +526,15 @@ async fn flip_latency(n: usize) -> (f64, f64) {
             "timeout": "10m",
             "poll": {"initial": "100ms", "factor": 1, "max": "100ms", "jitter": 0},
         });
-        let r: Value = c.post(format!("{}/waits", w.base)).json(&spec).send().await.unwrap().json().await.unwrap();
+        let r: Value = c
+            .post(format!("{}/waits", w.base))
+            .json(&spec)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         ids.push(r["id"].as_str().unwrap().to_string());
     }
     until_held(&w.base, n).await;
@@ -568,7 +576,10 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     stop_waitd(w).await;
     drop_db(&db).await;
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (lat[lat.len() / 2], lat[(lat.len() * 99 / 100).min(lat.len() - 1)])
+    (
+        lat[lat.len() / 2],
+        lat[(lat.len() * 99 / 100).min(lat.len() - 1)],
+    )
 }
 
 /// A waitd replica as its own process (so it can be killed with SIGKILL).
@@ -585,10 +596,27 @@ impl Drop for Replica {
 }
 
 async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_waitd"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--database-url", &db.url])
-        .args(["--min-poll-interval", "1ms", "--allow-targets", "127.0.0.1", "--lease-ttl", ttl])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--database-url",
+            &db.url,
+        ])
+        .args([
+            "--min-poll-interval",
+            "1ms",
+            "--allow-targets",
+            "127.0.0.1",
+            "--lease-ttl",
+            ttl,
+        ])
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -597,7 +625,11 @@ async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
     let base = format!("http://127.0.0.1:{port}");
     let c = client();
     for _ in 0..500 {
-        if c.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+        if c.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -609,7 +641,8 @@ async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
 /// the kill to the first poll of each of its waits by the survivor; the maximum.
 async fn takeover(n: usize, ttl: &str) -> f64 {
     // Per path: when it was last polled.
-    let last: Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> = Default::default();
+    let last: Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> =
+        Default::default();
     let l2 = last.clone();
     let app = axum::Router::new().route(
         "/{*p}",
@@ -617,7 +650,10 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
             let l2 = l2.clone();
             async move {
                 l2.lock().unwrap().insert(p, Instant::now());
-                ([("content-type", "application/json")], r#"{"data":{"attributes":{"status":"deploying"}}}"#)
+                (
+                    [("content-type", "application/json")],
+                    r#"{"data":{"attributes":{"status":"deploying"}}}"#,
+                )
             }
         }),
     );
@@ -638,7 +674,12 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
             "timeout": "10m",
             "poll": {"initial": "50ms", "factor": 1, "max": "50ms", "jitter": 0},
         });
-        let r = c.post(format!("{}/waits", a.base)).json(&spec).send().await.unwrap();
+        let r = c
+            .post(format!("{}/waits", a.base))
+            .json(&spec)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 201);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -649,13 +690,22 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    let mut by_owner: std::collections::HashMap<Option<uuid::Uuid>, Vec<String>> = Default::default();
+    let mut by_owner: std::collections::HashMap<Option<uuid::Uuid>, Vec<String>> =
+        Default::default();
     for (o, url) in owners {
-        by_owner.entry(o).or_default().push(url.rsplit_once("/t/").map(|(_, i)| format!("t/{i}")).unwrap());
+        by_owner.entry(o).or_default().push(
+            url.rsplit_once("/t/")
+                .map(|(_, i)| format!("t/{i}"))
+                .unwrap(),
+        );
     }
     // Kill the replica holding the most waits (whichever it is, A is the one we kill:
     // if B holds more, swap roles by killing B instead).
-    let victim_paths = by_owner.values().max_by_key(|v| v.len()).cloned().unwrap_or_default();
+    let victim_paths = by_owner
+        .values()
+        .max_by_key(|v| v.len())
+        .cloned()
+        .unwrap_or_default();
     let victim_is_a = {
         // A answered the creates, so ask A which replica it is through /metrics: the
         // held count tells which process holds the larger share.
@@ -680,7 +730,9 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
         let polled_since: Vec<f64> = victim_paths
             .iter()
             .map(|p| match l.get(p) {
-                Some(t) if *t > killed_at + Duration::from_millis(100) => (*t - killed_at).as_secs_f64(),
+                Some(t) if *t > killed_at + Duration::from_millis(100) => {
+                    (*t - killed_at).as_secs_f64()
+                }
                 _ => f64::NAN,
             })
             .collect();

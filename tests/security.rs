@@ -933,7 +933,6 @@ async fn hostile_paths_queries_and_headers_on_the_read_routes_are_answered_with_
 }
 
 #[tokio::test]
-#[ignore = "bug: a path segment that percent-decodes to invalid UTF-8 gets axum's text/plain 400, not problem+json"]
 async fn a_wait_id_that_decodes_to_invalid_utf8_is_answered_with_problem_json() {
     let db = TestDb::new().await;
     let app = App::start(&db).await;

@@ -52,8 +52,10 @@ pub async fn list(State(s): State<AppState>, Tenant(_): Tenant) -> ApiResult<Res
 pub async fn get_one(
     State(s): State<AppState>,
     Tenant(_): Tenant,
-    Path(name): Path<String>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> ApiResult<Response> {
+    // A name that is not even UTF-8 names no preset: the same 404 problem.
+    let name = name.map(|Path(n)| n).unwrap_or_default();
     let preset = s.presets.get(&name).ok_or_else(|| {
         ApiError::not_found(format!(
             "there is no preset \"{}\"; GET /presets lists them",

@@ -349,7 +349,7 @@ impl Errors {
 }
 
 /// True when `a` and `b` differ by one edit or one swap of neighbours: a likely typo.
-fn close(a: &str, b: &str) -> bool {
+pub fn close(a: &str, b: &str) -> bool {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     if a.len().abs_diff(b.len()) > 1 {
         return false;

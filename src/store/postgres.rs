@@ -244,18 +244,27 @@ impl Store for PgStore {
         let id = nw.id;
         let mut tx = self.pool.begin().await?;
         if let Some(max) = max_active {
-            const COUNT: &str = "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1";
-            let (mut n,): (i64,) = sqlx::query_as(COUNT).bind(tenant).fetch_one(&mut *tx).await?;
+            const COUNT: &str =
+                "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1";
+            let (mut n,): (i64,) = sqlx::query_as(COUNT)
+                .bind(tenant)
+                .fetch_one(&mut *tx)
+                .await?;
             if n + LIMIT_MARGIN >= max {
                 // Near the limit, one tenant's creates queue on this lock so the count
                 // and the insert cannot interleave. Far from it, concurrent creates
                 // (at most one per pooled connection of every replica) cannot reach
                 // it, and creates go in parallel.
-                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))")
+                sqlx::query(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))",
+                )
+                .bind(tenant)
+                .execute(&mut *tx)
+                .await?;
+                (n,) = sqlx::query_as(COUNT)
                     .bind(tenant)
-                    .execute(&mut *tx)
+                    .fetch_one(&mut *tx)
                     .await?;
-                (n,) = sqlx::query_as(COUNT).bind(tenant).fetch_one(&mut *tx).await?;
             }
             if n >= max {
                 return Err(StoreError::TooManyActive(n));
