@@ -396,6 +396,17 @@ async fn one_run(a: &Args) -> Run {
     let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
     let p = polls(&m1) - polls(&m0);
     let steady = p / a.seconds as f64;
+    let outcomes: Vec<String> = ["state", "missing", "not_found", "transient", "permanent"]
+        .iter()
+        .map(|o| {
+            let k = format!("waitd_polls_total{{outcome=\"{o}\"}}");
+            format!(
+                "{o} {:.0}",
+                m1.get(&k).copied().unwrap_or(0.0) - m0.get(&k).copied().unwrap_or(0.0)
+            )
+        })
+        .collect();
+    eprintln!("saturated phase, polls by outcome: {}", outcomes.join(", "));
     let stmts = m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"];
     let stmts_per_poll = stmts / p;
     // Subtract the benchmark's own reads? pg_stat counts only written tuples.
@@ -753,6 +764,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // `RUST_LOG=waitd=warn` shows what waitd itself reports during the run.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let a = args();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

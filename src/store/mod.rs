@@ -62,8 +62,8 @@ impl Wait {
 /// One entry of a wait's history.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Event {
-    /// The global cursor (`GET /events`); null for the moment between an event's
-    /// commit and its sequencing.
+    /// The global cursor (`GET /events`). Events are served only once they have
+    /// one, so it is never null in a response.
     pub id: Option<i64>,
     /// Position in this wait's history, from 1.
     pub seq: i32,
