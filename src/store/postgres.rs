@@ -391,6 +391,11 @@ impl Store for PgStore {
     }
 
     /// A wait's events with `seq > after`, oldest first.
+    ///
+    /// A wait's end commits with its terminal event, but the event gets its global
+    /// cursor a moment later. So that a client who saw the wait end also sees all of
+    /// its events, a read that meets an unsequenced one runs the sequencer itself and
+    /// reads again.
     async fn events(
         &self,
         tenant: &str,
@@ -398,17 +403,30 @@ impl Store for PgStore {
         after: i32,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT gid AS id, seq, wait_id, kind, at, data FROM wait_events
-             WHERE wait_id = $1 AND tenant = $2 AND seq > $3 AND gid IS NOT NULL ORDER BY seq LIMIT $4",
-        )
-        .bind(wait_id)
-        .bind(tenant)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(Event::from).collect())
+        for attempt in 0..2 {
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT gid AS id, seq, wait_id, kind, at, data FROM wait_events
+                 WHERE wait_id = $1 AND tenant = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+            )
+            .bind(wait_id)
+            .bind(tenant)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+            if attempt == 0 && rows.iter().any(|r| r.id.is_none()) {
+                self.sequence().await?;
+                continue;
+            }
+            // Still unsequenced after a run (another sequencer holds a batch): serve
+            // the part that has its cursor; the rest follows with the next notice.
+            return Ok(rows
+                .into_iter()
+                .take_while(|r| r.id.is_some())
+                .map(Event::from)
+                .collect());
+        }
+        Ok(Vec::new()) // not reached: the second pass returns
     }
 
     /// Events of all the tenant's waits with global `gid > after`, optionally only of waits
@@ -420,6 +438,17 @@ impl Store for PgStore {
         labels: &std::collections::BTreeMap<String, String>,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
+        // As in `events`: what has committed is served, sequencing it first if
+        // its writer has not got there yet.
+        let (pending,): (bool,) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM wait_events WHERE gid IS NULL AND tenant = $1)",
+        )
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?;
+        if pending {
+            self.sequence().await?;
+        }
         let rows: Vec<EventRow> = if labels.is_empty() {
             sqlx::query_as(
                 "SELECT gid AS id, seq, wait_id, kind, at, data FROM wait_events
