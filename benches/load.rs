@@ -25,6 +25,15 @@ struct Args {
     interval: String,
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
+    /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
+    /// takeover.
+    only: Vec<String>,
+}
+
+impl Args {
+    fn runs(&self, phase: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == phase)
+    }
 }
 
 fn args() -> Args {
@@ -36,6 +45,7 @@ fn args() -> Args {
         rss_waits: vec![10_000, 100_000],
         interval: "1s".into(),
         followers: 1000,
+        only: Vec::new(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -55,6 +65,15 @@ fn args() -> Args {
             }
             "--interval" => a.interval = v,
             "--followers" => a.followers = v.parse().expect("--followers N"),
+            "--only" => {
+                a.only = v.split(',').map(str::to_string).collect();
+                for p in &a.only {
+                    assert!(
+                        PHASES.contains(&p.as_str()),
+                        "--only takes phases from {PHASES:?}, not {p}"
+                    );
+                }
+            }
             "--smoke" => {
                 a.waits = 200;
                 a.seconds = 2;
@@ -75,6 +94,8 @@ fn args() -> Args {
     }
     a
 }
+
+const PHASES: [&str; 7] = ["limit", "steady", "lag", "create", "rss", "flip", "takeover"];
 
 fn admin_url() -> String {
     std::env::var("WAITD_TEST_DATABASE_URL")
@@ -369,6 +390,7 @@ async fn until_held(waitd: &str, n: usize) {
     panic!("waitd never held {n} waits");
 }
 
+/// One run's figures; NaN where the phase was not run.
 struct Run {
     limit: f64,
     steady: f64,
@@ -379,76 +401,109 @@ struct Run {
     lag_at_rate: f64,
     lag_stmts: f64,
     create: f64,
+    rss: Vec<f64>,
+    flip_p50: f64,
+    flip_p99: f64,
+    takeover: f64,
 }
 
 async fn one_run(a: &Args) -> Run {
+    let mut run = Run {
+        limit: f64::NAN,
+        steady: f64::NAN,
+        stmts_per_poll: f64::NAN,
+        rows_per_poll: f64::NAN,
+        lag_p50: f64::NAN,
+        lag_p99: f64::NAN,
+        lag_at_rate: f64::NAN,
+        lag_stmts: f64::NAN,
+        create: f64::NAN,
+        rss: Vec::new(),
+        flip_p50: f64::NAN,
+        flip_p99: f64::NAN,
+        takeover: f64::NAN,
+    };
     let (up, _hits) = upstream().await;
-    let limit = limit(&up, a.concurrency, a.seconds).await;
+    if a.runs("limit") {
+        run.limit = limit(&up, a.concurrency, a.seconds).await;
+    }
 
     // (2), (3): saturated — waits due as fast as the floor allows.
-    let db = new_db().await;
-    let w = start_waitd(&db, a.concurrency).await;
-    create_waits(&w.base, &up, a.waits, "1ms").await;
-    until_held(&w.base, a.waits).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
-    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
-    let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
-    let p = polls(&m1) - polls(&m0);
-    let steady = p / a.seconds as f64;
-    let outcomes: Vec<String> = ["state", "missing", "not_found", "transient", "permanent"]
-        .iter()
-        .map(|o| {
-            let k = format!("waitd_polls_total{{outcome=\"{o}\"}}");
-            format!(
-                "{o} {:.0}",
-                m1.get(&k).copied().unwrap_or(0.0) - m0.get(&k).copied().unwrap_or(0.0)
-            )
-        })
-        .collect();
-    eprintln!("saturated phase, polls by outcome: {}", outcomes.join(", "));
-    let stmts = m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"];
-    let stmts_per_poll = stmts / p;
-    // Subtract the benchmark's own reads? pg_stat counts only written tuples.
-    let rows_per_poll = (r1 - r0) as f64 / p;
-    stop_waitd(w).await;
-    drop_db(&db).await;
+    if a.runs("steady") {
+        let db = new_db().await;
+        let w = start_waitd(&db, a.concurrency).await;
+        create_waits(&w.base, &up, a.waits, "1ms").await;
+        until_held(&w.base, a.waits).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
+        eprintln!("saturated phase: measuring for {} s", a.seconds);
+        tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+        let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
+        let p = polls(&m1) - polls(&m0);
+        run.steady = p / a.seconds as f64;
+        let outcomes: Vec<String> = ["state", "missing", "not_found", "transient", "permanent"]
+            .iter()
+            .map(|o| {
+                let k = format!("waitd_polls_total{{outcome=\"{o}\"}}");
+                format!(
+                    "{o} {:.0}",
+                    m1.get(&k).copied().unwrap_or(0.0) - m0.get(&k).copied().unwrap_or(0.0)
+                )
+            })
+            .collect();
+        eprintln!("saturated phase, polls by outcome: {}", outcomes.join(", "));
+        let stmts = m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"];
+        run.stmts_per_poll = stmts / p;
+        // pg_stat_database counts only written tuples, not the benchmark's reads.
+        run.rows_per_poll = (r1 - r0) as f64 / p;
+        stop_waitd(w).await;
+        drop_db(&db).await;
+    }
 
     // (6): create throughput alone: waits whose first poll is half an hour away.
-    let db = new_db().await;
-    let w = start_waitd(&db, a.concurrency).await;
-    let create = create_waits(&w.base, &up, a.waits, "1h").await;
-    stop_waitd(w).await;
-    drop_db(&db).await;
+    if a.runs("create") {
+        let db = new_db().await;
+        let w = start_waitd(&db, a.concurrency).await;
+        run.create = create_waits(&w.base, &up, a.waits, "1h").await;
+        stop_waitd(w).await;
+        drop_db(&db).await;
+    }
 
     // (4): schedule lag at a fixed rate: every wait polled once an interval.
-    let db = new_db().await;
-    let w = start_waitd(&db, a.concurrency).await;
-    create_waits(&w.base, &up, a.waits, &a.interval).await;
-    until_held(&w.base, a.waits).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let m0 = metrics(&w.base).await;
-    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
-    let m1 = metrics(&w.base).await;
-    let lag_at_rate = (polls(&m1) - polls(&m0)) / a.seconds as f64;
-    let lag_stmts =
-        (m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"]) / (polls(&m1) - polls(&m0));
-    let lag_p50 = lag_percentile(&m0, &m1, 0.5);
-    let lag_p99 = lag_percentile(&m0, &m1, 0.99);
-    stop_waitd(w).await;
-    drop_db(&db).await;
-
-    Run {
-        limit,
-        steady,
-        stmts_per_poll,
-        rows_per_poll,
-        lag_p50,
-        lag_p99,
-        lag_at_rate,
-        lag_stmts,
-        create,
+    if a.runs("lag") {
+        let db = new_db().await;
+        let w = start_waitd(&db, a.concurrency).await;
+        create_waits(&w.base, &up, a.waits, &a.interval).await;
+        until_held(&w.base, a.waits).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let m0 = metrics(&w.base).await;
+        tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+        let m1 = metrics(&w.base).await;
+        let p = polls(&m1) - polls(&m0);
+        run.lag_at_rate = p / a.seconds as f64;
+        run.lag_stmts = (m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"]) / p;
+        run.lag_p50 = lag_percentile(&m0, &m1, 0.5);
+        run.lag_p99 = lag_percentile(&m0, &m1, 0.99);
+        stop_waitd(w).await;
+        drop_db(&db).await;
     }
+
+    if a.runs("rss") {
+        for n in &a.rss_waits {
+            run.rss.push(rss_per_wait(*n).await);
+        }
+    }
+    if a.runs("flip") {
+        (run.flip_p50, run.flip_p99) = flip_latency(a.followers).await;
+    }
+    if a.runs("takeover") {
+        run.takeover = takeover(if a.waits <= 200 { 20 } else { 200 }, takeover_ttl(a)).await;
+    }
+    run
+}
+
+fn takeover_ttl(a: &Args) -> &'static str {
+    if a.runs == 1 && a.waits <= 200 { "1s" } else { "5s" }
 }
 
 /// (5) RSS per held wait: memory growth from no waits to `n` held, divided by n.
@@ -758,7 +813,12 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
     worst
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median, ignoring phases that did not run (NaN when none did).
+fn median(v: Vec<f64>) -> f64 {
+    let mut v: Vec<f64> = v.into_iter().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
@@ -767,6 +827,7 @@ fn main() {
     // `RUST_LOG=waitd=warn` shows what waitd itself reports during the run.
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
             .init();
     }
@@ -778,31 +839,39 @@ fn main() {
             eprintln!("run {}/{} …", i + 1, a.runs);
             runs.push(one_run(&a).await);
         }
-        let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
-        let limit = m(|r| r.limit);
-        let steady = m(|r| r.steady);
+        let m = |f: &dyn Fn(&Run) -> f64| median(runs.iter().map(f).collect());
+        let limit = m(&|r| r.limit);
+        let steady = m(&|r| r.steady);
         println!("waitd load benchmark: {} waits, {} s per phase, median of {} run(s), probe concurrency {}", a.waits, a.seconds, a.runs, a.concurrency);
         println!();
         println!("| # | figure | value | target |");
         println!("|---|---|---|---|");
-        println!("| 1 | limit: plain reqwest loop, same upstream and concurrency | {limit:.0} req/s | |");
-        println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the limit) | ≥ 0.8 |", a.waits, steady / limit);
-        println!("| 3 | database write statements per poll (waitd's counter) | {:.4} | ≤ 0.02 |", m(|r| r.stmts_per_poll));
-        println!("| 3b | database rows written per poll (pg_stat_database) | {:.4} | |", m(|r| r.rows_per_poll));
-        println!("| 4 | schedule lag at {:.0} polls/s: p50 / p99 (histogram-interpolated) | {:.1} ms / {:.1} ms | p99 ≤ 20 ms |", m(|r| r.lag_at_rate), m(|r| r.lag_p50) * 1e3, m(|r| r.lag_p99) * 1e3);
-        println!("| 4b | write statements per poll at {:.0} polls/s ({} waits every {}) | {:.4} | |", m(|r| r.lag_at_rate), a.waits, a.interval, m(|r| r.lag_stmts));
-        println!("| 6 | create throughput, 32 concurrent clients | {:.0} waits/s | ≥ 2000 |", m(|r| r.create));
-        for n in &a.rss_waits {
-            let per = rss_per_wait(*n).await;
-            println!("| 5 | RSS per held wait at {n} waits | {:.2} KiB | ≤ 4 KiB |", per / 1024.0);
+        if a.runs("limit") {
+            println!("| 1 | limit: plain reqwest loop, same upstream and concurrency | {limit:.0} req/s | |");
         }
-        let (p50, p99) = flip_latency(a.followers).await;
-        println!("| 7 | upstream flips to `want` → terminal event at {} SSE followers (100 ms polls): p50 / p99 | {:.0} ms / {:.0} ms | p99 ≤ 150 ms |", a.followers, p50 * 1e3, p99 * 1e3);
-        let ttl = if a.runs == 1 && a.waits <= 200 { "1s" } else { "5s" };
-        let mut takeovers = Vec::new();
-        for _ in 0..a.runs {
-            takeovers.push(takeover(if a.waits <= 200 { 20 } else { 200 }, ttl).await);
+        if a.runs("steady") {
+            println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the limit) | ≥ 0.8 |", a.waits, steady / limit);
+            println!("| 3 | database write statements per poll (waitd's counter) | {:.4} | ≤ 0.02 |", m(&|r| r.stmts_per_poll));
+            println!("| 3b | database rows written per poll (pg_stat_database) | {:.4} | |", m(&|r| r.rows_per_poll));
         }
-        println!("| 8 | kill -9 of one of two replicas → every orphaned wait polled again (lease TTL {ttl}, 50 ms polls) | {:.2} s | ≤ TTL + one poll interval |", median(takeovers));
+        if a.runs("lag") {
+            println!("| 4 | schedule lag at {:.0} polls/s: p50 / p99 (histogram-interpolated) | {:.1} ms / {:.1} ms | p99 ≤ 20 ms |", m(&|r| r.lag_at_rate), m(&|r| r.lag_p50) * 1e3, m(&|r| r.lag_p99) * 1e3);
+            println!("| 4b | write statements per poll at {:.0} polls/s ({} waits every {}) | {:.4} | |", m(&|r| r.lag_at_rate), a.waits, a.interval, m(&|r| r.lag_stmts));
+        }
+        if a.runs("rss") {
+            for (i, n) in a.rss_waits.iter().enumerate() {
+                let per = m(&|r| r.rss.get(i).copied().unwrap_or(f64::NAN));
+                println!("| 5 | RSS per held wait at {n} waits | {:.2} KiB | ≤ 4 KiB |", per / 1024.0);
+            }
+        }
+        if a.runs("create") {
+            println!("| 6 | create throughput, 32 concurrent clients | {:.0} waits/s | ≥ 2000 |", m(&|r| r.create));
+        }
+        if a.runs("flip") {
+            println!("| 7 | upstream flips to `want` → terminal event at {} SSE followers (100 ms polls): p50 / p99 | {:.0} ms / {:.0} ms | p99 ≤ 150 ms |", a.followers, m(&|r| r.flip_p50) * 1e3, m(&|r| r.flip_p99) * 1e3);
+        }
+        if a.runs("takeover") {
+            println!("| 8 | kill -9 of one of two replicas → every orphaned wait polled again (lease TTL {}, 50 ms polls) | {:.2} s | ≤ TTL + one poll interval |", takeover_ttl(&a), m(&|r| r.takeover));
+        }
     });
 }

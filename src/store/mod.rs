@@ -219,6 +219,36 @@ impl NewWait {
     }
 }
 
+impl NewWait {
+    /// The wait as it reads back right after its insert, built without a read.
+    pub fn wait(&self, now: DateTime<Utc>) -> Wait {
+        use chrono::SubsecRound;
+        // As the databases store them: microseconds.
+        let (now, deadline, first_poll) = (
+            now.trunc_subsecs(6),
+            self.engine.deadline.trunc_subsecs(6),
+            self.first_poll.trunc_subsecs(6),
+        );
+        Wait {
+            id: self.id,
+            status: "running".into(),
+            state: None,
+            reason: None,
+            error_detail: None,
+            last_error: None,
+            polls: 0,
+            retries: 0,
+            created_at: now,
+            updated_at: now,
+            deadline,
+            next_poll_at: Some(first_poll),
+            finished_at: None,
+            labels: serde_json::from_value(self.labels.clone()).unwrap_or_default(),
+            spec: self.spec.clone(),
+        }
+    }
+}
+
 pub(crate) fn to_json<T: Serialize>(v: &T) -> Result<Value, StoreError> {
     serde_json::to_value(v).map_err(|e| StoreError::Other(e.to_string()))
 }

@@ -1,6 +1,6 @@
 //! The Postgres store.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -24,6 +24,12 @@ const SEQUENCER_LOCK: i64 = 0x7761_6974_6400_0001;
 /// be needed to overshoot the limit.
 const LIMIT_MARGIN: i64 = 256;
 
+/// A tenant's running count, once read, spares the next creates from counting for
+/// this long while it is more than [`CACHED_MARGIN`] under the limit: overshooting
+/// would take that many creates, across all replicas, within this window.
+const COUNT_FRESH: std::time::Duration = std::time::Duration::from_millis(250);
+const CACHED_MARGIN: i64 = 1024;
+
 /// A handle on the database. Cloning is shallow (the pool is reference-counted).
 #[derive(Clone, Debug)]
 pub struct PgStore {
@@ -32,6 +38,16 @@ pub struct PgStore {
     /// of API traffic or progress writes can never starve the leases.
     lease_pool: PgPool,
     pub(super) cipher: std::sync::Arc<super::secrets::Cipher>,
+    /// Wakes this replica's sequencer task (started on first use).
+    sequencer: std::sync::Arc<Sequencer>,
+    /// Per tenant: running waits when last counted, and when.
+    running: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (i64, Instant)>>>,
+}
+
+#[derive(Debug, Default)]
+struct Sequencer {
+    wake: tokio::sync::Notify,
+    started: std::sync::atomic::AtomicBool,
 }
 
 #[derive(FromRow)]
@@ -102,13 +118,56 @@ const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w
      w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
 
 impl PgStore {
-    /// [`PgStore::sequence`] after a commit: a failure here loses nothing (the
-    /// events are committed, and the next sequencer run, by any writer or the
-    /// worker's periodic tick, picks them up), so it is logged, not returned.
-    async fn sequence_soon(&self) {
-        if let Err(e) = self.sequence().await {
-            tracing::warn!(error = %e, "sequencing events failed; the next run picks them up");
+    /// Wakes the sequencer after a commit, without waiting for it: the writer's
+    /// answer does not queue behind the sequencer's own commit. The replica's one
+    /// sequencer task runs [`PgStore::sequence`] again after each wake, so every
+    /// event committed before a wake is sequenced by the run after it. A run that
+    /// fails loses nothing: the events stay committed, and the next wake or the
+    /// worker's periodic housekeeping picks them up.
+    fn sequence_soon(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.sequencer.started.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            tokio::spawn(async move { me.run_sequencer().await });
         }
+        self.sequencer.wake.notify_one();
+    }
+
+    async fn run_sequencer(self) {
+        while !self.pool.is_closed() {
+            // The timeout only lets the task notice that the store was closed.
+            if tokio::time::timeout(Duration::from_secs(1), self.sequencer.wake.notified())
+                .await
+                .is_err()
+            {
+                continue;
+            }
+            if let Err(e) = self.sequence().await {
+                if self.pool.is_closed() {
+                    break;
+                }
+                tracing::warn!(error = %e, "sequencing events failed; the next run picks them up");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.sequencer.wake.notify_one();
+            }
+        }
+    }
+
+    /// True when the tenant was counted lately and far enough under `max` that no
+    /// count is needed now.
+    fn far_under_limit(&self, tenant: &str, max: i64) -> bool {
+        let counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        counts
+            .get(tenant)
+            .is_some_and(|(n, at)| at.elapsed() < COUNT_FRESH && n + CACHED_MARGIN < max)
+    }
+
+    fn counted(&self, tenant: &str, n: i64) {
+        let mut counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if counts.len() > 10_000 {
+            counts.retain(|_, (_, at)| at.elapsed() < COUNT_FRESH);
+        }
+        counts.insert(tenant.to_string(), (n, Instant::now()));
     }
 
     /// Gives every committed event without one its global cursor (`gid`), in the
@@ -189,6 +248,8 @@ impl PgStore {
             pool,
             lease_pool,
             cipher: Default::default(),
+            sequencer: Default::default(),
+            running: Default::default(),
         })
     }
 
@@ -242,8 +303,40 @@ impl Store for PgStore {
         }
         let nw = NewWait::prepare(spec, now, &self.cipher)?;
         let id = nw.id;
+        let counted = match max_active {
+            Some(max) => !self.far_under_limit(tenant, max),
+            None => false,
+        };
+        if idempotency.is_none() && !counted {
+            // The common case: one statement, one round trip, one commit.
+            sqlx::query(
+                "WITH w AS (
+                     INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
+                     VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
+                 s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
+                 INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)",
+            )
+            .bind(id)
+            .bind(tenant)
+            .bind(now)
+            .bind(nw.engine.deadline)
+            .bind(nw.first_poll)
+            .bind(&nw.labels)
+            .bind(&nw.engine_json)
+            .bind(&nw.spec)
+            .bind(&nw.headers)
+            .bind(&nw.created.kind)
+            .bind(&nw.created.data)
+            .execute(&self.pool)
+            .await?;
+            self.sequence_soon();
+            return Ok(Created {
+                wait: nw.wait(now),
+                existing: false,
+            });
+        }
         let mut tx = self.pool.begin().await?;
-        if let Some(max) = max_active {
+        if let Some(max) = max_active.filter(|_| counted) {
             const COUNT: &str =
                 "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1";
             let (mut n,): (i64,) = sqlx::query_as(COUNT)
@@ -266,6 +359,7 @@ impl Store for PgStore {
                     .fetch_one(&mut *tx)
                     .await?;
             }
+            self.counted(tenant, n);
             if n >= max {
                 return Err(StoreError::TooManyActive(n));
             }
@@ -314,15 +408,11 @@ impl Store for PgStore {
                 };
             }
         }
-        append_events(&mut tx, id, tenant, now, &[nw.created], 0).await?;
+        append_events(&mut tx, id, tenant, now, &[nw.created.clone()], 0).await?;
         tx.commit().await?;
-        self.sequence_soon().await;
-        let wait = self
-            .get(tenant, id)
-            .await?
-            .ok_or_else(|| StoreError::Other("created wait vanished".into()))?;
+        self.sequence_soon();
         Ok(Created {
-            wait,
+            wait: nw.wait(now),
             existing: false,
         })
     }
@@ -383,7 +473,7 @@ impl Store for PgStore {
         if let Some((seq, state)) = row {
             append_events(&mut tx, id, tenant, now, &[canceled_event(state)], seq - 1).await?;
             tx.commit().await?;
-            self.sequence_soon().await;
+            self.sequence_soon();
         } else {
             tx.commit().await?;
         }
@@ -570,7 +660,7 @@ impl Store for PgStore {
         }
         tx.commit().await?;
         if !events.is_empty() {
-            self.sequence_soon().await;
+            self.sequence_soon();
         }
         Ok(true)
     }

@@ -494,6 +494,13 @@ impl Loop {
                 result,
             } => {
                 self.renewing = false;
+                tracing::debug!(
+                    held = sent.len(),
+                    checkpoints = checkpointed.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    ok = result.is_ok(),
+                    "lease renewal"
+                );
                 match result {
                     Ok(kept) => {
                         let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
