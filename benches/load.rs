@@ -378,6 +378,23 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until every wait's first poll is written (its state is known), so that a
+/// measurement sees the steady state, not the first writes.
+async fn until_first_polls_written(db: &Db) {
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    for _ in 0..6000 {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE state IS NULL")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        if n == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the first polls were never all written");
+}
+
 /// Waits until waitd holds `n` waits (all claimed).
 async fn until_held(waitd: &str, n: usize) {
     for _ in 0..6000 {
@@ -434,6 +451,7 @@ async fn one_run(a: &Args) -> Run {
         let w = start_waitd(&db, a.concurrency).await;
         create_waits(&w.base, &up, a.waits, "1ms").await;
         until_held(&w.base, a.waits).await;
+        until_first_polls_written(&db).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
         eprintln!("saturated phase: measuring for {} s", a.seconds);
@@ -475,7 +493,8 @@ async fn one_run(a: &Args) -> Run {
         let w = start_waitd(&db, a.concurrency).await;
         create_waits(&w.base, &up, a.waits, &a.interval).await;
         until_held(&w.base, a.waits).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        until_first_polls_written(&db).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let m0 = metrics(&w.base).await;
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
         let m1 = metrics(&w.base).await;

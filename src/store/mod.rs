@@ -402,6 +402,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
     /// no longer this owner's.
     async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError>;
+    /// [`Store::record`] for many waits in one transaction: one answer per entry, in
+    /// order. A wait may appear once.
+    async fn record_many(
+        &self,
+        owner: Uuid,
+        progress: &[Progress],
+    ) -> Result<Vec<bool>, StoreError>;
     /// Renews the leases of `held` and writes the checkpoints that carry one; returns
     /// the ids still held.
     async fn renew(
@@ -548,6 +555,13 @@ impl Store for AnyStore {
         held: &[Checkpoint],
     ) -> Result<Vec<Uuid>, StoreError> {
         dispatch!(self, renew(owner, ttl, held))
+    }
+    async fn record_many(
+        &self,
+        owner: Uuid,
+        progress: &[Progress],
+    ) -> Result<Vec<bool>, StoreError> {
+        dispatch!(self, record_many(owner, progress))
     }
     async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         dispatch!(self, release(owner, held))

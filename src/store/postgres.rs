@@ -618,51 +618,119 @@ impl Store for PgStore {
     /// Writes what one poll changed, fenced by owner and epoch. Returns false when the
     /// wait is no longer this owner's (taken over, canceled or ended elsewhere).
     async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
+        Ok(self
+            .record_many(owner, std::slice::from_ref(p))
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
+
+    /// Many waits' progress in one transaction of two statements: one update of the
+    /// rows (each fenced by owner and epoch), one insert of the events of the rows
+    /// that were still this owner's.
+    async fn record_many(
+        &self,
+        owner: Uuid,
+        progress: &[Progress],
+    ) -> Result<Vec<bool>, StoreError> {
+        if progress.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = Utc::now();
-        let engine =
-            serde_json::to_value(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?;
+        let n = progress.len();
+        let mut c = RecordColumns::default();
+        let mut events = Vec::with_capacity(n);
+        for p in progress {
+            let all = p.all_events();
+            let (status, reason, detail) = p.columns();
+            c.id.push(p.id);
+            c.epoch.push(p.epoch);
+            c.status.push(status.to_string());
+            c.state.push(p.engine.state.clone());
+            c.reason.push(reason.map(str::to_string));
+            c.detail.push(detail.map(|d| d.to_string()));
+            c.last_error.push(p.engine.last_error.clone());
+            c.polls.push(p.engine.polls as i32);
+            c.retries.push(p.engine.retries as i32);
+            c.engine
+                .push(serde_json::to_string(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?);
+            c.next.push(if p.end.is_some() { None } else { p.next_poll_at });
+            c.n_events.push(all.len() as i32);
+            events.push(all);
+        }
         let mut tx = self.pool.begin().await?;
-        let events = p.all_events();
-        let n_events = events.len() as i32;
-        let (status, reason, detail) = p.columns();
-        let row: Option<(i32, String)> = sqlx::query_as(
-            "UPDATE waits SET status = $4, state = $5, reason = $6, error_detail = $7, last_error = $8,
-                    polls = $9, retries = $10, engine = $11, next_poll_at = $12, updated_at = $13,
-                    finished_at = CASE WHEN $4 = 'running' THEN NULL ELSE $13 END,
-                    owner = CASE WHEN $4 = 'running' THEN owner ELSE NULL END,
-                    lease_until = CASE WHEN $4 = 'running' THEN lease_until ELSE NULL END,
-                    seq = seq + $14
-             WHERE id = $1 AND owner = $2 AND epoch = $3 AND status = 'running'
-             RETURNING seq, tenant",
+        let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
+            "UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
+                    error_detail = u.detail::jsonb, last_error = u.last_error, polls = u.polls,
+                    retries = u.retries, engine = u.engine::jsonb, next_poll_at = u.next_poll_at,
+                    updated_at = $2,
+                    finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
+                    owner = CASE WHEN u.status = 'running' THEN w.owner ELSE NULL END,
+                    lease_until = CASE WHEN u.status = 'running' THEN w.lease_until ELSE NULL END,
+                    seq = w.seq + u.n_events
+             FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+                         $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[])
+                  AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
+                       next_poll_at, n_events)
+             WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'
+             RETURNING w.id, w.seq, w.tenant",
         )
-        .bind(p.id)
         .bind(owner)
-        .bind(p.epoch)
-        .bind(status)
-        .bind(&p.engine.state)
-        .bind(reason)
-        .bind(detail.clone())
-        .bind(&p.engine.last_error)
-        .bind(p.engine.polls as i32)
-        .bind(p.engine.retries as i32)
-        .bind(&engine)
-        .bind(if p.end.is_some() { None } else { p.next_poll_at })
         .bind(now)
-        .bind(n_events)
-        .fetch_optional(&mut *tx)
+        .bind(&c.id)
+        .bind(&c.epoch)
+        .bind(&c.status)
+        .bind(&c.state)
+        .bind(&c.reason)
+        .bind(&c.detail)
+        .bind(&c.last_error)
+        .bind(&c.polls)
+        .bind(&c.retries)
+        .bind(&c.engine)
+        .bind(&c.next)
+        .bind(&c.n_events)
+        .fetch_all(&mut *tx)
         .await?;
-        let Some((seq, tenant)) = row else {
-            tx.rollback().await?;
-            return Ok(false);
-        };
-        if !events.is_empty() {
-            append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events).await?;
+        let written: std::collections::HashMap<Uuid, (i32, String)> = rows
+            .into_iter()
+            .map(|(id, seq, tenant)| (id, (seq, tenant)))
+            .collect();
+        let mut e = EventColumns::default();
+        for (i, all) in events.iter().enumerate() {
+            let Some((seq, tenant)) = written.get(&c.id[i]) else {
+                continue;
+            };
+            let first = seq - all.len() as i32 + 1;
+            for (k, ev) in all.iter().enumerate() {
+                e.wait_id.push(c.id[i]);
+                e.seq.push(first + k as i32);
+                e.tenant.push(tenant.clone());
+                e.kind.push(ev.kind.clone());
+                e.data.push(ev.data.to_string());
+            }
+        }
+        if !e.wait_id.is_empty() {
+            sqlx::query(
+                "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
+                 SELECT wait_id, seq, tenant, kind, $1, data::jsonb
+                 FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], $6::text[])
+                      AS t(wait_id, seq, tenant, kind, data)",
+            )
+            .bind(now)
+            .bind(&e.wait_id)
+            .bind(&e.seq)
+            .bind(&e.tenant)
+            .bind(&e.kind)
+            .bind(&e.data)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
-        if !events.is_empty() {
+        if !e.wait_id.is_empty() {
             self.sequence_soon();
         }
-        Ok(true)
+        Ok(c.id.iter().map(|id| written.contains_key(id)).collect())
     }
 
     /// A checkpoint lands only when it is newer (more polls) than what the row holds:
@@ -755,6 +823,33 @@ impl Store for PgStore {
         .await?;
         Ok(n)
     }
+}
+
+/// The columns of [`PgStore::record_many`]'s update, one entry per wait.
+#[derive(Default)]
+struct RecordColumns {
+    id: Vec<Uuid>,
+    epoch: Vec<i64>,
+    status: Vec<String>,
+    state: Vec<Option<String>>,
+    reason: Vec<Option<String>>,
+    detail: Vec<Option<String>>,
+    last_error: Vec<Option<String>>,
+    polls: Vec<i32>,
+    retries: Vec<i32>,
+    engine: Vec<String>,
+    next: Vec<Option<DateTime<Utc>>>,
+    n_events: Vec<i32>,
+}
+
+/// The columns of [`PgStore::record_many`]'s event insert, one entry per event.
+#[derive(Default)]
+struct EventColumns {
+    wait_id: Vec<Uuid>,
+    seq: Vec<i32>,
+    tenant: Vec<String>,
+    kind: Vec<String>,
+    data: Vec<String>,
 }
 
 /// id, epoch, engine, next_poll_at, spec, headers.

@@ -519,52 +519,34 @@ impl Store for SqliteStore {
     }
 
     async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
+        Ok(self
+            .record_many(owner, std::slice::from_ref(p))
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
+
+    /// One transaction (one disk sync) for all of them.
+    async fn record_many(
+        &self,
+        owner: Uuid,
+        progress: &[Progress],
+    ) -> Result<Vec<bool>, StoreError> {
         let now = Utc::now();
-        let events = p.all_events();
-        let n_events = events.len() as i32;
-        let (status, reason, detail) = p.columns();
-        let ended = p.end.is_some();
         let mut tx = self.pool.begin().await?;
-        let row: Option<(i32, String)> = sqlx::query_as(
-            "UPDATE waits SET status = ?, state = ?, reason = ?, error_detail = ?, last_error = ?,
-                    polls = ?, retries = ?, engine = ?, next_poll_at = ?, updated_at = ?,
-                    finished_at = ?, owner = CASE WHEN ? THEN NULL ELSE owner END,
-                    lease_until = CASE WHEN ? THEN NULL ELSE lease_until END, seq = seq + ?
-             WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'
-             RETURNING seq, tenant",
-        )
-        .bind(status)
-        .bind(&p.engine.state)
-        .bind(reason)
-        .bind(detail.map(|d| d.to_string()))
-        .bind(&p.engine.last_error)
-        .bind(p.engine.polls as i32)
-        .bind(p.engine.retries as i32)
-        .bind(serde_json::to_string(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?)
-        .bind(if ended { None } else { p.next_poll_at.map(ms) })
-        .bind(ms(now))
-        .bind(ended.then_some(ms(now)))
-        .bind(ended)
-        .bind(ended)
-        .bind(n_events)
-        .bind(p.id)
-        .bind(owner)
-        .bind(p.epoch)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((seq, tenant)) = row else {
-            tx.rollback().await?;
-            return Ok(false);
-        };
-        let mut notice = None;
-        if !events.is_empty() {
-            let flag = if ended { 't' } else { '-' };
-            notice =
-                append_events(&mut tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
+        let mut notices = Vec::new();
+        let mut written = Vec::with_capacity(progress.len());
+        for p in progress {
+            let notice = record_one(&mut tx, owner, p, now).await?;
+            written.push(notice.is_some());
+            notices.extend(notice);
         }
         tx.commit().await?;
-        self.publish(notice);
-        Ok(true)
+        for notice in notices {
+            self.publish(notice);
+        }
+        Ok(written)
     }
 
     /// Renews leases and writes checkpoints, one wait at a time inside one transaction
@@ -599,6 +581,56 @@ impl Store for SqliteStore {
         .await?;
         Ok(n)
     }
+}
+
+/// One wait's progress inside `tx`, fenced by owner and epoch: `None` when the wait
+/// is no longer this owner's, else the notice to publish after commit.
+async fn record_one(
+    tx: &mut Transaction<'_, Sqlite>,
+    owner: Uuid,
+    p: &Progress,
+    now: DateTime<Utc>,
+) -> Result<Option<Option<Notice>>, StoreError> {
+    let events = p.all_events();
+    let n_events = events.len() as i32;
+    let (status, reason, detail) = p.columns();
+    let ended = p.end.is_some();
+    let row: Option<(i32, String)> = sqlx::query_as(
+        "UPDATE waits SET status = ?, state = ?, reason = ?, error_detail = ?, last_error = ?,
+                polls = ?, retries = ?, engine = ?, next_poll_at = ?, updated_at = ?,
+                finished_at = ?, owner = CASE WHEN ? THEN NULL ELSE owner END,
+                lease_until = CASE WHEN ? THEN NULL ELSE lease_until END, seq = seq + ?
+         WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'
+         RETURNING seq, tenant",
+    )
+    .bind(status)
+    .bind(&p.engine.state)
+    .bind(reason)
+    .bind(detail.map(|d| d.to_string()))
+    .bind(&p.engine.last_error)
+    .bind(p.engine.polls as i32)
+    .bind(p.engine.retries as i32)
+    .bind(serde_json::to_string(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?)
+    .bind(if ended { None } else { p.next_poll_at.map(ms) })
+    .bind(ms(now))
+    .bind(ended.then_some(ms(now)))
+    .bind(ended)
+    .bind(ended)
+    .bind(n_events)
+    .bind(p.id)
+    .bind(owner)
+    .bind(p.epoch)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some((seq, tenant)) = row else {
+        return Ok(None);
+    };
+    if events.is_empty() {
+        return Ok(Some(None));
+    }
+    let flag = if ended { 't' } else { '-' };
+    let notice = append_events(tx, p.id, &tenant, now, &events, seq - n_events, flag).await?;
+    Ok(Some(notice))
 }
 
 async fn append_events(

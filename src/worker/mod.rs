@@ -8,7 +8,8 @@
 //! the event bus.
 //!
 //! Write discipline: a new state, a retry or the end is written at once (fenced by
-//! owner and epoch); unchanged polls only mark the wait dirty, and one statement per
+//! owner and epoch), batched with whatever else changed meanwhile into one
+//! transaction; unchanged polls only mark the wait dirty, and one statement per
 //! renewal interval renews every lease and checkpoints every dirty wait.
 
 use std::cmp::Reverse;
@@ -43,7 +44,8 @@ pub struct WorkerConfig {
     pub claim_interval: Duration,
     /// How long shutdown waits for in-flight probes.
     pub drain_timeout: Duration,
-    /// Most progress writes in flight at once (keep it under the connection pool).
+    /// Most progress batches in flight at once (keep it under the connection pool);
+    /// what changes meanwhile joins the next batch.
     pub max_writes: usize,
 }
 
@@ -94,10 +96,9 @@ enum Msg {
         at: DateTime<Utc>,
     },
     Recorded {
-        id: Uuid,
-        generation: u64,
-        ended: bool,
-        result: Result<bool, StoreError>,
+        /// (id, generation, ended) of every wait in the batch.
+        batch: Vec<(Uuid, u64, bool)>,
+        result: Result<Vec<bool>, StoreError>,
     },
     Renewed {
         started: Instant,
@@ -118,7 +119,10 @@ struct Loop {
     claim_again: bool,
     renewing: bool,
     probes: Arc<Semaphore>,
-    writes: Arc<Semaphore>,
+    /// Progress waiting to be written: each batch is one transaction.
+    pending: Vec<(Progress, u64)>,
+    /// Batches being written.
+    writing: usize,
     /// Waits let go because their lease could not be renewed in time: given back
     /// to the store at the next chance, so nobody waits a whole lease for them.
     let_go: Vec<Checkpoint>,
@@ -133,7 +137,8 @@ impl Worker {
         let mut bus_rx = w.bus.subscribe();
         let mut lp = Loop {
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
-            writes: Arc::new(Semaphore::new(w.cfg.max_writes.max(1))),
+            pending: Vec::new(),
+            writing: 0,
             let_go: Vec::new(),
             w: w.clone(),
             held: HashMap::new(),
@@ -166,6 +171,7 @@ impl Worker {
                 _ = claim_tick.tick() => lp.claim_again = true,
                 _ = renew_tick.tick() => lp.renew(),
             }
+            lp.flush_writes();
         }
 
         // Drain: no new probes or claims; let the in-flight ones report back.
@@ -176,6 +182,7 @@ impl Worker {
                 Some(msg) = rx.recv() => lp.handle_draining(msg),
                 _ = tokio::time::sleep_until(drain_until) => break,
             }
+            lp.flush_writes();
         }
         let checkpoints: Vec<Checkpoint> = lp
             .held
@@ -456,34 +463,15 @@ impl Loop {
                 obs,
                 at,
             } => self.observed(id, generation, obs, at),
-            Msg::Recorded {
-                id,
-                generation,
-                ended,
-                result,
-            } => {
-                let Some(h) = self.held.get_mut(&id) else {
-                    return;
+            Msg::Recorded { batch, result } => {
+                self.writing -= 1;
+                self.w.metrics.write();
+                let results: Vec<Result<bool, String>> = match result {
+                    Ok(written) => written.into_iter().map(Ok).collect(),
+                    Err(e) => vec![Err(e.to_string()); batch.len()],
                 };
-                if h.generation != generation {
-                    return;
-                }
-                match result {
-                    Ok(true) if !ended => {
-                        h.busy = false;
-                        h.dirty = false;
-                        let next = h.next;
-                        self.schedule(id, next);
-                    }
-                    Ok(_) => {
-                        self.held.remove(&id);
-                    }
-                    Err(e) => {
-                        // Let the lease run out: another claim resumes from the last
-                        // checkpoint (at-least-once polling, exactly-once ending).
-                        tracing::warn!(wait_id = %id, error = %e, "could not record progress; letting the wait go");
-                        self.held.remove(&id);
-                    }
+                for ((id, generation, ended), result) in batch.into_iter().zip(results) {
+                    self.recorded(id, generation, ended, result);
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
             }
@@ -571,7 +559,6 @@ impl Loop {
             self.schedule(id, t);
             return;
         }
-        let ended = end.is_some();
         if let Some((status, _, _)) = &end {
             self.w.metrics.ended(status);
         }
@@ -583,20 +570,57 @@ impl Loop {
             events,
             end,
         };
-        let w = self.w.clone();
-        let tx = self.tx.clone();
-        let writes = self.writes.clone();
-        tokio::spawn(async move {
-            let _permit = writes.acquire_owned().await;
-            let result = w.store.record(w.owner, &progress).await;
-            w.metrics.write();
-            let _ = tx.send(Msg::Recorded {
-                id,
-                generation,
-                ended,
-                result,
+        self.pending.push((progress, generation));
+    }
+
+    /// Starts writing the pending progress, all of it in one batch, unless as many
+    /// batches as allowed are already on their way: then it waits for the next free
+    /// slot and grows meanwhile, so a burst becomes a few large transactions.
+    fn flush_writes(&mut self) {
+        const MAX_BATCH: usize = 1000;
+        while !self.pending.is_empty() && self.writing < self.w.cfg.max_writes.max(1) {
+            let take = self.pending.len().min(MAX_BATCH);
+            let (progress, generations): (Vec<Progress>, Vec<u64>) =
+                self.pending.drain(..take).unzip();
+            let batch: Vec<(Uuid, u64, bool)> = progress
+                .iter()
+                .zip(generations)
+                .map(|(p, g)| (p.id, g, p.end.is_some()))
+                .collect();
+            self.writing += 1;
+            let w = self.w.clone();
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let result = w.store.record_many(w.owner, &progress).await;
+                let _ = tx.send(Msg::Recorded { batch, result });
             });
-        });
+        }
+    }
+
+    fn recorded(&mut self, id: Uuid, generation: u64, ended: bool, result: Result<bool, String>) {
+        let Some(h) = self.held.get_mut(&id) else {
+            return;
+        };
+        if h.generation != generation {
+            return;
+        }
+        match result {
+            Ok(true) if !ended => {
+                h.busy = false;
+                h.dirty = false;
+                let next = h.next;
+                self.schedule(id, next);
+            }
+            Ok(_) => {
+                self.held.remove(&id);
+            }
+            Err(e) => {
+                // Let the lease run out: another claim resumes from the last
+                // checkpoint (at-least-once polling, exactly-once ending).
+                tracing::warn!(wait_id = %id, error = %e, "could not record progress; letting the wait go");
+                self.held.remove(&id);
+            }
+        }
     }
 }
 
