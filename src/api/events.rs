@@ -25,7 +25,7 @@ use super::waits::{WaitId, parse_labels, query_pairs};
 use super::{AppState, Tenant, json_response};
 use crate::api::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
-use crate::store::bus::BusMsg;
+use crate::store::bus::{BusMsg, Subscription};
 use crate::store::{Event, Store, StoreError};
 
 const PAGE: i64 = 500;
@@ -231,7 +231,10 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
     s.metrics.sse_subscribers.fetch_add(1, Relaxed);
     let guard = Subscribed(s.metrics.clone());
     // Subscribe before the first read, so nothing between the two is missed.
-    let mut bus = s.bus.subscribe();
+    let mut bus = match &source {
+        Source::Wait { id } => Subscription::Wait(s.bus.subscribe_wait(*id)),
+        Source::All { .. } => Subscription::All(s.bus.subscribe()),
+    };
     tokio::spawn(async move {
         let _guard = guard;
         let mut last = after;

@@ -84,7 +84,7 @@ fn no_such_wait(id: Uuid) -> ApiError {
 /// as it then stands. Costs no database polling: it re-reads only when the bus says
 /// this wait ended (or that notices may have been missed).
 async fn block(s: &AppState, tenant: &str, id: Uuid, limit: Option<Duration>) -> ApiResult<Wait> {
-    let mut rx = s.bus.subscribe();
+    let mut rx = s.bus.subscribe_wait(id);
     // Read after subscribing, so an end between the two is not missed.
     let mut wait = s
         .store

@@ -5,7 +5,13 @@
 //! Notices carry ids only, never content: a subscriber re-reads the table. After the
 //! listener reconnects it broadcasts [`BusMsg::Resync`], because whatever was sent
 //! while it was away is lost; subscribers then re-read from the table too.
+//!
+//! A subscriber that follows one wait hears only that wait's notices (and resyncs):
+//! a thousand streams on a thousand waits cost a thousand deliveries per thousand
+//! notices, not a million.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
@@ -64,6 +70,46 @@ pub enum BusMsg {
 #[derive(Clone, Debug)]
 pub struct Bus {
     tx: broadcast::Sender<BusMsg>,
+    /// One channel per wait that somebody follows.
+    waits: Arc<Mutex<HashMap<Uuid, broadcast::Sender<BusMsg>>>>,
+}
+
+/// A subscription to one wait's notices; leaves the bus when dropped.
+pub struct WaitSubscription {
+    rx: broadcast::Receiver<BusMsg>,
+    id: Uuid,
+    waits: Arc<Mutex<HashMap<Uuid, broadcast::Sender<BusMsg>>>>,
+}
+
+impl WaitSubscription {
+    pub async fn recv(&mut self) -> Result<BusMsg, broadcast::error::RecvError> {
+        self.rx.recv().await
+    }
+}
+
+/// Either kind of subscription.
+pub enum Subscription {
+    All(broadcast::Receiver<BusMsg>),
+    Wait(WaitSubscription),
+}
+
+impl Subscription {
+    pub async fn recv(&mut self) -> Result<BusMsg, broadcast::error::RecvError> {
+        match self {
+            Subscription::All(rx) => rx.recv().await,
+            Subscription::Wait(w) => w.recv().await,
+        }
+    }
+}
+
+impl Drop for WaitSubscription {
+    fn drop(&mut self) {
+        let mut waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
+        // This receiver still counts: the last one out removes the channel.
+        if waits.get(&self.id).is_some_and(|tx| tx.receiver_count() <= 1) {
+            waits.remove(&self.id);
+        }
+    }
 }
 
 impl Default for Bus {
@@ -75,15 +121,47 @@ impl Default for Bus {
 impl Bus {
     pub fn new() -> Bus {
         let (tx, _) = broadcast::channel(4096);
-        Bus { tx }
+        Bus {
+            tx,
+            waits: Default::default(),
+        }
     }
 
+    /// Every message (the worker pool, the global event feed).
     pub fn subscribe(&self) -> broadcast::Receiver<BusMsg> {
         self.tx.subscribe()
     }
 
+    /// Notices of one wait, and every resync.
+    pub fn subscribe_wait(&self, id: Uuid) -> WaitSubscription {
+        let mut waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
+        let rx = waits
+            .entry(id)
+            .or_insert_with(|| broadcast::channel(64).0)
+            .subscribe();
+        WaitSubscription {
+            rx,
+            id,
+            waits: self.waits.clone(),
+        }
+    }
+
     pub fn publish(&self, msg: BusMsg) {
         let _ = self.tx.send(msg);
+        let waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
+        match msg {
+            BusMsg::Notice(n) => {
+                if let Some(tx) = waits.get(&n.wait_id) {
+                    let _ = tx.send(msg);
+                }
+            }
+            BusMsg::Resync => {
+                for tx in waits.values() {
+                    let _ = tx.send(msg);
+                }
+            }
+            BusMsg::Released => {}
+        }
     }
 
     pub fn subscribers(&self) -> usize {
@@ -152,5 +230,42 @@ impl Bus {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(wait_id: Uuid, seq: i32) -> BusMsg {
+        BusMsg::Notice(Notice {
+            wait_id,
+            seq,
+            gid: seq as i64,
+            flag: '-',
+        })
+    }
+
+    #[tokio::test]
+    async fn a_wait_subscriber_hears_its_wait_and_resyncs_only_and_leaves_no_trace() {
+        let bus = Bus::new();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let mut all = bus.subscribe();
+        let mut on_a = bus.subscribe_wait(a);
+        let mut on_a_too = bus.subscribe_wait(a);
+        bus.publish(notice(b, 1));
+        bus.publish(notice(a, 2));
+        bus.publish(BusMsg::Released);
+        bus.publish(BusMsg::Resync);
+        assert_eq!(on_a.recv().await.unwrap(), notice(a, 2));
+        assert_eq!(on_a.recv().await.unwrap(), BusMsg::Resync);
+        assert_eq!(on_a_too.recv().await.unwrap(), notice(a, 2));
+        assert_eq!(all.recv().await.unwrap(), notice(b, 1));
+        assert_eq!(all.recv().await.unwrap(), notice(a, 2));
+        assert_eq!(all.recv().await.unwrap(), BusMsg::Released);
+        drop(on_a);
+        assert_eq!(bus.waits.lock().unwrap().len(), 1, "one subscriber is left");
+        drop(on_a_too);
+        assert!(bus.waits.lock().unwrap().is_empty());
     }
 }
