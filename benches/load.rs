@@ -653,11 +653,27 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     *flip_at.lock().unwrap() = Some(Instant::now());
+    let flipped_at = chrono::Utc::now();
     flipped.store(true, Relaxed);
     let mut lat = Vec::new();
     for t in tasks {
         lat.push(t.await.unwrap());
     }
+    // Where the time goes: the flip to the commit of each wait's end.
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let (p50, p99): (f64, f64) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x), percentile_cont(0.99) WITHIN GROUP (ORDER BY x)
+         FROM (SELECT extract(epoch FROM finished_at - $1)::float8 AS x FROM waits) t",
+    )
+    .bind(flipped_at)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    eprintln!(
+        "flip phase: the end's commit came {:.0} ms (p50) / {:.0} ms (p99) after the flip",
+        p50 * 1e3,
+        p99 * 1e3
+    );
     stop_waitd(w).await;
     drop_db(&db).await;
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -204,6 +204,24 @@ impl Source {
         }
     }
 
+    /// The events a notice carries for this stream, when they follow on from `after`
+    /// without a gap (a wait's stream only; the global feed filters, so it reads).
+    fn carried<'m>(
+        &self,
+        msg: &'m Result<BusMsg, RecvError>,
+        after: i64,
+    ) -> Option<impl Iterator<Item = &'m Event>> {
+        let (Source::Wait { id }, Ok(BusMsg::Notice(n))) = (self, msg) else {
+            return None;
+        };
+        let events = n.events.as_ref().filter(|_| n.wait_id == *id)?;
+        let mut next = events.iter().skip_while(move |e| i64::from(e.seq) <= after).peekable();
+        match next.peek() {
+            Some(e) if i64::from(e.seq) == after + 1 => Some(next),
+            _ => None,
+        }
+    }
+
     /// Whether a bus message may mean news for this stream.
     fn news(&self, msg: &Result<BusMsg, RecvError>, after: i64) -> bool {
         match (self, msg) {
@@ -215,6 +233,20 @@ impl Source {
             _ => true,
         }
     }
+}
+
+/// Sends one event down the stream; false when the stream is over (the client left,
+/// or the wait's terminal event was just sent).
+async fn send(tx: &mpsc::Sender<SseEvent>, source: &Source, e: &Event) -> bool {
+    let data = serde_json::to_string(e).unwrap_or_default();
+    let ev = SseEvent::default()
+        .id(source.cursor(e).to_string())
+        .event(e.kind.clone())
+        .data(data);
+    if tx.send(ev).await.is_err() {
+        return false;
+    }
+    !(matches!(source, Source::Wait { .. }) && e.is_terminal())
 }
 
 /// Counts an open stream in the metrics for as long as it lives.
@@ -243,18 +275,9 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
             match source.read(&s, &tenant, last).await {
                 Ok(events) => {
                     let full = events.len() as i64 == PAGE;
-                    for e in events {
-                        last = source.cursor(&e);
-                        let terminal = matches!(source, Source::Wait { .. }) && e.is_terminal();
-                        let data = serde_json::to_string(&e).unwrap_or_default();
-                        let ev = SseEvent::default()
-                            .id(last.to_string())
-                            .event(e.kind.clone())
-                            .data(data);
-                        if tx.send(ev).await.is_err() {
-                            return;
-                        }
-                        if terminal {
+                    for e in &events {
+                        last = source.cursor(e);
+                        if !send(&tx, &source, e).await {
                             return;
                         }
                     }
@@ -303,6 +326,16 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
                     m = bus.recv() => {
                         if matches!(m, Err(RecvError::Closed)) {
                             return;
+                        }
+                        // The notice brought the events that come next: no read.
+                        if let Some(next) = source.carried(&m, last) {
+                            for e in next {
+                                last = source.cursor(e);
+                                if !send(&tx, &source, e).await {
+                                    return;
+                                }
+                            }
+                            continue;
                         }
                         if source.news(&m, last) {
                             break;

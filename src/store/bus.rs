@@ -2,8 +2,10 @@
 //! broadcast, so a blocked request or an SSE stream learns at once that a wait it
 //! watches has news, whichever replica wrote it.
 //!
-//! Notices carry ids only, never content: a subscriber re-reads the table. After the
-//! listener reconnects it broadcasts [`BusMsg::Resync`], because whatever was sent
+//! A notice names a wait, its newest seq and global cursor. When they fit, it also
+//! carries the events themselves, so a stream that has seen everything before them
+//! sends them on without reading the table; otherwise, or after a gap, the
+//! subscriber re-reads the table, which stays the truth. After the listener reconnects it broadcasts [`BusMsg::Resync`], because whatever was sent
 //! while it was away is lost; subscribers then re-read from the table too.
 //!
 //! A subscriber that follows one wait hears only that wait's notices (and resyncs):
@@ -14,40 +16,85 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use serde_json::Value;
 use sqlx::postgres::PgListener;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::PgStore;
+use super::{Event, PgStore};
 
 pub const CHANNEL: &str = "waitd_events";
 
 /// What a notice says: a wait, its newest seq, the newest global event id, and a
 /// flag: `c` created, `t` terminal, `-` otherwise.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Notice {
     pub wait_id: Uuid,
     pub seq: i32,
     pub gid: i64,
     pub flag: char,
+    /// The events the notice announces, oldest first, when they fit in it.
+    pub events: Option<Arc<[Event]>>,
 }
 
+/// An event inside a notice: global id, seq, kind, time, the kind's fields.
+type Packed = (i64, i32, String, DateTime<Utc>, Value);
+
 impl Notice {
+    /// One line: `wait_id seq gid flag`, then the events as JSON when present.
     pub fn encode(&self) -> String {
-        format!("{} {} {} {}", self.wait_id, self.seq, self.gid, self.flag)
+        let head = format!("{} {} {} {}", self.wait_id, self.seq, self.gid, self.flag);
+        let Some(events) = &self.events else {
+            return head;
+        };
+        let packed: Vec<Packed> = events
+            .iter()
+            .map(|e| {
+                (
+                    e.id.unwrap_or_default(),
+                    e.seq,
+                    e.kind.clone(),
+                    e.at,
+                    e.data.clone(),
+                )
+            })
+            .collect();
+        match serde_json::to_string(&packed) {
+            Ok(json) => format!("{head} {json}"),
+            Err(_) => head,
+        }
     }
 
-    pub fn decode(payload: &str) -> Option<Notice> {
-        let mut parts = payload.split(' ');
+    pub fn decode(line: &str) -> Option<Notice> {
+        let mut parts = line.splitn(5, ' ');
         let wait_id = parts.next()?.parse().ok()?;
         let seq = parts.next()?.parse().ok()?;
         let gid = parts.next()?.parse().ok()?;
         let flag = parts.next()?.chars().next()?;
+        // Events that do not parse are left out: the subscriber reads them instead.
+        let events = parts
+            .next()
+            .and_then(|json| serde_json::from_str::<Vec<Packed>>(json).ok())
+            .map(|packed| {
+                packed
+                    .into_iter()
+                    .map(|(gid, seq, kind, at, data)| Event {
+                        id: Some(gid),
+                        seq,
+                        wait_id,
+                        kind,
+                        at,
+                        data,
+                    })
+                    .collect()
+            });
         Some(Notice {
             wait_id,
             seq,
             gid,
             flag,
+            events,
         })
     }
 
@@ -56,7 +103,7 @@ impl Notice {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum BusMsg {
     Notice(Notice),
     /// Waits were released by a replica that is stopping: worth a claim.
@@ -147,21 +194,22 @@ impl Bus {
     }
 
     pub fn publish(&self, msg: BusMsg) {
-        let _ = self.tx.send(msg);
         let waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
-        match msg {
+        match &msg {
             BusMsg::Notice(n) => {
                 if let Some(tx) = waits.get(&n.wait_id) {
-                    let _ = tx.send(msg);
+                    let _ = tx.send(msg.clone());
                 }
             }
             BusMsg::Resync => {
                 for tx in waits.values() {
-                    let _ = tx.send(msg);
+                    let _ = tx.send(BusMsg::Resync);
                 }
             }
             BusMsg::Released => {}
         }
+        drop(waits);
+        let _ = self.tx.send(msg);
     }
 
     pub fn subscribers(&self) -> usize {
@@ -243,7 +291,51 @@ mod tests {
             seq,
             gid: seq as i64,
             flag: '-',
+            events: None,
         })
+    }
+
+    #[test]
+    fn a_notice_round_trips_with_and_without_its_events() {
+        let wait_id = Uuid::now_v7();
+        let at = DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123456Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let bare = Notice {
+            wait_id,
+            seq: 3,
+            gid: 17,
+            flag: 't',
+            events: None,
+        };
+        assert_eq!(Notice::decode(&bare.encode()), Some(bare.clone()));
+        let full = Notice {
+            events: Some(Arc::from(vec![
+                Event {
+                    id: Some(16),
+                    seq: 2,
+                    wait_id,
+                    kind: "state".into(),
+                    at,
+                    data: serde_json::json!({"from": "a b", "to": "on\nx"}),
+                },
+                Event {
+                    id: Some(17),
+                    seq: 3,
+                    wait_id,
+                    kind: "succeeded".into(),
+                    at,
+                    data: serde_json::json!({"reason": "reached on", "state": "on"}),
+                },
+            ])),
+            ..bare.clone()
+        };
+        let line = full.encode();
+        assert!(!line.contains('\n'), "one notice is one line: {line}");
+        assert_eq!(Notice::decode(&line), Some(full));
+        // Unreadable events are dropped, the notice itself kept.
+        let broken = format!("{} [[1,", bare.encode());
+        assert_eq!(Notice::decode(&broken), Some(bare));
     }
 
     #[tokio::test]

@@ -60,7 +60,7 @@ impl Wait {
 }
 
 /// One entry of a wait's history.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Event {
     /// The global cursor (`GET /events`). Events are served only once they have
     /// one, so it is never null in a response.

@@ -37,6 +37,9 @@ pub struct PgStore {
     /// Claims, renewals and releases get connections of their own, so that a burst
     /// of API traffic or progress writes can never starve the leases.
     lease_pool: PgPool,
+    /// The sequencer's own connection: a burst of reads that its notices set off
+    /// must not delay its next run.
+    sequencer_pool: PgPool,
     pub(super) cipher: std::sync::Arc<super::secrets::Cipher>,
     /// Wakes this replica's sequencer task (started on first use).
     sequencer: std::sync::Arc<Sequencer>,
@@ -179,18 +182,18 @@ impl PgStore {
     /// its commit; a call finds its events already sequenced when another got there
     /// first, which makes it cheap (no rows, no disk flush).
     pub async fn sequence(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.sequencer_pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(SEQUENCER_LOCK)
             .execute(&mut *tx)
             .await?;
-        let done: Vec<(Uuid, i32, i64, String)> = sqlx::query_as(
+        let done: Vec<Sequenced> = sqlx::query_as(
             "WITH base AS (SELECT COALESCE(max(gid), 0) AS b FROM wait_events),
                   pending AS (SELECT id, row_number() OVER (ORDER BY id) AS rn
                               FROM wait_events WHERE gid IS NULL ORDER BY id LIMIT 10000)
              UPDATE wait_events e SET gid = base.b + pending.rn
              FROM base, pending WHERE e.id = pending.id
-             RETURNING e.wait_id, e.seq, e.gid, e.kind",
+             RETURNING e.wait_id, e.seq, e.gid, e.kind, e.at, e.data",
         )
         .fetch_all(&mut *tx)
         .await?;
@@ -243,10 +246,16 @@ impl PgStore {
             .max_connections(2)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(options.clone());
+        let sequencer_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
             .connect_lazy_with(options);
         Ok(PgStore {
             pool,
             lease_pool,
+            sequencer_pool,
             cipher: Default::default(),
             sequencer: Default::default(),
             running: Default::default(),
@@ -276,6 +285,7 @@ impl Store for PgStore {
     async fn close(&self) {
         self.pool.close().await;
         self.lease_pool.close().await;
+        self.sequencer_pool.close().await;
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -907,40 +917,56 @@ async fn append_events(
     Ok(())
 }
 
+/// A notice longer than this goes without its events (the subscriber reads them).
+const MAX_NOTICE_LINE: usize = 2000;
+
+/// A sequenced event: wait, seq, gid, kind, time, fields.
+type Sequenced = (Uuid, i32, i64, String, DateTime<Utc>, Value);
+
 /// Notices for sequenced events, one per wait (its newest seq and gid; `t` when the
-/// wait ended, `c` when it was created), packed into payloads under Postgres's 8000
-/// byte limit.
-fn notices(done: Vec<(Uuid, i32, i64, String)>) -> Vec<String> {
-    let mut per_wait: std::collections::BTreeMap<Uuid, Notice> = Default::default();
-    for (wait_id, seq, gid, kind) in done {
-        let flag = if super::TERMINAL_KINDS.contains(&kind.as_str()) {
+/// wait ended, `c` when it was created; its events when they fit), packed into
+/// payloads under Postgres's 8000 byte limit.
+fn notices(done: Vec<Sequenced>) -> Vec<String> {
+    let mut per_wait: std::collections::BTreeMap<Uuid, Vec<Event>> = Default::default();
+    for (wait_id, seq, gid, kind, at, data) in done {
+        per_wait.entry(wait_id).or_default().push(Event {
+            id: Some(gid),
+            seq,
+            wait_id,
+            kind,
+            at,
+            data,
+        });
+    }
+    let lines = per_wait.into_iter().map(|(wait_id, mut events)| {
+        events.sort_by_key(|e| e.seq);
+        let has = |kinds: &[&str]| events.iter().any(|e| kinds.contains(&e.kind.as_str()));
+        let flag = if has(super::TERMINAL_KINDS) {
             't'
-        } else if kind == "created" {
+        } else if has(&["created"]) {
             'c'
         } else {
             '-'
         };
-        let n = per_wait.entry(wait_id).or_insert(Notice {
+        let last = events.last().map(|e| (e.seq, e.id.unwrap_or_default()));
+        let (seq, gid) = last.unwrap_or_default();
+        let mut n = Notice {
             wait_id,
             seq,
             gid,
             flag,
-        });
-        if seq >= n.seq {
-            // A terminal flag, once seen, stays: it is the wait's last event.
-            let flag = if n.flag == 't' { 't' } else { flag };
-            *n = Notice {
-                wait_id,
-                seq,
-                gid: gid.max(n.gid),
-                flag,
-            };
+            events: Some(events.into()),
+        };
+        let line = n.encode();
+        if line.len() <= MAX_NOTICE_LINE {
+            return line;
         }
-    }
+        n.events = None;
+        n.encode()
+    });
     let mut payloads = Vec::new();
     let mut current = String::new();
-    for n in per_wait.values() {
-        let line = n.encode();
+    for line in lines {
         if current.len() + line.len() + 1 > 7000 {
             payloads.push(std::mem::take(&mut current));
         }

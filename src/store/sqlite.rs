@@ -662,5 +662,6 @@ async fn append_events(
         seq: seq_before + events.len() as i32,
         gid: last_gid,
         flag,
+        events: None,
     }))
 }
