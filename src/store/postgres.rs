@@ -197,12 +197,14 @@ impl PgStore {
         )
         .fetch_all(&mut *tx)
         .await?;
+        tracing::debug!(events = done.len(), "sequenced");
         // Listeners hear of events only once they are sequenced, so whatever they
         // read next (a wait's history, the global feed) already has them.
-        for payload in notices(done) {
-            sqlx::query("SELECT pg_notify($1, $2)")
+        let payloads = notices(done);
+        if !payloads.is_empty() {
+            sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
                 .bind(CHANNEL)
-                .bind(payload)
+                .bind(payloads)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -418,7 +420,7 @@ impl Store for PgStore {
                 };
             }
         }
-        append_events(&mut tx, id, tenant, now, &[nw.created.clone()], 0).await?;
+        append_events(&mut tx, id, tenant, now, std::slice::from_ref(&nw.created), 0).await?;
         tx.commit().await?;
         self.sequence_soon();
         Ok(Created {
