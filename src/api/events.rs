@@ -215,7 +215,10 @@ impl Source {
             return None;
         };
         let events = n.events.as_ref().filter(|_| n.wait_id == *id)?;
-        let mut next = events.iter().skip_while(move |e| i64::from(e.seq) <= after).peekable();
+        let mut next = events
+            .iter()
+            .skip_while(move |e| i64::from(e.seq) <= after)
+            .peekable();
         match next.peek() {
             Some(e) if i64::from(e.seq) == after + 1 => Some(next),
             _ => None,

@@ -153,7 +153,10 @@ impl Drop for WaitSubscription {
     fn drop(&mut self) {
         let mut waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
         // This receiver still counts: the last one out removes the channel.
-        if waits.get(&self.id).is_some_and(|tx| tx.receiver_count() <= 1) {
+        if waits
+            .get(&self.id)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
             waits.remove(&self.id);
         }
     }

@@ -420,7 +420,15 @@ impl Store for PgStore {
                 };
             }
         }
-        append_events(&mut tx, id, tenant, now, std::slice::from_ref(&nw.created), 0).await?;
+        append_events(
+            &mut tx,
+            id,
+            tenant,
+            now,
+            std::slice::from_ref(&nw.created),
+            0,
+        )
+        .await?;
         tx.commit().await?;
         self.sequence_soon();
         Ok(Created {
@@ -665,9 +673,14 @@ impl Store for PgStore {
             c.last_error.push(p.engine.last_error.clone());
             c.polls.push(p.engine.polls as i32);
             c.retries.push(p.engine.retries as i32);
-            c.engine
-                .push(serde_json::to_string(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?);
-            c.next.push(if p.end.is_some() { None } else { p.next_poll_at });
+            c.engine.push(
+                serde_json::to_string(&p.engine).map_err(|e| StoreError::Other(e.to_string()))?,
+            );
+            c.next.push(if p.end.is_some() {
+                None
+            } else {
+                p.next_poll_at
+            });
             c.n_events.push(all.len() as i32);
             events.push(all);
         }
