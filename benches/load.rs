@@ -369,8 +369,8 @@ fn lag_percentile(
     prev_le
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -419,6 +419,7 @@ struct Run {
     lag_p99: f64,
     lag_at_rate: f64,
     lag_stmts: f64,
+    lag_rows: f64,
     create: f64,
     rss: Vec<f64>,
     flip_p50: f64,
@@ -436,6 +437,7 @@ async fn one_run(a: &Args) -> Run {
         lag_p99: f64::NAN,
         lag_at_rate: f64::NAN,
         lag_stmts: f64::NAN,
+        lag_rows: f64::NAN,
         create: f64::NAN,
         rss: Vec::new(),
         flip_p50: f64::NAN,
@@ -507,12 +509,13 @@ async fn one_run(a: &Args) -> Run {
         until_held(&w.base, a.waits).await;
         until_first_polls_written(&db).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let m0 = metrics(&w.base).await;
+        let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
-        let m1 = metrics(&w.base).await;
+        let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
         let p = polls(&m1) - polls(&m0);
         run.lag_at_rate = p / a.seconds as f64;
         run.lag_stmts = (m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"]) / p;
+        run.lag_rows = (r1 - r0) as f64 / p;
         run.lag_p50 = lag_percentile(&m0, &m1, 0.5);
         run.lag_p99 = lag_percentile(&m0, &m1, 0.99);
         stop_waitd(w).await;
@@ -541,22 +544,24 @@ fn takeover_ttl(a: &Args) -> &'static str {
     }
 }
 
-/// (5) RSS per held wait: memory growth from no waits to `n` held, divided by n.
+/// (5) RSS per held wait: the growth of a fresh waitd process's resident memory from
+/// no waits to `n` held, divided by n. (A process of its own: in this one, memory the
+/// earlier phases freed would be reused and hide the growth.)
 async fn rss_per_wait(n: usize) -> f64 {
     let (up, _) = upstream().await;
     let db = new_db().await;
-    let w = start_waitd(&db, 256).await;
+    let r = spawn_replica(&db, "30s").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = rss_kib();
+    let before = rss_kib(r.child.id());
     // One wait through the API, then n - 1 copies of its rows straight into the
     // database: the figure is memory per held wait, not create speed.
-    create_waits(&w.base, &up, 1, "59m").await;
+    create_waits(&r.base, &up, 1, "59m").await;
     clone_waits(&db, n - 1).await;
     // Each is polled once when claimed, then idle for an hour: all held, none in flight.
-    until_held(&w.base, n).await;
+    until_held(&r.base, n).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rss_kib();
-    stop_waitd(w).await;
+    let after = rss_kib(r.child.id());
+    drop(r);
     drop_db(&db).await;
     (after.saturating_sub(before)) as f64 * 1024.0 / n as f64
 }
@@ -640,14 +645,16 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     }
     until_held(&w.base, n).await;
     let flip_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let deliveries = Arc::new(std::sync::Mutex::new(Vec::<f64>::new()));
     let mut tasks = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(n);
     for id in ids {
-        let (c, url, flip_at, ready) = (
+        let (c, url, flip_at, ready, deliveries) = (
             c.clone(),
             format!("{}/waits/{id}/events?follow=true", w.base),
             flip_at.clone(),
             ready_tx.clone(),
+            deliveries.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let r = c.get(url).send().await.unwrap();
@@ -656,9 +663,21 @@ async fn flip_latency(n: usize) -> (f64, f64) {
             let mut buf = String::new();
             while let Some(chunk) = futures_util::StreamExt::next(&mut body).await {
                 buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-                if buf.contains("event: succeeded") {
+                if let Some(i) = buf.find("event: succeeded") {
                     let at = flip_at.lock().unwrap().expect("flipped before the end");
-                    return at.elapsed().as_secs_f64();
+                    let took = at.elapsed().as_secs_f64();
+                    // The event's own time is when its write began: the rest is
+                    // commit, sequencing, notice and delivery.
+                    let tail = &buf[i..];
+                    if let Some(line) = tail.lines().find_map(|l| l.strip_prefix("data:"))
+                        && let Ok(v) = serde_json::from_str::<Value>(line.trim())
+                        && let Some(t) = v["at"].as_str()
+                        && let Ok(t) = chrono::DateTime::parse_from_rfc3339(t)
+                    {
+                        let d = chrono::Utc::now() - t.with_timezone(&chrono::Utc);
+                        deliveries.lock().unwrap().push(d.num_microseconds().unwrap_or(0) as f64 / 1e3);
+                    }
+                    return took;
                 }
             }
             f64::NAN
@@ -685,10 +704,15 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     .fetch_one(&mut c)
     .await
     .unwrap();
+    let mut d = deliveries.lock().unwrap().clone();
+    d.sort_by(|a, b| a.partial_cmp(b).unwrap());
     eprintln!(
-        "flip phase: the end's commit came {:.0} ms (p50) / {:.0} ms (p99) after the flip",
+        "flip phase: the end's commit came {:.0} ms (p50) / {:.0} ms (p99) after the flip; \
+         from the start of its write to its follower: {:.0} ms / {:.0} ms",
         p50 * 1e3,
-        p99 * 1e3
+        p99 * 1e3,
+        d.get(d.len() / 2).copied().unwrap_or(f64::NAN),
+        d.get(d.len() * 99 / 100).copied().unwrap_or(f64::NAN),
     );
     stop_waitd(w).await;
     drop_db(&db).await;
@@ -908,6 +932,7 @@ fn main() {
         if a.runs("lag") {
             println!("| 4 | schedule lag at {:.0} polls/s: p50 / p99 (histogram-interpolated) | {:.1} ms / {:.1} ms | p99 ≤ 20 ms |", m(&|r| r.lag_at_rate), m(&|r| r.lag_p50) * 1e3, m(&|r| r.lag_p99) * 1e3);
             println!("| 4b | write statements per poll at {:.0} polls/s ({} waits every {}) | {:.4} | |", m(&|r| r.lag_at_rate), a.waits, a.interval, m(&|r| r.lag_stmts));
+            println!("| 4c | rows written per poll at {:.0} polls/s ({} waits every {}) | {:.4} | |", m(&|r| r.lag_at_rate), a.waits, a.interval, m(&|r| r.lag_rows));
         }
         if a.runs("rss") {
             for (i, n) in a.rss_waits.iter().enumerate() {

@@ -1052,8 +1052,14 @@ async fn a_wait_leased_by_a_dead_replica_is_taken_over_once_its_lease_expires() 
     // A replica that claimed the wait and died: its lease runs for 600 ms more.
     let n = db_exec(
         &db,
-        "UPDATE waits SET owner = '00000000-0000-7000-8000-000000000001',
-                lease_until = now() + interval '600 milliseconds', epoch = epoch + 1",
+        "INSERT INTO replicas (id, lease_until)
+         VALUES ('00000000-0000-7000-8000-000000000001', now() + interval '600 milliseconds')",
+    )
+    .await;
+    assert_eq!(n, 1);
+    let n = db_exec(
+        &db,
+        "UPDATE waits SET owner = '00000000-0000-7000-8000-000000000001', epoch = epoch + 1",
     )
     .await;
     assert_eq!(n, 1);

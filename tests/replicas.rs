@@ -114,13 +114,15 @@ struct Row {
     epoch: i64,
     polls: i32,
     seq: i32,
+    /// The owner's lease (a replica holds one lease for all its waits).
     lease_until: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
 }
 
 async fn rows(db: &PgPool) -> HashMap<Uuid, Row> {
     let v: Vec<Row> = sqlx::query_as(
-        "SELECT id, status, state, owner, epoch, polls, seq, lease_until, finished_at FROM waits",
+        "SELECT w.id, w.status, w.state, w.owner, w.epoch, w.polls, w.seq, r.lease_until, w.finished_at
+         FROM waits w LEFT JOIN replicas r ON r.id = w.owner",
     )
     .fetch_all(db)
     .await
@@ -1484,7 +1486,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
     let dropped: Vec<usize> = rs
         .iter()
         .map(|r| {
-            r.log_events("lease not renewed in time; letting the wait go")
+            r.log_events("lease not renewed in time; polling paused until it is")
                 .len()
         })
         .collect();
@@ -1564,10 +1566,11 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
         .execute(&mut *lock)
         .await
         .unwrap();
-    let blocked = until(Duration::from_secs(3), || async {
+    // Checkpoints go with every third renewal: once a lease TTL.
+    let blocked = until(Duration::from_secs(5), || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query LIKE '%lease_until = now() + $2%'",
+             WHERE wait_event_type = 'Lock' AND query LIKE '%GREATEST(w.polls%'",
         )
         .fetch_one(&pg)
         .await

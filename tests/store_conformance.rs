@@ -514,6 +514,45 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
 }
 
 #[tokio::test]
+async fn a_claim_or_a_renewal_keeps_every_wait_the_owner_holds() {
+    for_each_store!(|store, backend| {
+        let ttl = Duration::from_millis(400);
+        let first = store
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let held = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
+        assert_eq!(held.len(), 1, "{}", backend.url());
+        // A later claim by the same owner (here for a new wait) keeps the first one
+        // leased past its original expiry, without naming it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        assert_eq!(store.claim(a, ttl, Duration::ZERO, 10).await.unwrap().len(), 1);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().is_empty(),
+            "{}: a wait of a live owner was taken",
+            backend.url()
+        );
+        // A renewal keeps it too; without one, both go to the next claimer.
+        let renew = [Checkpoint {
+            id: first.id,
+            epoch: held[0].epoch,
+            engine: None,
+            next_poll_at: None,
+        }];
+        assert_eq!(store.renew(a, ttl, &renew).await.unwrap(), vec![first.id]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().is_empty());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(), 2);
+        assert!(store.renew(a, ttl, &renew).await.unwrap().is_empty());
+    });
+}
+
+#[tokio::test]
 async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
     for_each_store!(|store, backend| {
         store.create("t", &spec(), Utc::now(), None).await.unwrap();

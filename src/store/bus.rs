@@ -261,6 +261,7 @@ impl Bus {
                     Ok(Some(n)) => match n.payload() {
                         "released" => self.publish(BusMsg::Released),
                         p => {
+                            tracing::trace!(bytes = p.len(), "notice received");
                             // One notice a line: a sequencer run reports many waits.
                             for notice in p.lines().filter_map(Notice::decode) {
                                 self.publish(BusMsg::Notice(notice));

@@ -391,7 +391,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> Result<Vec<Event>, StoreError>;
     /// Claims up to `limit` running waits due within `lookahead` that are unowned or
-    /// whose lease has run out, taking a lease of `ttl` (epoch + 1).
+    /// whose owner's lease has run out (epoch + 1). Leaves the claimer's lease, on
+    /// these and on every wait it already holds, at least `ttl / 2` from now.
     async fn claim(
         &self,
         owner: Uuid,
@@ -409,8 +410,10 @@ pub trait Store: Clone + Send + Sync + 'static {
         owner: Uuid,
         progress: &[Progress],
     ) -> Result<Vec<bool>, StoreError>;
-    /// Renews the leases of `held` and writes the checkpoints that carry one; returns
-    /// the ids still held.
+    /// Renews the owner's lease on everything it holds and writes the checkpoints
+    /// `held` carries; returns the ids of `held` still the owner's, under the same
+    /// epoch. (Postgres keeps one lease per replica; SQLite, with one process, one
+    /// per row.)
     async fn renew(
         &self,
         owner: Uuid,

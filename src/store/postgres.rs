@@ -30,6 +30,9 @@ const LIMIT_MARGIN: i64 = 256;
 const COUNT_FRESH: std::time::Duration = std::time::Duration::from_millis(250);
 const CACHED_MARGIN: i64 = 1024;
 
+/// Checkpoints per statement: no one statement holds thousands of row locks.
+const CHECKPOINT_CHUNK: usize = 1000;
+
 /// A handle on the database. Cloning is shallow (the pool is reference-counted).
 #[derive(Clone, Debug)]
 pub struct PgStore {
@@ -187,27 +190,7 @@ impl PgStore {
             .bind(SEQUENCER_LOCK)
             .execute(&mut *tx)
             .await?;
-        let done: Vec<Sequenced> = sqlx::query_as(
-            "WITH base AS (SELECT COALESCE(max(gid), 0) AS b FROM wait_events),
-                  pending AS (SELECT id, row_number() OVER (ORDER BY id) AS rn
-                              FROM wait_events WHERE gid IS NULL ORDER BY id LIMIT 10000)
-             UPDATE wait_events e SET gid = base.b + pending.rn
-             FROM base, pending WHERE e.id = pending.id
-             RETURNING e.wait_id, e.seq, e.gid, e.kind, e.at, e.data",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        tracing::debug!(events = done.len(), "sequenced");
-        // Listeners hear of events only once they are sequenced, so whatever they
-        // read next (a wait's history, the global feed) already has them.
-        let payloads = notices(done);
-        if !payloads.is_empty() {
-            sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
-                .bind(CHANNEL)
-                .bind(payloads)
-                .execute(&mut *tx)
-                .await?;
-        }
+        sequence_in(&mut tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -262,6 +245,42 @@ impl PgStore {
             sequencer: Default::default(),
             running: Default::default(),
         })
+    }
+
+    /// One statement for a chunk of checkpoints, fenced by owner and epoch; with
+    /// `release`, the waits are given up too. A checkpoint lands only when it is newer
+    /// (more polls) than what the row holds: a progress write that committed while
+    /// this statement was on its way wins.
+    async fn write_checkpoints(
+        &self,
+        owner: Uuid,
+        chunk: &[&Checkpoint],
+        release: bool,
+    ) -> Result<u64, StoreError> {
+        let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(chunk);
+        let n = sqlx::query(
+            "UPDATE waits w SET owner = CASE WHEN $8 THEN NULL ELSE w.owner END,
+                    engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
+                    polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
+                    retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
+                    next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
+                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END
+             FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[])
+                  AS u(id, epoch, engine, polls, retries, next_poll_at)
+             WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'",
+        )
+        .bind(owner)
+        .bind(ids)
+        .bind(epochs)
+        .bind(engines)
+        .bind(polls)
+        .bind(retries)
+        .bind(nexts)
+        .bind(release)
+        .execute(&self.lease_pool)
+        .await?
+        .rows_affected();
+        Ok(n)
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -480,7 +499,7 @@ impl Store for PgStore {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
             "UPDATE waits SET status = 'canceled', reason = $4, finished_at = $3,
-                    updated_at = $3, next_poll_at = NULL, owner = NULL, lease_until = NULL, seq = seq + 1
+                    updated_at = $3, next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = $1 AND tenant = $2 AND status = 'running'
              RETURNING seq, state",
         )
@@ -586,7 +605,9 @@ impl Store for PgStore {
     }
 
     /// Claims up to `limit` running waits that are due within `lookahead` and unowned
-    /// or whose lease has run out, taking a lease of `ttl` for `owner`.
+    /// or owned by a replica whose lease has run out. The same statement renews
+    /// `owner`'s own lease (creating its row on its first claim), so a wait is never
+    /// owned without a lease.
     async fn claim(
         &self,
         owner: Uuid,
@@ -595,15 +616,24 @@ impl Store for PgStore {
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
         let rows: Vec<ClaimRow> = sqlx::query_as(
-            "WITH due AS MATERIALIZED (
+            "WITH me AS (
+                 INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
+                 ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until),
+             unowned AS MATERIALIZED (
                  SELECT id FROM waits
-                 WHERE status = 'running'
-                   AND next_poll_at <= now() + $3
-                   AND (owner IS NULL OR lease_until < now())
+                 WHERE status = 'running' AND owner IS NULL AND next_poll_at <= now() + $3
                  ORDER BY next_poll_at
                  LIMIT $4
-                 FOR UPDATE SKIP LOCKED)
-             UPDATE waits w SET owner = $1, lease_until = now() + $2, epoch = w.epoch + 1
+                 FOR UPDATE SKIP LOCKED),
+             orphaned AS MATERIALIZED (
+                 SELECT id FROM waits
+                 WHERE status = 'running' AND next_poll_at <= now() + $3
+                   AND owner IN (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1)
+                 ORDER BY next_poll_at
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED),
+             due AS (SELECT id FROM unowned UNION ALL SELECT id FROM orphaned LIMIT $4)
+             UPDATE waits w SET owner = $1, epoch = w.epoch + 1
              FROM due, wait_specs s
              WHERE w.id = due.id AND s.wait_id = w.id
              RETURNING w.id, w.epoch, w.engine, w.next_poll_at, s.spec, s.headers",
@@ -692,7 +722,6 @@ impl Store for PgStore {
                     updated_at = $2,
                     finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
                     owner = CASE WHEN u.status = 'running' THEN w.owner ELSE NULL END,
-                    lease_until = CASE WHEN u.status = 'running' THEN w.lease_until ELSE NULL END,
                     seq = w.seq + u.n_events
              FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
                          $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[])
@@ -751,81 +780,77 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?;
         }
+        // When no sequencer is running, these events get their cursor in this
+        // transaction: one commit, not two, before followers hear of them. The lock
+        // is held to the commit, so cursors still become visible in order; a writer
+        // that finds it taken leaves its events to the sequencer task and goes on.
+        let mut sequenced = e.wait_id.is_empty();
+        if !sequenced {
+            let (locked,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
+                .bind(SEQUENCER_LOCK)
+                .fetch_one(&mut *tx)
+                .await?;
+            if locked {
+                sequence_in(&mut tx).await?;
+                sequenced = true;
+            }
+        }
         tx.commit().await?;
-        if !e.wait_id.is_empty() {
+        if !sequenced {
             self.sequence_soon();
         }
         Ok(c.id.iter().map(|id| written.contains_key(id)).collect())
     }
 
-    /// A checkpoint lands only when it is newer (more polls) than what the row holds:
-    /// a progress write that committed while this statement was on its way wins.
-    ///
-    /// Renews the lease on every wait in `held` and writes the checkpoints that carry
-    /// one, in one statement. Returns the ids still held; the others were lost.
+    /// Renews `owner`'s lease (one row, however many waits it holds), writes the
+    /// checkpoints that `held` carries, and returns the ids of `held` still this
+    /// owner's under the same epoch; the others were taken over or ended elsewhere.
     async fn renew(
         &self,
         owner: Uuid,
         ttl: Duration,
         held: &[Checkpoint],
     ) -> Result<Vec<Uuid>, StoreError> {
-        if held.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(held);
-        let kept: Vec<(Uuid,)> = sqlx::query_as(
-            "UPDATE waits w SET lease_until = now() + $2,
-                    engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
-                    polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
-                    retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
-                    next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
-                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END
-             FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::int[], $7::int[], $8::timestamptz[])
-                  AS u(id, epoch, engine, polls, retries, next_poll_at)
-             WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'
-             RETURNING w.id",
+        sqlx::query(
+            "INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
+             ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
         )
         .bind(owner)
         .bind(ttl)
-        .bind(ids)
-        .bind(epochs)
-        .bind(engines)
-        .bind(polls)
-        .bind(retries)
-        .bind(nexts)
-        .fetch_all(&self.lease_pool)
+        .execute(&self.lease_pool)
         .await?;
-        Ok(kept.into_iter().map(|(id,)| id).collect())
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dirty: Vec<&Checkpoint> = held.iter().filter(|c| c.engine.is_some()).collect();
+        for chunk in dirty.chunks(CHECKPOINT_CHUNK) {
+            self.write_checkpoints(owner, chunk, false).await?;
+        }
+        let owned: std::collections::HashMap<Uuid, i64> =
+            sqlx::query_as("SELECT id, epoch FROM waits WHERE owner = $1 AND status = 'running'")
+                .bind(owner)
+                .fetch_all(&self.lease_pool)
+                .await?
+                .into_iter()
+                .collect();
+        Ok(held
+            .iter()
+            .filter(|c| owned.get(&c.id) == Some(&c.epoch))
+            .map(|c| c.id)
+            .collect())
     }
 
-    /// Writes the last checkpoints and gives the leases up, so another replica can
-    /// take the waits over at once (graceful shutdown).
+    /// Writes the last checkpoints and gives the waits up, so another replica can
+    /// take them over at once (graceful shutdown, or waits this replica let go).
     async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         if held.is_empty() {
             return Ok(0);
         }
-        let (ids, epochs, engines, polls, retries, nexts) = unzip_checkpoints(held);
-        let n = sqlx::query(
-            "UPDATE waits w SET owner = NULL, lease_until = NULL,
-                    engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
-                    polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
-                    retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
-                    next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
-                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END
-             FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[])
-                  AS u(id, epoch, engine, polls, retries, next_poll_at)
-             WHERE w.id = u.id AND w.owner = $1 AND w.epoch = u.epoch AND w.status = 'running'",
-        )
-        .bind(owner)
-        .bind(ids)
-        .bind(epochs)
-        .bind(engines)
-        .bind(polls)
-        .bind(retries)
-        .bind(nexts)
-        .execute(&self.lease_pool)
-        .await?
-        .rows_affected();
+        let all: Vec<&Checkpoint> = held.iter().collect();
+        let mut n = 0;
+        for chunk in all.chunks(CHECKPOINT_CHUNK) {
+            n += self.write_checkpoints(owner, chunk, true).await?;
+        }
         // Tell the other replicas there is work to claim.
         sqlx::query("SELECT pg_notify($1, 'released')")
             .bind(CHANNEL)
@@ -834,8 +859,18 @@ impl Store for PgStore {
         Ok(n)
     }
 
+    /// Sequences events a dead writer left, and forgets replicas gone for a day that
+    /// own nothing (the lease condition is checked again under the row lock, so a
+    /// replica that claims at that moment keeps its row).
     async fn maintain(&self) -> Result<(), StoreError> {
-        self.sequence().await
+        self.sequence().await?;
+        sqlx::query(
+            "DELETE FROM replicas r WHERE r.lease_until < now() - interval '1 day'
+               AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.owner = r.id AND w.status = 'running')",
+        )
+        .execute(&self.lease_pool)
+        .await?;
+        Ok(())
     }
 
     /// Counts of running waits (for `/metrics`).
@@ -889,7 +924,7 @@ type Columns = (
     Vec<Option<DateTime<Utc>>>,
 );
 
-fn unzip_checkpoints(held: &[Checkpoint]) -> Columns {
+fn unzip_checkpoints(held: &[&Checkpoint]) -> Columns {
     let mut c: Columns = Default::default();
     for h in held {
         c.0.push(h.id);
@@ -904,6 +939,34 @@ fn unzip_checkpoints(held: &[Checkpoint]) -> Columns {
         c.5.push(h.next_poll_at);
     }
     c
+}
+
+/// Gives every committed event without a global cursor one (and, inside `tx`, the
+/// events `tx` itself wrote), and queues the notices, which go out at commit. The
+/// caller holds [`SEQUENCER_LOCK`] until its commit.
+async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<(), StoreError> {
+    let done: Vec<Sequenced> = sqlx::query_as(
+        "WITH base AS (SELECT COALESCE(max(gid), 0) AS b FROM wait_events),
+              pending AS (SELECT id, row_number() OVER (ORDER BY id) AS rn
+                          FROM wait_events WHERE gid IS NULL ORDER BY id LIMIT 10000)
+         UPDATE wait_events e SET gid = base.b + pending.rn
+         FROM base, pending WHERE e.id = pending.id
+         RETURNING e.wait_id, e.seq, e.gid, e.kind, e.at, e.data",
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    tracing::debug!(events = done.len(), "sequenced");
+    // Listeners hear of events only once they are sequenced, so whatever they read
+    // next (a wait's history, the global feed) already has them.
+    let payloads = notices(done);
+    if !payloads.is_empty() {
+        sqlx::query("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+            .bind(CHANNEL)
+            .bind(payloads)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Appends events numbered from `seq_before + 1`. They get their global cursor, and

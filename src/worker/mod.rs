@@ -9,8 +9,10 @@
 //!
 //! Write discipline: a new state, a retry or the end is written at once (fenced by
 //! owner and epoch), batched with whatever else changed meanwhile into one
-//! transaction; unchanged polls only mark the wait dirty, and one statement per
-//! renewal interval renews every lease and checkpoints every dirty wait.
+//! transaction; unchanged polls only mark the wait dirty. Every third of the lease
+//! TTL a renewal extends this replica's lease (one row on Postgres, however many
+//! waits it holds); every third renewal also checkpoints the dirty waits, in chunks.
+//! When the lease cannot be renewed in time, polling pauses until it is.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -83,8 +85,6 @@ struct Held {
     busy: bool,
     /// Changed since the last checkpoint.
     dirty: bool,
-    /// When our lease runs out, by our own clock.
-    lease_until: Instant,
 }
 
 enum Msg {
@@ -123,9 +123,16 @@ struct Loop {
     pending: Vec<(Progress, u64)>,
     /// Batches being written.
     writing: usize,
-    /// Waits let go because their lease could not be renewed in time: given back
-    /// to the store at the next chance, so nobody waits a whole lease for them.
+    /// Waits this replica stopped polling while the store may still have them as
+    /// its own: given back with the next renewal, so another replica can take them.
     let_go: Vec<Checkpoint>,
+    /// When this replica's lease runs out, by its own clock (from the start of the
+    /// last claim or renewal that succeeded).
+    lease_until: Instant,
+    /// Polling is paused because the lease could not be renewed in time.
+    paused: bool,
+    /// Renewals started: every third also writes checkpoints.
+    renewals: u64,
 }
 
 impl Worker {
@@ -140,6 +147,9 @@ impl Worker {
             pending: Vec::new(),
             writing: 0,
             let_go: Vec::new(),
+            lease_until: Instant::now(),
+            paused: false,
+            renewals: 0,
             w: w.clone(),
             held: HashMap::new(),
             timers: BinaryHeap::new(),
@@ -201,6 +211,17 @@ impl Worker {
     }
 }
 
+impl Checkpoint {
+    /// The same wait and epoch, without state to write: a lease renewal only.
+    fn without_state(self) -> Checkpoint {
+        Checkpoint {
+            engine: None,
+            next_poll_at: None,
+            ..self
+        }
+    }
+}
+
 fn checkpoint(id: Uuid, h: &Held, force: bool) -> Checkpoint {
     let write = force || h.dirty;
     Checkpoint {
@@ -227,7 +248,18 @@ fn outcome_label(obs: &Observation) -> &'static str {
 }
 
 impl Loop {
+    /// True when the lease may run out before a poll started now could be written:
+    /// another replica may take these waits, and polling them could double polls.
+    fn lease_stale(&self) -> bool {
+        let safety = (self.w.cfg.lease_ttl / 5).min(Duration::from_secs(2));
+        !self.held.is_empty() && Instant::now() + safety >= self.lease_until
+    }
+
     fn next_wake(&self) -> Instant {
+        if self.lease_stale() {
+            // Paused: look again shortly (a renewal may have come through).
+            return Instant::now() + Duration::from_millis(50);
+        }
         match self.timers.peek() {
             Some(Reverse((t, _, _))) => instant_at(*t),
             None => Instant::now() + Duration::from_secs(3600),
@@ -271,6 +303,10 @@ impl Loop {
             return;
         }
         self.renewing = true;
+        self.renewals += 1;
+        // Checkpoints of unchanged polls go once a lease TTL (every third renewal):
+        // they only save a takeover some repeated polls and keep `polls` fresh.
+        let write_checkpoints = self.renewals.is_multiple_of(3);
         let mut checkpointed = Vec::new();
         let held: Vec<Checkpoint> = self
             .held
@@ -278,13 +314,8 @@ impl Loop {
             .map(|(id, h)| {
                 // A busy wait's progress is being written right now; renew its lease
                 // only, so an older checkpoint cannot land after the newer write.
-                if h.busy {
-                    return Checkpoint {
-                        id: *id,
-                        epoch: h.epoch,
-                        engine: None,
-                        next_poll_at: None,
-                    };
+                if h.busy || !write_checkpoints {
+                    return checkpoint(*id, h, false).without_state();
                 }
                 let c = checkpoint(*id, h, false);
                 if h.dirty {
@@ -335,9 +366,21 @@ impl Loop {
     }
 
     fn fire_due(&mut self) {
+        if self.lease_stale() {
+            if !self.paused {
+                tracing::warn!(
+                    held = self.held.len(),
+                    "lease not renewed in time; polling paused until it is"
+                );
+                self.paused = true;
+            }
+            return;
+        }
+        if self.paused {
+            tracing::info!("lease renewed; polling resumed");
+            self.paused = false;
+        }
         let now = Utc::now();
-        let instant_now = Instant::now();
-        let safety = (self.w.cfg.lease_ttl / 5).min(Duration::from_secs(2));
         while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -347,19 +390,6 @@ impl Loop {
                 continue;
             };
             if h.generation != g || h.busy {
-                continue;
-            }
-            if instant_now + safety >= h.lease_until {
-                // Our lease is about to run out unrenewed (the store is unreachable):
-                // another replica may take this wait; polling it now could double it.
-                tracing::warn!(wait_id = %id, "lease not renewed in time; letting the wait go");
-                self.let_go.push(Checkpoint {
-                    id,
-                    epoch: h.epoch,
-                    engine: None,
-                    next_poll_at: None,
-                });
-                self.held.remove(&id);
                 continue;
             }
             h.busy = true;
@@ -387,7 +417,6 @@ impl Loop {
             });
         }
         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
-        self.give_back();
     }
 
     /// Releases the waits let go (fenced by epoch: a wait already taken over is
@@ -397,6 +426,7 @@ impl Loop {
             return;
         }
         let let_go = std::mem::take(&mut self.let_go);
+        tracing::debug!(n = let_go.len(), "giving back waits let go");
         let w = self.w.clone();
         tokio::spawn(async move {
             w.metrics.write();
@@ -414,14 +444,14 @@ impl Loop {
                 self.claiming = false;
                 // Claimed while stopping: hold them just long enough to release them.
                 for c in claimed {
-                    self.insert(c, Instant::now() + self.w.cfg.lease_ttl);
+                    self.insert(c);
                 }
             }
             Msg::Claimed(_, Err(_)) => self.claiming = false,
         }
     }
 
-    fn insert(&mut self, c: Claimed, lease_until: Instant) {
+    fn insert(&mut self, c: Claimed) {
         let spec = Arc::new(c.spec);
         let held = Held {
             spec,
@@ -431,7 +461,6 @@ impl Loop {
             generation: 0,
             busy: false,
             dirty: false,
-            lease_until,
         };
         self.held.insert(c.id, held);
         self.schedule(c.id, c.next_poll_at);
@@ -443,6 +472,9 @@ impl Loop {
                 self.claiming = false;
                 match result {
                     Ok(claimed) => {
+                        // A claim leaves the lease at least half a TTL long.
+                        self.lease_until =
+                            self.lease_until.max(started + self.w.cfg.lease_ttl / 2);
                         if claimed.len() >= 1000 {
                             self.claim_again = true;
                         }
@@ -450,7 +482,7 @@ impl Loop {
                             tracing::debug!(n = claimed.len(), "claimed waits");
                         }
                         for c in claimed {
-                            self.insert(c, started + self.w.cfg.lease_ttl);
+                            self.insert(c);
                         }
                         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
                     }
@@ -491,13 +523,14 @@ impl Loop {
                 );
                 match result {
                     Ok(kept) => {
+                        self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
                         let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
                         for (id, epoch) in sent {
                             if kept.contains(&id) {
                                 match self.held.get_mut(&id) {
-                                    Some(h) => h.lease_until = started + self.w.cfg.lease_ttl,
-                                    // Let go while the renewal was on its way, which
-                                    // just leased it again: give it back.
+                                    Some(_) => {}
+                                    // Let go while the renewal was on its way, yet
+                                    // still ours in the store: give it back.
                                     None => self.let_go.push(Checkpoint {
                                         id,
                                         epoch,
@@ -591,7 +624,13 @@ impl Loop {
             let w = self.w.clone();
             let tx = self.tx.clone();
             tokio::spawn(async move {
+                let started = Instant::now();
                 let result = w.store.record_many(w.owner, &progress).await;
+                tracing::debug!(
+                    n = progress.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "progress written"
+                );
                 let _ = tx.send(Msg::Recorded { batch, result });
             });
         }
@@ -615,10 +654,17 @@ impl Loop {
                 self.held.remove(&id);
             }
             Err(e) => {
-                // Let the lease run out: another claim resumes from the last
-                // checkpoint (at-least-once polling, exactly-once ending).
+                // Give it back with the next renewal: another claim resumes from the
+                // last checkpoint (at-least-once polling, exactly-once ending).
                 tracing::warn!(wait_id = %id, error = %e, "could not record progress; letting the wait go");
-                self.held.remove(&id);
+                if let Some(h) = self.held.remove(&id) {
+                    self.let_go.push(Checkpoint {
+                        id,
+                        epoch: h.epoch,
+                        engine: None,
+                        next_poll_at: None,
+                    });
+                }
             }
         }
     }
