@@ -137,16 +137,19 @@ async fn drop_db(db: &Db) {
     }
 }
 
-/// Rows written in the database so far (inserted + updated + deleted).
-async fn rows_written(db: &Db) -> i64 {
+/// What the database has written so far: rows (inserted + updated + deleted, from
+/// `pg_stat_database`, which backends report up to seconds late) and WAL bytes (the
+/// server's WAL position, exact at once; the server is the benchmark's own here).
+async fn rows_written(db: &Db) -> (i64, i64) {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let (n,): (i64,) = sqlx::query_as(
-        "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint FROM pg_stat_database WHERE datname = current_database()",
+    sqlx::query_as(
+        "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint,
+                (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint
+         FROM pg_stat_database WHERE datname = current_database()",
     )
     .fetch_one(&mut c)
     .await
-    .unwrap();
-    n
+    .unwrap()
 }
 
 /// An upstream that always answers a healthy in-progress state, counting hits.
@@ -415,11 +418,13 @@ struct Run {
     steady: f64,
     stmts_per_poll: f64,
     rows_per_poll: f64,
+    wal_per_poll: f64,
     lag_p50: f64,
     lag_p99: f64,
     lag_at_rate: f64,
     lag_stmts: f64,
     lag_rows: f64,
+    lag_wal: f64,
     create: f64,
     rss: Vec<f64>,
     flip_p50: f64,
@@ -433,11 +438,13 @@ async fn one_run(a: &Args) -> Run {
         steady: f64::NAN,
         stmts_per_poll: f64::NAN,
         rows_per_poll: f64::NAN,
+        wal_per_poll: f64::NAN,
         lag_p50: f64::NAN,
         lag_p99: f64::NAN,
         lag_at_rate: f64::NAN,
         lag_stmts: f64::NAN,
         lag_rows: f64::NAN,
+        lag_wal: f64::NAN,
         create: f64::NAN,
         rss: Vec::new(),
         flip_p50: f64::NAN,
@@ -480,7 +487,8 @@ async fn one_run(a: &Args) -> Run {
         let stmts = m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"];
         run.stmts_per_poll = stmts / p;
         // pg_stat_database counts only written tuples, not the benchmark's reads.
-        run.rows_per_poll = (r1 - r0) as f64 / p;
+        run.rows_per_poll = (r1.0 - r0.0) as f64 / p;
+        run.wal_per_poll = (r1.1 - r0.1) as f64 / p;
         stop_waitd(w).await;
         drop_db(&db).await;
         if a.runs("limit") {
@@ -515,7 +523,8 @@ async fn one_run(a: &Args) -> Run {
         let p = polls(&m1) - polls(&m0);
         run.lag_at_rate = p / a.seconds as f64;
         run.lag_stmts = (m1["waitd_db_writes_total"] - m0["waitd_db_writes_total"]) / p;
-        run.lag_rows = (r1 - r0) as f64 / p;
+        run.lag_rows = (r1.0 - r0.0) as f64 / p;
+        run.lag_wal = (r1.1 - r0.1) as f64 / p;
         run.lag_p50 = lag_percentile(&m0, &m1, 0.5);
         run.lag_p99 = lag_percentile(&m0, &m1, 0.99);
         stop_waitd(w).await;
@@ -675,7 +684,10 @@ async fn flip_latency(n: usize) -> (f64, f64) {
                         && let Ok(t) = chrono::DateTime::parse_from_rfc3339(t)
                     {
                         let d = chrono::Utc::now() - t.with_timezone(&chrono::Utc);
-                        deliveries.lock().unwrap().push(d.num_microseconds().unwrap_or(0) as f64 / 1e3);
+                        deliveries
+                            .lock()
+                            .unwrap()
+                            .push(d.num_microseconds().unwrap_or(0) as f64 / 1e3);
                     }
                     return took;
                 }
@@ -928,11 +940,13 @@ fn main() {
             println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the limit) | ≥ 0.8 |", a.waits, steady / limit);
             println!("| 3 | database write statements per poll (waitd's counter) | {:.4} | ≤ 0.02 |", m(&|r| r.stmts_per_poll));
             println!("| 3b | database rows written per poll (pg_stat_database) | {:.4} | |", m(&|r| r.rows_per_poll));
+            println!("| 3c | WAL bytes per poll | {:.1} | |", m(&|r| r.wal_per_poll));
         }
         if a.runs("lag") {
             println!("| 4 | schedule lag at {:.0} polls/s: p50 / p99 (histogram-interpolated) | {:.1} ms / {:.1} ms | p99 ≤ 20 ms |", m(&|r| r.lag_at_rate), m(&|r| r.lag_p50) * 1e3, m(&|r| r.lag_p99) * 1e3);
             println!("| 4b | write statements per poll at {:.0} polls/s ({} waits every {}) | {:.4} | |", m(&|r| r.lag_at_rate), a.waits, a.interval, m(&|r| r.lag_stmts));
             println!("| 4c | rows written per poll at {:.0} polls/s ({} waits every {}) | {:.4} | |", m(&|r| r.lag_at_rate), a.waits, a.interval, m(&|r| r.lag_rows));
+            println!("| 4d | WAL bytes per poll at {:.0} polls/s ({} waits every {}) | {:.1} | |", m(&|r| r.lag_at_rate), a.waits, a.interval, m(&|r| r.lag_wal));
         }
         if a.runs("rss") {
             for (i, n) in a.rss_waits.iter().enumerate() {

@@ -529,10 +529,17 @@ async fn a_claim_or_a_renewal_keeps_every_wait_the_owner_holds() {
         // leased past its original expiry, without naming it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         store.create("t", &spec(), Utc::now(), None).await.unwrap();
-        assert_eq!(store.claim(a, ttl, Duration::ZERO, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            store.claim(a, ttl, Duration::ZERO, 10).await.unwrap().len(),
+            1
+        );
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(
-            store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().is_empty(),
+            store
+                .claim(b, ttl, Duration::ZERO, 10)
+                .await
+                .unwrap()
+                .is_empty(),
             "{}: a wait of a live owner was taken",
             backend.url()
         );
@@ -545,9 +552,18 @@ async fn a_claim_or_a_renewal_keeps_every_wait_the_owner_holds() {
         }];
         assert_eq!(store.renew(a, ttl, &renew).await.unwrap(), vec![first.id]);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().is_empty());
+        assert!(
+            store
+                .claim(b, ttl, Duration::ZERO, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(), 2);
+        assert_eq!(
+            store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
+            2
+        );
         assert!(store.renew(a, ttl, &renew).await.unwrap().is_empty());
     });
 }

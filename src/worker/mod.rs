@@ -473,8 +473,7 @@ impl Loop {
                 match result {
                     Ok(claimed) => {
                         // A claim leaves the lease at least half a TTL long.
-                        self.lease_until =
-                            self.lease_until.max(started + self.w.cfg.lease_ttl / 2);
+                        self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl / 2);
                         if claimed.len() >= 1000 {
                             self.claim_again = true;
                         }
