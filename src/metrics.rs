@@ -128,7 +128,7 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP waitd_db_writes_total Write statements the worker pool sent to the store.\n# TYPE waitd_db_writes_total counter\nwaitd_db_writes_total {}",
+            "# HELP waitd_db_writes_total Write transactions the worker pool sent to the store (claims, lease renewals, releases, progress batches).\n# TYPE waitd_db_writes_total counter\nwaitd_db_writes_total {}",
             self.db_writes.load(Relaxed)
         );
         let _ = writeln!(

@@ -181,9 +181,10 @@ impl PgStore {
     ///
     /// One sequencer at a time (an advisory lock held to its commit), so a gid is
     /// visible only after every smaller one is: a reader of `GET /events` that has
-    /// seen N never finds a smaller gid appear later. Every writer calls this after
-    /// its commit; a call finds its events already sequenced when another got there
-    /// first, which makes it cheap (no rows, no disk flush).
+    /// seen N never finds a smaller gid appear later. It runs in the replica's
+    /// sequencer task (woken after commits), in a read that meets an unsequenced
+    /// event, and in the worker's housekeeping; a progress batch that finds the lock
+    /// free does the same inside its own transaction.
     pub async fn sequence(&self) -> Result<(), StoreError> {
         let mut tx = self.sequencer_pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
