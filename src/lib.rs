@@ -166,9 +166,9 @@ pub async fn serve(
                 concurrency: config.concurrency,
                 // Leave half the pool to the API.
                 max_writes: (config.db_connections as usize / 2).max(1),
-                // A dead replica's waits are claimable once its leases expire; sweep
+                // A dead replica's waits are claimable once its lease expires; sweep
                 // often enough that takeover follows the TTL closely.
-                claim_interval: (config.lease_ttl / 4).clamp(
+                claim_interval: (config.lease_ttl / 10).clamp(
                     std::time::Duration::from_millis(100),
                     std::time::Duration::from_secs(1),
                 ),

@@ -391,8 +391,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> Result<Vec<Event>, StoreError>;
     /// Claims up to `limit` running waits due within `lookahead` that are unowned or
-    /// whose owner's lease has run out (epoch + 1). Leaves the claimer's lease, on
-    /// these and on every wait it already holds, at least `ttl / 2` from now.
+    /// whose owner's lease has run out (epoch + 1). The claimed waits are leased for
+    /// `ttl` at least; what the claimer already holds is renewed by `renew` only.
     async fn claim(
         &self,
         owner: Uuid,

@@ -606,9 +606,10 @@ impl Store for PgStore {
     }
 
     /// Claims up to `limit` running waits that are due within `lookahead` and unowned
-    /// or owned by a replica whose lease has run out. The same statement renews
-    /// `owner`'s own lease (creating its row on its first claim), so a wait is never
-    /// owned without a lease.
+    /// or owned by a replica whose lease has run out. The same statement gives
+    /// `owner` a lease row if it has none yet, so a wait is never owned by a replica
+    /// without one; it does not extend an existing lease (only renewals do, so a
+    /// dead replica's lease runs out at most one TTL after its last renewal).
     async fn claim(
         &self,
         owner: Uuid,
@@ -619,7 +620,7 @@ impl Store for PgStore {
         let rows: Vec<ClaimRow> = sqlx::query_as(
             "WITH me AS (
                  INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
-                 ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until),
+                 ON CONFLICT (id) DO NOTHING),
              unowned AS MATERIALIZED (
                  SELECT id FROM waits
                  WHERE status = 'running' AND owner IS NULL AND next_poll_at <= now() + $3

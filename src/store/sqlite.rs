@@ -474,17 +474,6 @@ impl Store for SqliteStore {
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = Utc::now();
-        // A claim leaves the claimer's lease on what it already holds at least half a
-        // TTL long (renewals every third of a TTL keep it longer, so this rarely
-        // writes anything).
-        sqlx::query(
-            "UPDATE waits SET lease_until = ? WHERE owner = ? AND status = 'running' AND lease_until < ?",
-        )
-        .bind(ms(now) + ttl.as_millis() as i64)
-        .bind(owner)
-        .bind(ms(now) + (ttl / 2).as_millis() as i64)
-        .execute(&self.pool)
-        .await?;
         let rows: Vec<(Uuid, i64, String, Option<i64>, String, String)> = sqlx::query_as(
             "UPDATE waits SET owner = ?, lease_until = ?, epoch = epoch + 1
              WHERE id IN (SELECT id FROM waits

@@ -88,7 +88,7 @@ struct Held {
 }
 
 enum Msg {
-    Claimed(Instant, Result<Vec<Claimed>, StoreError>),
+    Claimed(Result<Vec<Claimed>, StoreError>),
     Probed {
         id: Uuid,
         generation: u64,
@@ -106,6 +106,8 @@ enum Msg {
         sent: Vec<(Uuid, i64)>,
         checkpointed: Vec<Uuid>,
         result: Result<Vec<Uuid>, StoreError>,
+        /// Waits let go that could not be given back: try again next time.
+        unreleased: Vec<Checkpoint>,
     },
 }
 
@@ -125,6 +127,7 @@ struct Loop {
     writing: usize,
     /// Waits this replica stopped polling while the store may still have them as
     /// its own: given back with the next renewal, so another replica can take them.
+    /// (Its lease covers them for as long as it lives: they must not be forgotten.)
     let_go: Vec<Checkpoint>,
     /// When this replica's lease runs out, by its own clock (from the start of the
     /// last claim or renewal that succeeded).
@@ -194,12 +197,13 @@ impl Worker {
             }
             lp.flush_writes();
         }
-        let checkpoints: Vec<Checkpoint> = lp
+        let mut checkpoints: Vec<Checkpoint> = lp
             .held
             .iter()
             .filter(|(_, h)| !h.busy)
             .map(|(id, h)| checkpoint(*id, h, true))
             .collect();
+        checkpoints.append(&mut lp.let_go);
         w.metrics.write();
         match w.store.release(w.owner, &checkpoints).await {
             Ok(n) => tracing::info!(released = n, "leases released"),
@@ -287,14 +291,13 @@ impl Loop {
         let tx = self.tx.clone();
         let lookahead = (w.cfg.lease_ttl / 2).min(Duration::from_secs(5));
         tokio::spawn(async move {
-            let started = Instant::now();
             let limit = free.min(1000) as i64;
             let r = w
                 .store
                 .claim(w.owner, w.cfg.lease_ttl, lookahead, limit)
                 .await;
             w.metrics.write();
-            let _ = tx.send(Msg::Claimed(started, r));
+            let _ = tx.send(Msg::Claimed(r));
         });
     }
 
@@ -326,20 +329,37 @@ impl Loop {
             })
             .collect();
         let sent: Vec<(Uuid, i64)> = held.iter().map(|c| (c.id, c.epoch)).collect();
+        let let_go = std::mem::take(&mut self.let_go);
         let w = self.w.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let started = Instant::now();
             let r = w.store.renew(w.owner, w.cfg.lease_ttl, &held).await;
+            w.metrics.write();
+            // Give back the waits let go (fenced by epoch: one already taken over
+            // is untouched); what cannot be given back now goes with the next try.
+            let mut unreleased = let_go;
+            if r.is_ok() && !unreleased.is_empty() {
+                w.metrics.write();
+                match w.store.release(w.owner, &unreleased).await {
+                    Ok(n) => {
+                        tracing::debug!(n, "gave back waits let go");
+                        unreleased.clear();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not give back waits let go; trying again")
+                    }
+                }
+            }
             if let Err(e) = w.store.maintain().await {
                 tracing::debug!(error = %e, "store housekeeping failed");
             }
-            w.metrics.write();
             let _ = tx.send(Msg::Renewed {
                 started,
                 sent,
                 checkpointed,
                 result: r,
+                unreleased,
             });
         });
     }
@@ -419,35 +439,18 @@ impl Loop {
         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
     }
 
-    /// Releases the waits let go (fenced by epoch: a wait already taken over is
-    /// untouched). Best effort: if the store is away, the leases expire instead.
-    fn give_back(&mut self) {
-        if self.let_go.is_empty() {
-            return;
-        }
-        let let_go = std::mem::take(&mut self.let_go);
-        tracing::debug!(n = let_go.len(), "giving back waits let go");
-        let w = self.w.clone();
-        tokio::spawn(async move {
-            w.metrics.write();
-            if let Err(e) = w.store.release(w.owner, &let_go).await {
-                tracing::debug!(error = %e, "could not give back waits let go; their leases will expire");
-            }
-        });
-    }
-
     fn handle_draining(&mut self, msg: Msg) {
         match msg {
             // Finish what was observed, but schedule nothing new.
             Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Renewed { .. } => self.handle(msg),
-            Msg::Claimed(_, Ok(claimed)) => {
+            Msg::Claimed(Ok(claimed)) => {
                 self.claiming = false;
                 // Claimed while stopping: hold them just long enough to release them.
                 for c in claimed {
                     self.insert(c);
                 }
             }
-            Msg::Claimed(_, Err(_)) => self.claiming = false,
+            Msg::Claimed(Err(_)) => self.claiming = false,
         }
     }
 
@@ -468,12 +471,10 @@ impl Loop {
 
     fn handle(&mut self, msg: Msg) {
         match msg {
-            Msg::Claimed(started, result) => {
+            Msg::Claimed(result) => {
                 self.claiming = false;
                 match result {
                     Ok(claimed) => {
-                        // A claim leaves the lease at least half a TTL long.
-                        self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl / 2);
                         if claimed.len() >= 1000 {
                             self.claim_again = true;
                         }
@@ -511,8 +512,10 @@ impl Loop {
                 sent,
                 checkpointed,
                 result,
+                unreleased,
             } => {
                 self.renewing = false;
+                self.let_go.extend(unreleased);
                 tracing::debug!(
                     held = sent.len(),
                     checkpoints = checkpointed.len(),
@@ -537,7 +540,14 @@ impl Loop {
                                         next_poll_at: None,
                                     }),
                                 }
-                            } else if self.held.get(&id).is_some_and(|h| !h.busy) {
+                            } else if self
+                                .held
+                                .get(&id)
+                                .is_some_and(|h| !h.busy && h.epoch == epoch)
+                            {
+                                // Taken over or ended elsewhere. (Under another epoch
+                                // it was claimed again since the renewal left: the
+                                // answer is about an older lease, so keep it.)
                                 tracing::debug!(wait_id = %id, "lease lost");
                                 self.held.remove(&id);
                             }
@@ -553,7 +563,6 @@ impl Loop {
                     }
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
-                self.give_back();
             }
         }
     }
