@@ -1556,7 +1556,19 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
     let anchors: Vec<String> = (0..3).map(|i| format!("/ckpt/anchor{i}")).collect();
     let all: Vec<String> = paths.iter().chain(&anchors).cloned().collect();
     let urls: Vec<String> = all.iter().map(|p| up.set_status(p, "deploying")).collect();
-    let ids = create_all(&[&a], &urls, INTERVAL, "ckpt").await;
+    // Every wait backs off a little (its interval grows with each poll, up to 1 s),
+    // so each renewal that checkpoints has a new engine state of each to write:
+    // unchanged polls of a fixed interval would not be checkpointed at all.
+    let client = http();
+    let mut ids: Vec<Uuid> = Vec::new();
+    for u in &urls {
+        let mut spec = wait_spec(u, INTERVAL, "ckpt");
+        spec["poll"]["factor"] = json!(1.1);
+        spec["poll"]["max"] = json!("1s");
+        let r = send(client.post(a.url("/waits")).json(&spec)).await;
+        assert_eq!(r.status, 201, "create: {}", r.body);
+        ids.push(r.body["id"].as_str().unwrap().parse().unwrap());
+    }
     let anchor_ids: Vec<Uuid> = ids[N..].to_vec();
     assert!(
         until(Duration::from_secs(10), || all_owned_and_polled(

@@ -11,7 +11,9 @@
 //! owner and epoch), batched with whatever else changed meanwhile into one
 //! transaction; unchanged polls only mark the wait dirty. Every third of the lease
 //! TTL a renewal extends this replica's lease (one row on Postgres, however many
-//! waits it holds); every third renewal also checkpoints the dirty waits, in chunks.
+//! waits it holds); every third renewal also checkpoints, in chunks, the dirty waits
+//! whose engine state changed in more than its poll count, and any dirty wait last
+//! written ten TTLs ago.
 //! When the lease cannot be renewed in time, polling pauses until it is.
 
 use std::cmp::Reverse;
@@ -83,8 +85,31 @@ struct Held {
     generation: u64,
     /// A probe or a write is in flight.
     busy: bool,
-    /// Changed since the last checkpoint.
+    /// Polled since the last write.
     dirty: bool,
+    /// What the store holds of the engine state, but for the poll count (see
+    /// [`fingerprint`]), and when it was written.
+    written: u64,
+    written_at: Instant,
+}
+
+/// The engine state but for its poll count: an unchanged poll of a fixed-interval
+/// wait leaves it as it was, and is not worth a checkpoint of its own.
+fn fingerprint(e: &EngineState) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        e.retries,
+        e.budget_used,
+        e.poll_interval_ms,
+        e.retry_delay_ms,
+        e.transition_seen,
+        e.hits,
+        &e.state,
+        &e.last_error,
+    )
+        .hash(&mut h);
+    h.finish()
 }
 
 enum Msg {
@@ -307,9 +332,12 @@ impl Loop {
         }
         self.renewing = true;
         self.renewals += 1;
-        // Checkpoints of unchanged polls go once a lease TTL (every third renewal):
-        // they only save a takeover some repeated polls and keep `polls` fresh.
+        // Checkpoints of unchanged polls go once a lease TTL (every third renewal),
+        // and only for waits whose engine state changed in more than its poll count
+        // (a growing interval, say), or was last written ten TTLs ago: they only
+        // save a takeover some early polls and keep `polls` and `next_poll_at` fresh.
         let write_checkpoints = self.renewals.is_multiple_of(3);
+        let stale_after = self.w.cfg.lease_ttl * 10;
         let mut checkpointed = Vec::new();
         let held: Vec<Checkpoint> = self
             .held
@@ -320,11 +348,15 @@ impl Loop {
                 if h.busy || !write_checkpoints {
                     return checkpoint(*id, h, false).without_state();
                 }
-                let c = checkpoint(*id, h, false);
-                if h.dirty {
-                    checkpointed.push(*id);
-                    h.dirty = false;
+                let fp = fingerprint(&h.engine);
+                if !h.dirty || (fp == h.written && h.written_at.elapsed() < stale_after) {
+                    return checkpoint(*id, h, false).without_state();
                 }
+                let c = checkpoint(*id, h, false);
+                checkpointed.push(*id);
+                h.dirty = false;
+                h.written = fp;
+                h.written_at = Instant::now();
                 c
             })
             .collect();
@@ -458,6 +490,8 @@ impl Loop {
         let spec = Arc::new(c.spec);
         let held = Held {
             spec,
+            written: fingerprint(&c.engine),
+            written_at: Instant::now(),
             engine: c.engine,
             epoch: c.epoch,
             next: c.next_poll_at,
@@ -558,6 +592,7 @@ impl Loop {
                         for id in checkpointed {
                             if let Some(h) = self.held.get_mut(&id) {
                                 h.dirty = true;
+                                h.written = 0;
                             }
                         }
                     }
@@ -655,6 +690,8 @@ impl Loop {
             Ok(true) if !ended => {
                 h.busy = false;
                 h.dirty = false;
+                h.written = fingerprint(&h.engine);
+                h.written_at = Instant::now();
                 let next = h.next;
                 self.schedule(id, next);
             }
