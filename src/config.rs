@@ -57,7 +57,7 @@ pub struct Config {
     #[arg(long, env = "WAITD_ALLOW_ANONYMOUS")]
     pub allow_anonymous: bool,
 
-    /// How long a replica's claim on a wait lasts without renewal.
+    /// How long a replica's lease on the waits it holds lasts without renewal.
     #[arg(long, env = "WAITD_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
 
