@@ -240,14 +240,13 @@ impl Worker {
     }
 }
 
-impl Checkpoint {
-    /// The same wait and epoch, without state to write: a lease renewal only.
-    fn without_state(self) -> Checkpoint {
-        Checkpoint {
-            engine: None,
-            next_poll_at: None,
-            ..self
-        }
+/// The wait and its epoch, with no state to write: a lease renewal only.
+fn lease_only(id: Uuid, h: &Held) -> Checkpoint {
+    Checkpoint {
+        id,
+        epoch: h.epoch,
+        engine: None,
+        next_poll_at: None,
     }
 }
 
@@ -346,11 +345,11 @@ impl Loop {
                 // A busy wait's progress is being written right now; renew its lease
                 // only, so an older checkpoint cannot land after the newer write.
                 if h.busy || !write_checkpoints {
-                    return checkpoint(*id, h, false).without_state();
+                    return lease_only(*id, h);
                 }
                 let fp = fingerprint(&h.engine);
                 if !h.dirty || (fp == h.written && h.written_at.elapsed() < stale_after) {
-                    return checkpoint(*id, h, false).without_state();
+                    return lease_only(*id, h);
                 }
                 let c = checkpoint(*id, h, false);
                 checkpointed.push(*id);
