@@ -857,22 +857,29 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
                 .unwrap(),
         );
     }
-    // Kill the replica holding the most waits (whichever it is, A is the one we kill:
-    // if B holds more, swap roles by killing B instead).
+    // Kill the replica holding the most waits: each names its owner id in /metrics.
+    let owner_of = |base: String| async move {
+        metrics(&base)
+            .await
+            .keys()
+            .find_map(|k| {
+                k.strip_prefix("waitd_replica_info{owner=\"")?
+                    .strip_suffix("\"}")?
+                    .parse::<uuid::Uuid>()
+                    .ok()
+            })
+            .expect("a replica names its owner id in /metrics")
+    };
+    let (owner_a, owner_b) = (
+        owner_of(a.base.clone()).await,
+        owner_of(b.base.clone()).await,
+    );
+    let count = |o: uuid::Uuid| by_owner.get(&Some(o)).map_or(0, Vec::len);
+    let victim_is_a = count(owner_a) >= count(owner_b);
     let victim_paths = by_owner
-        .values()
-        .max_by_key(|v| v.len())
+        .get(&Some(if victim_is_a { owner_a } else { owner_b }))
         .cloned()
         .unwrap_or_default();
-    let victim_is_a = {
-        // A answered the creates, so ask A which replica it is through /metrics: the
-        // held count tells which process holds the larger share.
-        let held = |base: String| async move {
-            let m = metrics(&base).await;
-            m.get("waitd_held_waits").copied().unwrap_or(0.0) as usize
-        };
-        held(a.base.clone()).await >= held(b.base.clone()).await
-    };
     let killed_at = Instant::now();
     let mut b = b;
     if victim_is_a {

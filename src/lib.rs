@@ -155,6 +155,8 @@ pub async fn serve(
     };
 
     let worker_task = (!config.no_worker).then(|| {
+        let owner = uuid::Uuid::now_v7();
+        let _ = metrics.owner.set(owner);
         let worker = worker::Worker {
             store: store.clone(),
             prober,
@@ -175,7 +177,7 @@ pub async fn serve(
                 ..Default::default()
             },
             metrics: metrics.clone(),
-            owner: uuid::Uuid::now_v7(),
+            owner,
         };
         tokio::spawn(worker.run(stopped(stop_rx.clone())))
     });

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub held: AtomicI64,
     pub sse_subscribers: AtomicI64,
     pub created: AtomicU64,
+    /// This replica's id in the store (owner of the waits it holds), once its
+    /// worker pool runs.
+    pub owner: std::sync::OnceLock<uuid::Uuid>,
 }
 
 impl Metrics {
@@ -99,6 +102,12 @@ impl Metrics {
             "# HELP waitd_held_waits Running waits this replica holds a lease on.\n# TYPE waitd_held_waits gauge\nwaitd_held_waits {}",
             self.held.load(Relaxed)
         );
+        if let Some(owner) = self.owner.get() {
+            let _ = writeln!(
+                out,
+                "# HELP waitd_replica_info This replica's id in the store: the owner of the waits it holds.\n# TYPE waitd_replica_info gauge\nwaitd_replica_info{{owner=\"{owner}\"}} 1"
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP waitd_polls_total Polls made, by what they observed.\n# TYPE waitd_polls_total counter"

@@ -1215,6 +1215,23 @@ async fn metrics_are_prometheus_text_with_polls_and_active_waits() {
     };
     assert_eq!(value("waitd_active_waits"), 2.0, "{text}");
     assert!(value("waitd_polls_total") >= 2.0, "{text}");
+    // The replica names the id it owns waits under: the store holds its live lease.
+    let owner: uuid::Uuid = text
+        .lines()
+        .find_map(|l| l.strip_prefix("waitd_replica_info{owner=\""))
+        .and_then(|l| l.split('"').next())
+        .and_then(|o| o.parse().ok())
+        .unwrap_or_else(|| panic!("no waitd_replica_info in {text}"));
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM replicas WHERE id = $1 AND lease_until > now()")
+            .bind(owner)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(leased, 1, "{text}");
     let (r, _) = app.stop().await;
     r.unwrap();
     db.drop_db().await;
