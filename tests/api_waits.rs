@@ -1275,3 +1275,36 @@ async fn the_openapi_document_is_served_as_openapi_3_1_json() {
     r.unwrap();
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn polls_that_change_nothing_are_not_rewritten_every_lease_but_a_growing_interval_is() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let fixed = up.script("/fixed", vec![Reply::status("deploying")]);
+    let growing = up.script("/growing", vec![Reply::status("deploying")]);
+    // A 1 s lease: checkpoints go every second; unchanged ones only every 10 s.
+    let args: Vec<String> = test_args(&db.url)
+        .into_iter()
+        .map(|a| if a == "3s" { "1s".to_string() } else { a })
+        .collect();
+    let app = App::start_args(args).await;
+    let mut f = spec(&fixed);
+    f["poll"] = json!({"initial": "20ms", "factor": 1, "max": "20ms", "jitter": 0});
+    let mut g = spec(&growing);
+    g["poll"] = json!({"initial": "20ms", "factor": 1.3, "max": "10s", "jitter": 0});
+    let (_, wf) = app.create(f).await;
+    let (_, wg) = app.create(g).await;
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let (_, rf) = app.get(&format!("/waits/{}", id_of(&wf))).await;
+    let (_, rg) = app.get(&format!("/waits/{}", id_of(&wg))).await;
+    let (hf, hg) = (up.hits("/fixed"), up.hits("/growing"));
+    // The fixed wait was polled all along, but only its first poll (a new state) is
+    // in the store; the growing one's interval changed, so it was checkpointed.
+    assert!(hf > 40, "the fixed wait was polled {hf} times");
+    assert_eq!(rf["polls"], 1, "{rf}");
+    assert!(hg > 3, "the growing wait was polled {hg} times");
+    assert!(rg["polls"].as_i64().unwrap() > 1, "{rg} after {hg} polls");
+    let (r, _) = app.stop().await;
+    r.unwrap();
+    db.drop_db().await;
+}

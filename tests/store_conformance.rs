@@ -562,6 +562,56 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
 }
 
 #[tokio::test]
+async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
+    for_each_store!(|store, backend| {
+        for _ in 0..2 {
+            store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        }
+        let a = Uuid::now_v7();
+        let held = store
+            .claim(a, Duration::from_secs(60), Duration::ZERO, 10)
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 2, "{}", backend.url());
+        let progress = |c: &waitd::store::Claimed, epoch: i64, to: &str| Progress {
+            id: c.id,
+            epoch,
+            engine: c.engine.clone(),
+            next_poll_at: Some(Utc::now()),
+            events: vec![NewEvent {
+                kind: "state".into(),
+                data: json!({"from": null, "to": to}),
+            }],
+            end: None,
+        };
+        let batch = [
+            progress(&held[0], held[0].epoch, "x"),
+            // A stale epoch: this one is no longer the writer's.
+            progress(&held[1], held[1].epoch - 1, "y"),
+        ];
+        assert_eq!(
+            store.record_many(a, &batch).await.unwrap(),
+            vec![true, false]
+        );
+        let kinds = |id| {
+            let store = store.clone();
+            async move {
+                store
+                    .events("t", id, 0, 10)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| e.kind)
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(kinds(held[0].id).await, ["created", "state"]);
+        assert_eq!(kinds(held[1].id).await, ["created"]);
+        assert_eq!(store.record_many(a, &[]).await.unwrap(), Vec::<bool>::new());
+    });
+}
+
+#[tokio::test]
 async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
     for_each_store!(|store, backend| {
         store.create("t", &spec(), Utc::now(), None).await.unwrap();

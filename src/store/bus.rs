@@ -39,7 +39,19 @@ pub struct Notice {
 }
 
 /// An event inside a notice: global id, seq, kind, time, the kind's fields.
-type Packed = (i64, i32, String, DateTime<Utc>, Value);
+pub(crate) type Packed = (i64, i32, String, DateTime<Utc>, Value);
+
+/// A sequenced event of `wait_id` from its packed fields.
+pub(crate) fn unpack(wait_id: Uuid, (gid, seq, kind, at, data): Packed) -> Event {
+    Event {
+        id: Some(gid),
+        seq,
+        wait_id,
+        kind,
+        at,
+        data,
+    }
+}
 
 impl Notice {
     /// One line: `wait_id seq gid flag`, then the events as JSON when present.
@@ -76,19 +88,7 @@ impl Notice {
         let events = parts
             .next()
             .and_then(|json| serde_json::from_str::<Vec<Packed>>(json).ok())
-            .map(|packed| {
-                packed
-                    .into_iter()
-                    .map(|(gid, seq, kind, at, data)| Event {
-                        id: Some(gid),
-                        seq,
-                        wait_id,
-                        kind,
-                        at,
-                        data,
-                    })
-                    .collect()
-            });
+            .map(|packed| packed.into_iter().map(|p| unpack(wait_id, p)).collect());
         Some(Notice {
             wait_id,
             seq,

@@ -402,7 +402,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> Result<Vec<Claimed>, StoreError>;
     /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
     /// no longer this owner's.
-    async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError>;
+    async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
+        Ok(self
+            .record_many(owner, std::slice::from_ref(progress))
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
     /// [`Store::record`] for many waits in one transaction: one answer per entry, in
     /// order. A wait may appear once.
     async fn record_many(
@@ -547,9 +554,6 @@ impl Store for AnyStore {
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
         dispatch!(self, claim(owner, ttl, lookahead, limit))
-    }
-    async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
-        dispatch!(self, record(owner, progress))
     }
     async fn renew(
         &self,

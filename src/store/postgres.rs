@@ -341,26 +341,7 @@ impl Store for PgStore {
         };
         if idempotency.is_none() && !counted {
             // The common case: one statement, one round trip, one commit.
-            sqlx::query(
-                "WITH w AS (
-                     INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-                     VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
-                 s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
-                 INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)",
-            )
-            .bind(id)
-            .bind(tenant)
-            .bind(now)
-            .bind(nw.engine.deadline)
-            .bind(nw.first_poll)
-            .bind(&nw.labels)
-            .bind(&nw.engine_json)
-            .bind(&nw.spec)
-            .bind(&nw.headers)
-            .bind(&nw.created.kind)
-            .bind(&nw.created.data)
-            .execute(&self.pool)
-            .await?;
+            insert_wait(tenant, now, &nw).execute(&self.pool).await?;
             self.sequence_soon();
             return Ok(Created {
                 wait: nw.wait(now),
@@ -396,25 +377,7 @@ impl Store for PgStore {
                 return Err(StoreError::TooManyActive(n));
             }
         }
-        sqlx::query(
-            "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)",
-        )
-        .bind(id)
-        .bind(tenant)
-        .bind(now)
-        .bind(nw.engine.deadline)
-        .bind(nw.first_poll)
-        .bind(&nw.labels)
-        .bind(&nw.engine_json)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $2, $3)")
-            .bind(id)
-            .bind(&nw.spec)
-            .bind(&nw.headers)
-            .execute(&mut *tx)
-            .await?;
+        insert_wait(tenant, now, &nw).execute(&mut *tx).await?;
         if let Some((key, hash)) = idempotency {
             let inserted = sqlx::query(
                 "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
@@ -440,15 +403,6 @@ impl Store for PgStore {
                 };
             }
         }
-        append_events(
-            &mut tx,
-            id,
-            tenant,
-            now,
-            std::slice::from_ref(&nw.created),
-            0,
-        )
-        .await?;
         tx.commit().await?;
         self.sequence_soon();
         Ok(Created {
@@ -665,17 +619,6 @@ impl Store for PgStore {
             }
         }
         Ok(claimed)
-    }
-
-    /// Writes what one poll changed, fenced by owner and epoch. Returns false when the
-    /// wait is no longer this owner's (taken over, canceled or ended elsewhere).
-    async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
-        Ok(self
-            .record_many(owner, std::slice::from_ref(p))
-            .await?
-            .first()
-            .copied()
-            .unwrap_or(false))
     }
 
     /// Many waits' progress in one transaction of two statements: one update of the
@@ -953,7 +896,7 @@ async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<(), StoreErro
                           FROM wait_events WHERE gid IS NULL ORDER BY id LIMIT 10000)
          UPDATE wait_events e SET gid = base.b + pending.rn
          FROM base, pending WHERE e.id = pending.id
-         RETURNING e.wait_id, e.seq, e.gid, e.kind, e.at, e.data",
+         RETURNING e.wait_id, e.gid, e.seq, e.kind, e.at, e.data",
     )
     .fetch_all(&mut **tx)
     .await?;
@@ -969,6 +912,32 @@ async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<(), StoreErro
             .await?;
     }
     Ok(())
+}
+
+/// Inserts a new wait, its spec and its `created` event in one statement.
+fn insert_wait<'q>(
+    tenant: &'q str,
+    now: DateTime<Utc>,
+    nw: &'q NewWait,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(
+        "WITH w AS (
+             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
+         s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
+         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)",
+    )
+    .bind(nw.id)
+    .bind(tenant)
+    .bind(now)
+    .bind(nw.engine.deadline)
+    .bind(nw.first_poll)
+    .bind(&nw.labels)
+    .bind(&nw.engine_json)
+    .bind(&nw.spec)
+    .bind(&nw.headers)
+    .bind(&nw.created.kind)
+    .bind(&nw.created.data)
 }
 
 /// Appends events numbered from `seq_before + 1`. They get their global cursor, and
@@ -1000,23 +969,17 @@ async fn append_events(
 /// A notice longer than this goes without its events (the subscriber reads them).
 const MAX_NOTICE_LINE: usize = 2000;
 
-/// A sequenced event: wait, seq, gid, kind, time, fields.
-type Sequenced = (Uuid, i32, i64, String, DateTime<Utc>, Value);
+/// A sequenced event: wait, gid, seq, kind, time, fields.
+type Sequenced = (Uuid, i64, i32, String, DateTime<Utc>, Value);
 
 /// Notices for sequenced events, one per wait (its newest seq and gid; `t` when the
 /// wait ended, `c` when it was created; its events when they fit), packed into
 /// payloads under Postgres's 8000 byte limit.
 fn notices(done: Vec<Sequenced>) -> Vec<String> {
     let mut per_wait: std::collections::BTreeMap<Uuid, Vec<Event>> = Default::default();
-    for (wait_id, seq, gid, kind, at, data) in done {
-        per_wait.entry(wait_id).or_default().push(Event {
-            id: Some(gid),
-            seq,
-            wait_id,
-            kind,
-            at,
-            data,
-        });
+    for (wait_id, gid, seq, kind, at, data) in done {
+        let event = super::bus::unpack(wait_id, (gid, seq, kind, at, data));
+        per_wait.entry(wait_id).or_default().push(event);
     }
     let lines = per_wait.into_iter().map(|(wait_id, mut events)| {
         events.sort_by_key(|e| e.seq);

@@ -518,15 +518,6 @@ impl Store for SqliteStore {
         Ok(claimed)
     }
 
-    async fn record(&self, owner: Uuid, p: &Progress) -> Result<bool, StoreError> {
-        Ok(self
-            .record_many(owner, std::slice::from_ref(p))
-            .await?
-            .first()
-            .copied()
-            .unwrap_or(false))
-    }
-
     /// One transaction (one disk sync) for all of them.
     async fn record_many(
         &self,

@@ -155,7 +155,7 @@ struct Loop {
     /// (Its lease covers them for as long as it lives: they must not be forgotten.)
     let_go: Vec<Checkpoint>,
     /// When this replica's lease runs out, by its own clock (from the start of the
-    /// last claim or renewal that succeeded).
+    /// last renewal that succeeded).
     lease_until: Instant,
     /// Polling is paused because the lease could not be renewed in time.
     paused: bool,
@@ -702,12 +702,7 @@ impl Loop {
                 // last checkpoint (at-least-once polling, exactly-once ending).
                 tracing::warn!(wait_id = %id, error = %e, "could not record progress; letting the wait go");
                 if let Some(h) = self.held.remove(&id) {
-                    self.let_go.push(Checkpoint {
-                        id,
-                        epoch: h.epoch,
-                        engine: None,
-                        next_poll_at: None,
-                    });
+                    self.let_go.push(lease_only(id, &h));
                 }
             }
         }
