@@ -749,8 +749,11 @@ impl PortMap {
         self.shared.reused.load(Ordering::Relaxed)
     }
 
-    /// Every hit with its replica (None when its connection was never seen).
+    /// Every hit with its replica (None when its connection was never seen). Scans
+    /// first: a burst of connections opened since the last scan (a takeover claims
+    /// every orphan at once) is still open, pooled, and found now.
     pub fn attribute(&self, hits: &[Hit]) -> Vec<(Hit, Option<usize>)> {
+        scan(&self.shared, self.upstream_port);
         let ports = self.shared.ports.lock().unwrap();
         hits.iter()
             .map(|h| {
