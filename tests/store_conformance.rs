@@ -564,15 +564,22 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
 #[tokio::test]
 async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
     for_each_store!(|store, backend| {
-        for _ in 0..2 {
+        for _ in 0..3 {
             store.create("t", &spec(), Utc::now(), None).await.unwrap();
         }
         let a = Uuid::now_v7();
-        let held = store
+        let mut held = store
             .claim(a, Duration::from_secs(60), Duration::ZERO, 10)
             .await
             .unwrap();
-        assert_eq!(held.len(), 2, "{}", backend.url());
+        held.sort_by_key(|c| c.id);
+        assert_eq!(held.len(), 3, "{}", backend.url());
+        // The third is canceled through the API while its owner still polls it.
+        store
+            .cancel("t", held[2].id, Utc::now())
+            .await
+            .unwrap()
+            .unwrap();
         let progress = |c: &waitd::store::Claimed, epoch: i64, to: &str| Progress {
             id: c.id,
             epoch,
@@ -588,10 +595,17 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
             progress(&held[0], held[0].epoch, "x"),
             // A stale epoch: this one is no longer the writer's.
             progress(&held[1], held[1].epoch - 1, "y"),
+            // Ended meanwhile: a running owner's write does not revive it.
+            progress(&held[2], held[2].epoch, "z"),
         ];
+        // Another replica's write of the same batch lands nowhere.
+        assert_eq!(
+            store.record_many(Uuid::now_v7(), &batch).await.unwrap(),
+            vec![false, false, false]
+        );
         assert_eq!(
             store.record_many(a, &batch).await.unwrap(),
-            vec![true, false]
+            vec![true, false, false]
         );
         let kinds = |id| {
             let store = store.clone();
@@ -607,6 +621,7 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         };
         assert_eq!(kinds(held[0].id).await, ["created", "state"]);
         assert_eq!(kinds(held[1].id).await, ["created"]);
+        assert_eq!(kinds(held[2].id).await, ["created", "canceled"]);
         assert_eq!(store.record_many(a, &[]).await.unwrap(), Vec::<bool>::new());
     });
 }
