@@ -26,9 +26,20 @@ const LIMIT_MARGIN: i64 = 256;
 
 /// A tenant's running count, once read, spares the next creates from counting for
 /// this long while it is more than [`CACHED_MARGIN`] under the limit: overshooting
-/// would take that many creates, across all replicas, within this window.
+/// would take that many creates, across all replicas, within this window. Once it is
+/// older, one create counts again while the others go on with it for up to as long
+/// again, rather than all counting at once.
 const COUNT_FRESH: std::time::Duration = std::time::Duration::from_millis(250);
 const CACHED_MARGIN: i64 = 1024;
+
+/// A tenant's running count as last read, when, and whether a create is reading it
+/// again now.
+#[derive(Debug)]
+struct Counted {
+    n: i64,
+    at: Instant,
+    recounting: bool,
+}
 
 /// Checkpoints per statement: no one statement holds thousands of row locks.
 const CHECKPOINT_CHUNK: usize = 1000;
@@ -47,7 +58,7 @@ pub struct PgStore {
     /// Wakes this replica's sequencer task (started on first use).
     sequencer: std::sync::Arc<Sequencer>,
     /// Per tenant: running waits when last counted, and when.
-    running: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (i64, Instant)>>>,
+    running: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Counted>>>,
 }
 
 #[derive(Debug, Default)]
@@ -160,20 +171,34 @@ impl PgStore {
     }
 
     /// True when the tenant was counted lately and far enough under `max` that no
-    /// count is needed now.
+    /// count is needed now. A stale count is read again by one create (the caller
+    /// answered false first), while the others go on with it a little longer.
     fn far_under_limit(&self, tenant: &str, max: i64) -> bool {
-        let counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        counts
-            .get(tenant)
-            .is_some_and(|(n, at)| at.elapsed() < COUNT_FRESH && n + CACHED_MARGIN < max)
+        let mut counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(c) = counts.get_mut(tenant).filter(|c| c.n + CACHED_MARGIN < max) else {
+            return false;
+        };
+        let age = c.at.elapsed();
+        if age < COUNT_FRESH || (c.recounting && age < 2 * COUNT_FRESH) {
+            return true;
+        }
+        c.recounting = true;
+        false
     }
 
     fn counted(&self, tenant: &str, n: i64) {
         let mut counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
         if counts.len() > 10_000 {
-            counts.retain(|_, (_, at)| at.elapsed() < COUNT_FRESH);
+            counts.retain(|_, c| c.at.elapsed() < 2 * COUNT_FRESH);
         }
-        counts.insert(tenant.to_string(), (n, Instant::now()));
+        counts.insert(
+            tenant.to_string(),
+            Counted {
+                n,
+                at: Instant::now(),
+                recounting: false,
+            },
+        );
     }
 
     /// Gives every committed event without one its global cursor (`gid`), in the
