@@ -521,6 +521,49 @@ async fn probes_to_one_host_are_limited_in_number() {
     assert_eq!(seen.max_in_flight.load(Ordering::SeqCst), 2);
 }
 
+#[tokio::test]
+async fn the_per_host_limit_tracks_only_hosts_in_flight() {
+    let p = prober(config());
+    let mut hosts = Vec::new();
+    for _ in 0..3 {
+        let (addr, _) = upstream(Reply::json(200, json!({"status": "on"}))).await;
+        hosts.push(spec(&format!("http://{addr}/"), json!({})));
+    }
+    for s in &hosts {
+        assert!(matches!(p.probe(s).await, Observation::State { .. }));
+    }
+    assert_eq!(
+        p.hosts_tracked(),
+        0,
+        "finished probes leave their hosts behind"
+    );
+
+    // One probe in flight holds its host; abandoned, it lets it go.
+    let (addr, seen) =
+        upstream(Reply::json(200, json!({"status": "on"})).delay(Duration::from_secs(30))).await;
+    let slow = spec(&format!("http://{addr}/"), json!({}));
+    let in_flight = {
+        let (p, slow) = (p.clone(), slow.clone());
+        tokio::spawn(async move { p.probe(&slow).await })
+    };
+    while seen.hits() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(p.hosts_tracked(), 1);
+    assert!(matches!(
+        p.probe(&hosts[0]).await,
+        Observation::State { .. }
+    ));
+    assert_eq!(p.hosts_tracked(), 1, "the slow host is still in flight");
+    in_flight.abort();
+    let _ = in_flight.await;
+    assert_eq!(
+        p.hosts_tracked(),
+        0,
+        "an abandoned probe leaves its host behind"
+    );
+}
+
 // ---- the SSRF guard ----
 
 fn guard(entries: &[&str]) -> Guard {

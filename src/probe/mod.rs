@@ -152,6 +152,8 @@ struct Inner {
     max_body: usize,
     per_host: usize,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Probes finished, for the occasional sweep of [`HostSlot`]'s drop.
+    finished: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Prober {
@@ -195,6 +197,7 @@ impl Prober {
                 max_body: config.max_body,
                 per_host: config.per_host_concurrency.max(1),
                 hosts: Mutex::new(HashMap::new()),
+                finished: Default::default(),
             }),
         })
     }
@@ -245,11 +248,17 @@ impl Prober {
             headers.insert(name, value);
         }
 
-        let _permit = self.host_permit(&url).await;
-        let result = self.get(url, headers, spec).await;
-        drop(_permit);
-        self.forget_idle_hosts();
-        result
+        let _slot = self.host_slot(&url).await;
+        self.get(url, headers, spec).await
+    }
+
+    /// How many hosts the per-host limit tracks now: those with a probe in flight.
+    pub fn hosts_tracked(&self) -> usize {
+        self.inner
+            .hosts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     async fn get(&self, url: url::Url, headers: HeaderMap, spec: &Spec) -> Observation {
@@ -346,7 +355,8 @@ impl Prober {
         }
     }
 
-    async fn host_permit(&self, url: &url::Url) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    /// A place among the probes in flight to the URL's host, held until dropped.
+    async fn host_slot(&self, url: &url::Url) -> HostSlot {
         let key = format!(
             "{}:{}",
             url.host_str().unwrap_or_default(),
@@ -355,19 +365,49 @@ impl Prober {
         let sem = {
             let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
             hosts
-                .entry(key)
+                .entry(key.clone())
                 .or_insert_with(|| Arc::new(Semaphore::new(self.inner.per_host)))
                 .clone()
         };
-        sem.acquire_owned().await.ok()
+        let mut slot = HostSlot {
+            inner: self.inner.clone(),
+            key,
+            permit: None,
+        };
+        slot.permit = sem.acquire_owned().await.ok();
+        slot
     }
+}
 
-    /// Drops the limits of hosts nobody is probing, so the map does not grow with
-    /// every host ever seen. (Clones are only taken under the lock, so a count of one
-    /// means idle.)
-    fn forget_idle_hosts(&self) {
+/// A probe's place in its host's limit. Dropped (the probe done, or abandoned), it
+/// frees the place and, when nobody else is probing that host, forgets the host, so
+/// the map holds only hosts in flight: one lookup, not a sweep of every host. Every
+/// 4,096th drop sweeps them all, for a probe abandoned while it still waited for its
+/// place (its claim on the host may outlive its drop).
+struct HostSlot {
+    inner: Arc<Inner>,
+    key: String,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for HostSlot {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let n = self
+            .inner
+            .finished
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
-        hosts.retain(|_, sem| Arc::strong_count(sem) > 1);
+        // Clones are only taken under this lock, so a count of one (the map's own)
+        // means nobody is probing the host or waiting to.
+        if n % 4096 == 4095 {
+            hosts.retain(|_, sem| Arc::strong_count(sem) > 1);
+        } else if hosts
+            .get(&self.key)
+            .is_some_and(|sem| Arc::strong_count(sem) == 1)
+        {
+            hosts.remove(&self.key);
+        }
     }
 }
 
