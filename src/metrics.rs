@@ -10,8 +10,12 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
+/// Each observation adds to the one bucket it falls in (three atomic adds in all,
+/// whatever the value); the cumulative counts Prometheus expects are summed when
+/// rendered.
 #[derive(Default, Debug)]
 pub struct Histogram {
+    /// Observations in (previous bound, this bound]; over the last bound, none.
     counts: [AtomicU64; 12],
     count: AtomicU64,
     sum_micros: AtomicU64,
@@ -20,10 +24,8 @@ pub struct Histogram {
 impl Histogram {
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                self.counts[i].fetch_add(1, Relaxed);
-            }
+        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
+            self.counts[i].fetch_add(1, Relaxed);
         }
         self.count.fetch_add(1, Relaxed);
         self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
@@ -31,14 +33,14 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                self.counts[i].load(Relaxed)
-            );
-        }
+        // The total is read first: a bucket counted after it could otherwise make a
+        // bucket's cumulative count exceed `+Inf`.
         let n = self.count.load(Relaxed);
+        let mut below = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            below += self.counts[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", below.min(n));
+        }
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
         let _ = writeln!(
             out,
@@ -156,5 +158,36 @@ impl Metrics {
             "Actual minus scheduled poll time.",
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_renders_cumulative_buckets_from_one_add_per_observation() {
+        let h = Histogram::default();
+        for ms in [0.5, 1.0, 3.0, 30.0, 30.0, 20_000.0] {
+            h.observe(Duration::from_secs_f64(ms / 1e3));
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        let bucket = |le: &str| -> u64 {
+            let key = format!("x_bucket{{le=\"{le}\"}} ");
+            out.lines()
+                .find_map(|l| l.strip_prefix(&key))
+                .unwrap_or_else(|| panic!("no bucket {le} in:\n{out}"))
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(bucket("0.001"), 2, "{out}");
+        assert_eq!(bucket("0.002"), 2);
+        assert_eq!(bucket("0.005"), 3);
+        assert_eq!(bucket("0.02"), 3);
+        assert_eq!(bucket("0.05"), 5);
+        assert_eq!(bucket("10"), 5);
+        assert_eq!(bucket("+Inf"), 6);
+        assert!(out.contains("x_count 6\n"), "{out}");
     }
 }
