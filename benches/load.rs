@@ -185,8 +185,38 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-/// (1) The limit: a plain reqwest loop at the given concurrency → requests/s.
-async fn limit(base: &str, concurrency: usize, seconds: u64) -> f64 {
+/// CPU seconds used so far by this process and by every `postgres` process: what a
+/// poll or a request costs, whatever the machine's speed at the moment.
+fn cpu_seconds() -> f64 {
+    let ticks = |pid: &str| -> f64 {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+                Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+            })
+            .unwrap_or(0.0)
+    };
+    let mut total = ticks("self");
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let pid = e.file_name().to_string_lossy().to_string();
+            if pid.bytes().all(|b| b.is_ascii_digit())
+                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "postgres")
+            {
+                total += ticks(&pid);
+            }
+        }
+    }
+    // Linux reports in clock ticks of 1/100 s.
+    total / 100.0
+}
+
+/// (1) The limit: a plain reqwest loop at the given concurrency → requests/s, and
+/// the CPU each request cost (µs).
+async fn limit(base: &str, concurrency: usize, seconds: u64) -> (f64, f64) {
+    let cpu0 = cpu_seconds();
     let c = client();
     let n = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs(seconds);
@@ -205,7 +235,8 @@ async fn limit(base: &str, concurrency: usize, seconds: u64) -> f64 {
     for t in tasks {
         let _ = t.await;
     }
-    n.load(Relaxed) as f64 / seconds as f64
+    let n = n.load(Relaxed) as f64;
+    (n / seconds as f64, (cpu_seconds() - cpu0) * 1e6 / n)
 }
 
 struct Waitd {
@@ -423,6 +454,8 @@ async fn until_held(waitd: &str, n: usize) {
 struct Run {
     limit: f64,
     steady: f64,
+    cpu_per_poll: f64,
+    cpu_per_request: f64,
     stmts_per_poll: f64,
     rows_per_poll: f64,
     wal_per_poll: f64,
@@ -444,6 +477,8 @@ async fn one_run(a: &Args) -> Run {
     let mut run = Run {
         limit: f64::NAN,
         steady: f64::NAN,
+        cpu_per_poll: f64::NAN,
+        cpu_per_request: f64::NAN,
         stmts_per_poll: f64::NAN,
         rows_per_poll: f64::NAN,
         wal_per_poll: f64::NAN,
@@ -477,11 +512,14 @@ async fn one_run(a: &Args) -> Run {
         until_first_polls_written(&db).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
+        let cpu0 = cpu_seconds();
         eprintln!("saturated phase: measuring for {} s", a.seconds);
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+        let cpu1 = cpu_seconds();
         let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
         let p = polls(&m1) - polls(&m0);
         run.steady = p / a.seconds as f64;
+        run.cpu_per_poll = (cpu1 - cpu0) * 1e6 / p;
         let outcomes: Vec<String> = ["state", "missing", "not_found", "transient", "permanent"]
             .iter()
             .map(|o| {
@@ -505,8 +543,15 @@ async fn one_run(a: &Args) -> Run {
         }
     }
     if !limits.is_empty() {
-        eprintln!("limit before and after the steady phase: {limits:.0?} req/s");
-        run.limit = limits.iter().sum::<f64>() / limits.len() as f64;
+        let rates: Vec<f64> = limits.iter().map(|l| l.0).collect();
+        let cpu: Vec<f64> = limits.iter().map(|l| l.1).collect();
+        eprintln!(
+            "limit before and after the steady phase: {rates:.0?} req/s, {cpu:.1?} µs of CPU a request; \
+             steady phase: {:.0} polls/s, {:.1} µs of CPU a poll",
+            run.steady, run.cpu_per_poll
+        );
+        run.limit = rates.iter().sum::<f64>() / rates.len() as f64;
+        run.cpu_per_request = cpu.iter().sum::<f64>() / cpu.len() as f64;
     }
 
     // (6): create throughput alone: waits whose first poll is half an hour away, for
@@ -964,7 +1009,11 @@ fn main() {
             println!("| 1 | limit: plain reqwest loop, same upstream and concurrency | {limit:.0} req/s | |");
         }
         if a.runs("steady") {
-            println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the limit) | ≥ 0.8 |", a.waits, steady / limit);
+            println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the limit; the runs' own ratios, median {:.2}) | ≥ 0.8 |", a.waits, steady / limit, m(&|r| r.steady / r.limit));
+            if a.runs("limit") {
+                let (poll, req) = (m(&|r| r.cpu_per_poll), m(&|r| r.cpu_per_request));
+                println!("| 2b | CPU a poll (waitd, upstream, Postgres) against CPU a request of the limit loop | {poll:.1} µs / {req:.1} µs: {:.2} (the runs' own, median {:.2}) | |", req / poll, m(&|r| r.cpu_per_request / r.cpu_per_poll));
+            }
             println!("| 3 | database write statements per poll (waitd's counter) | {:.4} | ≤ 0.02 |", m(&|r| r.stmts_per_poll));
             println!("| 3b | database rows written per poll (pg_stat_database) | {:.4} | |", m(&|r| r.rows_per_poll));
             println!("| 3c | WAL bytes per poll | {:.3} | |", m(&|r| r.wal_per_poll));

@@ -9,7 +9,12 @@ use serde_json_path::JsonPath;
 /// A parsed path. Cloning copies the parsed query.
 #[derive(Clone, Debug)]
 pub enum ValuePath {
-    Pointer(String),
+    /// A JSON Pointer and its reference tokens, unescaped once here rather than at
+    /// every poll.
+    Pointer {
+        text: String,
+        tokens: Vec<String>,
+    },
     Query {
         text: String,
         query: JsonPath,
@@ -32,7 +37,7 @@ impl ValuePath {
     pub fn parse(text: &str) -> Result<Self, String> {
         if text == HTTP_STATUS {
             Ok(ValuePath::HttpStatus)
-        } else if text.starts_with('/') {
+        } else if let Some(rest) = text.strip_prefix('/') {
             // RFC 6901: `~` must be followed by 0 or 1.
             let bytes = text.as_bytes();
             for (i, b) in bytes.iter().enumerate() {
@@ -42,7 +47,13 @@ impl ValuePath {
                     ));
                 }
             }
-            Ok(ValuePath::Pointer(text.to_string()))
+            Ok(ValuePath::Pointer {
+                text: text.to_string(),
+                tokens: rest
+                    .split('/')
+                    .map(|t| t.replace("~1", "/").replace("~0", "~"))
+                    .collect(),
+            })
         } else if text.starts_with('$') {
             JsonPath::parse(text)
                 .map(|query| ValuePath::Query {
@@ -59,7 +70,7 @@ impl ValuePath {
 
     pub fn as_str(&self) -> &str {
         match self {
-            ValuePath::Pointer(t) => t,
+            ValuePath::Pointer { text, .. } => text,
             ValuePath::Query { text, .. } => text,
             ValuePath::HttpStatus => HTTP_STATUS,
         }
@@ -68,7 +79,7 @@ impl ValuePath {
     /// The nodes the path selects, in document order. An absent pointer selects none.
     pub fn select<'a>(&self, body: &'a Value) -> Vec<&'a Value> {
         match self {
-            ValuePath::Pointer(p) => body.pointer(p).into_iter().collect(),
+            ValuePath::Pointer { tokens, .. } => resolve(body, tokens).into_iter().collect(),
             ValuePath::Query { query, .. } => query.query(body).all(),
             ValuePath::HttpStatus => Vec::new(),
         }
@@ -104,6 +115,25 @@ impl ValuePath {
     }
 }
 
+/// RFC 6901 evaluation of unescaped reference tokens, as `serde_json`'s `pointer`
+/// does it: an array index is decimal digits without a leading zero.
+fn resolve<'a>(mut node: &'a Value, tokens: &[String]) -> Option<&'a Value> {
+    for token in tokens {
+        node = match node {
+            Value::Object(map) => map.get(token.as_str())?,
+            Value::Array(items) => {
+                let t = token.as_str();
+                if !t.bytes().all(|b| b.is_ascii_digit()) || (t.starts_with('0') && t.len() > 1) {
+                    return None;
+                }
+                items.get(t.parse::<usize>().ok()?)?
+            }
+            _ => return None,
+        };
+    }
+    Some(node)
+}
+
 fn push_scalar(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::Null => {}
@@ -131,6 +161,39 @@ impl<'de> Deserialize<'de> for ValuePath {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_pointer_selects_what_rfc_6901_evaluation_selects() {
+        let doc = json!({
+            "a": [10, {"x": "y"}, 12],
+            "b/c": 1, "m~n": 2, "": 3, "0": 4,
+            "o": {"": {"k": 5}},
+        });
+        for p in [
+            "/a",
+            "/a/0",
+            "/a/1/x",
+            "/a/01",
+            "/a/+1",
+            "/a/-1",
+            "/a/-",
+            "/a/3",
+            "/a/",
+            "/b~1c",
+            "/m~0n",
+            "/",
+            "/0",
+            "/o//k",
+            "/o/",
+            "/missing",
+            "/a/0/deeper",
+            "/b~1c/x",
+        ] {
+            let path = ValuePath::parse(p).unwrap();
+            let want: Vec<&Value> = doc.pointer(p).into_iter().collect();
+            assert_eq!(path.select(&doc), want, "{p}");
+        }
+    }
 
     #[test]
     fn at_status_names_the_http_status_and_selects_nothing_in_a_body() {

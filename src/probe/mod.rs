@@ -167,6 +167,12 @@ impl std::fmt::Debug for Prober {
     }
 }
 
+/// The spec's target URL, parsed; the error is the observation a probe of it makes.
+pub fn target_url(spec: &Spec) -> Result<url::Url, String> {
+    url::Url::parse(&spec.target.url)
+        .map_err(|e| format!("the target URL is not a valid absolute URL ({e})"))
+}
+
 impl Prober {
     /// Builds the shared client: rustls with the ring provider (installed as the
     /// process default if none is), the guarded resolver, no redirects, no proxy, the
@@ -216,14 +222,15 @@ impl Prober {
     /// is what the cap exists to prevent. Reading stops at the first chunk over the
     /// cap (or at once when `Content-Length` announces too much).
     pub async fn probe(&self, spec: &Spec) -> Observation {
-        let url = match url::Url::parse(&spec.target.url) {
-            Ok(u) => u,
-            Err(e) => {
-                return Observation::Permanent {
-                    error: format!("the target URL is not a valid absolute URL ({e})"),
-                };
-            }
-        };
+        match target_url(spec) {
+            Ok(url) => self.probe_url(spec, url).await,
+            Err(error) => Observation::Permanent { error },
+        }
+    }
+
+    /// [`Prober::probe`] with the target URL parsed already ([`target_url`]), for a
+    /// wait polled many times.
+    pub async fn probe_url(&self, spec: &Spec, url: url::Url) -> Observation {
         // Address literals never reach the resolver, so they are judged here; names
         // are judged by the resolver, on the addresses it returns.
         if let Err(error) = self.inner.guard.check_url(&url) {

@@ -78,6 +78,8 @@ pub struct Worker {
 
 struct Held {
     spec: Arc<Spec>,
+    /// The target URL, parsed once rather than at every poll.
+    url: Result<url::Url, String>,
     engine: EngineState,
     epoch: i64,
     next: DateTime<Utc>,
@@ -449,6 +451,7 @@ impl Loop {
                 .schedule_lag
                 .observe((now - at).to_std().unwrap_or_default());
             let spec = h.spec.clone();
+            let url = h.url.clone();
             let probes = self.probes.clone();
             let w = self.w.clone();
             let tx = self.tx.clone();
@@ -456,7 +459,10 @@ impl Loop {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;
                 let started = Instant::now();
-                let obs = w.prober.probe(&spec).await;
+                let obs = match url {
+                    Ok(url) => w.prober.probe_url(&spec, url).await,
+                    Err(error) => Observation::Permanent { error },
+                };
                 w.metrics.probe_latency.observe(started.elapsed());
                 w.metrics.poll(outcome_label(&obs));
                 let _ = tx.send(Msg::Probed {
@@ -488,6 +494,7 @@ impl Loop {
     fn insert(&mut self, c: Claimed) {
         let spec = Arc::new(c.spec);
         let held = Held {
+            url: crate::probe::target_url(&spec),
             spec,
             written: fingerprint(&c.engine),
             written_at: Instant::now(),
