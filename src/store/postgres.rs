@@ -41,6 +41,42 @@ struct Counted {
     recounting: bool,
 }
 
+/// Per tenant, the running count as last read ([`COUNT_FRESH`], [`CACHED_MARGIN`]).
+#[derive(Debug, Default)]
+struct TenantCounts(std::collections::HashMap<String, Counted>);
+
+impl TenantCounts {
+    /// True when the tenant was counted lately and far enough under `max` that no
+    /// count is needed now. A stale count is read again by one create (the caller
+    /// answered false first), while the others go on with it a little longer.
+    fn far_under(&mut self, tenant: &str, max: i64, now: Instant) -> bool {
+        let Some(c) = self.0.get_mut(tenant).filter(|c| c.n + CACHED_MARGIN < max) else {
+            return false;
+        };
+        let age = now.saturating_duration_since(c.at);
+        if age < COUNT_FRESH || (c.recounting && age < 2 * COUNT_FRESH) {
+            return true;
+        }
+        c.recounting = true;
+        false
+    }
+
+    fn counted(&mut self, tenant: &str, n: i64, now: Instant) {
+        if self.0.len() > 10_000 {
+            self.0
+                .retain(|_, c| now.saturating_duration_since(c.at) < 2 * COUNT_FRESH);
+        }
+        self.0.insert(
+            tenant.to_string(),
+            Counted {
+                n,
+                at: now,
+                recounting: false,
+            },
+        );
+    }
+}
+
 /// Checkpoints per statement: no one statement holds thousands of row locks.
 const CHECKPOINT_CHUNK: usize = 1000;
 
@@ -58,7 +94,7 @@ pub struct PgStore {
     /// Wakes this replica's sequencer task (started on first use).
     sequencer: std::sync::Arc<Sequencer>,
     /// Per tenant: running waits when last counted, and when.
-    running: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Counted>>>,
+    running: std::sync::Arc<std::sync::Mutex<TenantCounts>>,
 }
 
 #[derive(Debug, Default)]
@@ -170,35 +206,14 @@ impl PgStore {
         }
     }
 
-    /// True when the tenant was counted lately and far enough under `max` that no
-    /// count is needed now. A stale count is read again by one create (the caller
-    /// answered false first), while the others go on with it a little longer.
     fn far_under_limit(&self, tenant: &str, max: i64) -> bool {
         let mut counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(c) = counts.get_mut(tenant).filter(|c| c.n + CACHED_MARGIN < max) else {
-            return false;
-        };
-        let age = c.at.elapsed();
-        if age < COUNT_FRESH || (c.recounting && age < 2 * COUNT_FRESH) {
-            return true;
-        }
-        c.recounting = true;
-        false
+        counts.far_under(tenant, max, Instant::now())
     }
 
     fn counted(&self, tenant: &str, n: i64) {
         let mut counts = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        if counts.len() > 10_000 {
-            counts.retain(|_, c| c.at.elapsed() < 2 * COUNT_FRESH);
-        }
-        counts.insert(
-            tenant.to_string(),
-            Counted {
-                n,
-                at: Instant::now(),
-                recounting: false,
-            },
-        );
+        counts.counted(tenant, n, Instant::now());
     }
 
     /// Gives every committed event without one its global cursor (`gid`), in the
@@ -1060,4 +1075,36 @@ fn notices(done: Vec<Sequenced>) -> Vec<String> {
         payloads.push(current);
     }
     payloads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_tenant_count_is_read_again_by_one_create_while_the_others_go_on() {
+        let t0 = Instant::now();
+        let mut c = TenantCounts::default();
+        assert!(!c.far_under("t", 10_000, t0), "never counted: count");
+        c.counted("t", 100, t0);
+        assert!(c.far_under("t", 10_000, t0 + COUNT_FRESH / 2));
+        // Near the limit, every create counts, fresh or not.
+        assert!(!c.far_under("t", 100 + CACHED_MARGIN, t0));
+        let stale = t0 + COUNT_FRESH;
+        assert!(
+            !c.far_under("t", 10_000, stale),
+            "the first to see it stale counts"
+        );
+        assert!(
+            c.far_under("t", 10_000, stale),
+            "the others go on meanwhile"
+        );
+        assert!(c.far_under("t", 10_000, t0 + COUNT_FRESH * 3 / 2));
+        // The recount never came back (it failed): after twice the window, another
+        // create counts.
+        assert!(!c.far_under("t", 10_000, t0 + 2 * COUNT_FRESH));
+        c.counted("t", 200, t0 + 2 * COUNT_FRESH);
+        assert!(c.far_under("t", 10_000, t0 + 2 * COUNT_FRESH));
+        assert!(!c.far_under("other", 10_000, t0), "tenants apart");
+    }
 }
