@@ -13,8 +13,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::{Value, json};
 use waitd::engine::{
-    Context, Decision, End, EngineState, Event, FieldError, Limits, NotFound, Observation, Outcome,
-    Spec, step,
+    Budget, Context, Decision, End, EngineState, Event, FieldError, Limits, NotFound, Observation,
+    Outcome, Selected, Spec, step,
 };
 
 // ---------------------------------------------------------------------------------
@@ -716,17 +716,20 @@ fn latitude_a_twenty_millisecond_deadline_times_out() {
 #[test]
 fn latitude_a_missing_status_reads_as_missing_and_is_not_fatal() {
     let spec = latitude(json!({}));
-    assert_eq!(spec.state.state_values(&json!({"data": {}})), None);
-    assert_eq!(
+    let values = |body: Value| {
         spec.state
-            .state_values(&json!({"data": {"attributes": {"status": null}}})),
-        None
+            .state_values(&body, &mut Budget::default())
+            .unwrap()
+    };
+    assert_eq!(values(json!({"data": {}})), Selected::Nothing);
+    assert_eq!(
+        values(json!({"data": {"attributes": {"status": null}}})),
+        Selected::OnlyNull
     );
-    assert_eq!(spec.state.state_values(&json!(null)), None);
+    assert_eq!(values(json!(null)), Selected::Nothing);
     assert_eq!(
-        spec.state
-            .state_values(&json!({"data": {"attributes": {"status": "on"}}})),
-        Some(vec!["on".to_string()])
+        values(json!({"data": {"attributes": {"status": "on"}}})),
+        Selected::Values(vec!["on".to_string()])
     );
     let run = drive(&spec, FINE_FLOOR, [missing(), missing(), state("on")]);
     assert_eq!(run.end(), End::Succeeded);
@@ -1060,17 +1063,25 @@ fn without_ignore_case_a_differently_cased_state_is_not_a_match() {
     );
 }
 
+/// The state values a spec's path reads from a body.
+fn values_at(spec: &Spec, body: Value) -> Vec<String> {
+    match spec.state.state_values(&body, &mut Budget::default()) {
+        Ok(Selected::Values(v)) => v,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn a_jsonpath_with_several_values_succeeds_only_when_all_are_in_want() {
     let spec = plain(json!({"state": "$.items[*].status", "want": ["ready"], "fail": ["broken"]}));
-    let some = spec
-        .state
-        .state_values(&json!({"items": [{"status": "ready"}, {"status": "pending"}]}))
-        .unwrap();
-    let all = spec
-        .state
-        .state_values(&json!({"items": [{"status": "ready"}, {"status": "ready"}]}))
-        .unwrap();
+    let some = values_at(
+        &spec,
+        json!({"items": [{"status": "ready"}, {"status": "pending"}]}),
+    );
+    let all = values_at(
+        &spec,
+        json!({"items": [{"status": "ready"}, {"status": "ready"}]}),
+    );
     assert_eq!(all, vec!["ready", "ready"]);
     let obs = |values: Vec<String>| Observation::State {
         values,
@@ -1086,12 +1097,10 @@ fn a_jsonpath_with_several_values_succeeds_only_when_all_are_in_want() {
 #[test]
 fn a_jsonpath_with_several_values_fails_when_any_is_in_fail() {
     let spec = plain(json!({"state": "$.items[*].status", "want": ["ready"], "fail": ["broken"]}));
-    let values = spec
-        .state
-        .state_values(
-            &json!({"items": [{"status": "ready"}, {"status": "broken"}, {"status": "ready"}]}),
-        )
-        .unwrap();
+    let values = values_at(
+        &spec,
+        json!({"items": [{"status": "ready"}, {"status": "broken"}, {"status": "ready"}]}),
+    );
     let run = drive(
         &spec,
         FINE_FLOOR,
@@ -1108,7 +1117,7 @@ fn a_jsonpath_with_several_values_fails_when_any_is_in_fail() {
 fn numbers_and_booleans_compare_as_their_json_text() {
     let spec = plain(json!({"state": "/ready", "want": [true], "fail": [3]}));
     assert_eq!(spec.want, vec!["true"]);
-    let values = spec.state.state_values(&json!({"ready": true})).unwrap();
+    let values = values_at(&spec, json!({"ready": true}));
     let run = drive(
         &spec,
         FINE_FLOOR,
@@ -1118,7 +1127,7 @@ fn numbers_and_booleans_compare_as_their_json_text() {
         }],
     );
     assert_eq!(run.end(), End::Succeeded);
-    let values = spec.state.state_values(&json!({"ready": 3})).unwrap();
+    let values = values_at(&spec, json!({"ready": 3}));
     let run = drive(
         &spec,
         FINE_FLOOR,

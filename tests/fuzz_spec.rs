@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use serde_json::{Number, Value, json};
-use waitd::engine::{Limits, Spec, ValuePath};
+use waitd::engine::{Budget, Limits, Selected, Spec, ValuePath};
 
 /// Field names the parser knows, so random objects often hit real code paths.
 const KEYS: &[&str] = &[
@@ -370,10 +370,10 @@ proptest! {
     ) {
         if let Ok(path) = ValuePath::parse(&text) {
             prop_assert_eq!(path.as_str(), text.as_str());
-            if let Some(values) = path.state_values(&body) {
-                prop_assert!(!values.is_empty(), "Some(empty) from {} over {}", text, body);
+            if let Ok(Selected::Values(values)) = path.state_values(&body, &mut Budget::default()) {
+                prop_assert!(!values.is_empty(), "Values(empty) from {} over {}", text, body);
             }
-            if let Some(detail) = path.detail(&body) {
+            if let Ok(Some(detail)) = path.detail(&body, &mut Budget::default()) {
                 prop_assert!(!detail.is_null());
             }
             // A path parsed from its own text is the same path.

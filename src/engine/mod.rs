@@ -8,7 +8,9 @@
 //! it is tested without sleeping, and a state serialised on one replica makes the
 //! same decisions when restored on another.
 
+pub mod bound;
 pub mod duration;
+pub mod jsonpath;
 pub mod path;
 pub mod spec;
 
@@ -18,7 +20,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use path::ValuePath;
+pub use jsonpath::{Budget, Exceeded};
+pub use path::{Selected, ValuePath};
 pub use spec::{FieldError, Limits, NotFound, Poll, Retry, Spec, Target};
 
 /// What one GET of the target showed. The prober builds these; tests write them.
@@ -72,6 +75,17 @@ pub struct Outcome {
     pub reason: String,
     /// From the spec's `error` path, when the wait failed.
     pub error_detail: Option<Value>,
+}
+
+impl Outcome {
+    /// An outcome whose reason is cut to [`bound::MAX_REASON`].
+    pub fn new(end: End, reason: String, error_detail: Option<Value>) -> Outcome {
+        Outcome {
+            end,
+            reason: bound::text(&reason, bound::MAX_REASON).into_owned(),
+            error_detail,
+        }
+    }
 }
 
 /// Events worth recording (polls that change nothing produce none).
@@ -166,11 +180,7 @@ impl EngineState {
         if let Some(e) = &self.last_error {
             reason.push_str(&format!("; the last error was: {e}"));
         }
-        Outcome {
-            end: End::TimedOut,
-            reason,
-            error_detail: None,
-        }
+        Outcome::new(End::TimedOut, reason, None)
     }
 }
 
@@ -185,7 +195,13 @@ enum Verdict {
 pub fn step(spec: &Spec, st: &mut EngineState, obs: Observation, cx: Context) -> Step {
     st.polls += 1;
     let mut events = Vec::new();
-    let verdict = classify(spec, st, obs, &mut events);
+    let verdict = match classify(spec, st, obs, &mut events) {
+        // What a target says is kept only within bounds (see [`bound`]).
+        Verdict::Bad(error, ra) => {
+            Verdict::Bad(bound::text(&error, bound::MAX_ERROR).into_owned(), ra)
+        }
+        v => v,
+    };
     let decision = match verdict {
         Verdict::Done(outcome) => Decision::End(outcome),
         // The deadline wins over everything that has not ended the wait.
@@ -208,15 +224,15 @@ pub fn step(spec: &Spec, st: &mut EngineState, obs: Observation, cx: Context) ->
         Verdict::Bad(error, retry_after) => {
             st.last_error = Some(error.clone());
             match spec.retry.max_retries {
-                Some(max) if st.budget_used >= max => Decision::End(Outcome {
-                    end: End::Error,
-                    reason: format!(
+                Some(max) if st.budget_used >= max => Decision::End(Outcome::new(
+                    End::Error,
+                    format!(
                         "gave up after {} consecutive bad observation{} (retry.max_retries is {max}); the last error was: {error}",
                         st.budget_used + 1,
                         if st.budget_used == 0 { "" } else { "s" },
                     ),
-                    error_detail: None,
-                }),
+                    None,
+                )),
                 _ => {
                     st.budget_used += 1;
                     st.retries += 1;
@@ -251,7 +267,7 @@ fn classify(
 ) -> Verdict {
     match obs {
         Observation::State { values, detail } => {
-            let shown = values.join(", ");
+            let shown = bound::join(&values, ", ", bound::MAX_STATE);
             if st.state.as_deref() != Some(shown.as_str()) {
                 events.push(Event::State {
                     from: st.state.take(),
@@ -260,11 +276,11 @@ fn classify(
                 st.state = Some(shown.clone());
             }
             if let Some(f) = values.iter().find(|v| spec.set_contains(&spec.fail, v)) {
-                return Verdict::Done(Outcome {
-                    end: End::Failed,
-                    reason: format!("the target reached the failure state \"{f}\""),
-                    error_detail: detail,
-                });
+                return Verdict::Done(Outcome::new(
+                    End::Failed,
+                    format!("the target reached the failure state \"{f}\""),
+                    detail.as_ref().map(bound::detail),
+                ));
             }
             if values.iter().all(|v| spec.set_contains(&spec.want, v)) {
                 if spec.require_transition && !st.transition_seen {
@@ -280,11 +296,7 @@ fn classify(
                     } else {
                         format!("the target reached \"{shown}\"")
                     };
-                    return Verdict::Done(Outcome {
-                        end: End::Succeeded,
-                        reason,
-                        error_detail: None,
-                    });
+                    return Verdict::Done(Outcome::new(End::Succeeded, reason, None));
                 }
                 return Verdict::Healthy;
             }
@@ -295,7 +307,13 @@ fn classify(
                     .iter()
                     .find(|v| !spec.set_contains(pending, v) && !spec.set_contains(&spec.want, v))
             {
-                return Verdict::Bad(format!("unrecognised state \"{odd}\""), None);
+                return Verdict::Bad(
+                    format!(
+                        "unrecognised state \"{}\"",
+                        bound::text(odd, bound::MAX_QUOTED)
+                    ),
+                    None,
+                );
             }
             Verdict::Healthy
         }
@@ -310,30 +328,28 @@ fn classify(
                 if status == 410 { "Gone" } else { "Not Found" }
             );
             match spec.not_found {
-                NotFound::Success => Verdict::Done(Outcome {
-                    end: End::Succeeded,
-                    reason: format!("{text}: it is gone"),
-                    error_detail: None,
-                }),
+                NotFound::Success => Verdict::Done(Outcome::new(
+                    End::Succeeded,
+                    format!("{text}: it is gone"),
+                    None,
+                )),
                 NotFound::Retry => Verdict::Bad(text, None),
                 NotFound::Error => {
                     st.last_error = Some(text.clone());
-                    Verdict::Done(Outcome {
-                        end: End::Error,
-                        reason: format!("{text} (not_found is \"error\")"),
-                        error_detail: None,
-                    })
+                    Verdict::Done(Outcome::new(
+                        End::Error,
+                        format!("{text} (not_found is \"error\")"),
+                        None,
+                    ))
                 }
             }
         }
         Observation::Transient { error, retry_after } => Verdict::Bad(error, retry_after),
         Observation::Permanent { error } => {
-            st.last_error = Some(error.clone());
-            Verdict::Done(Outcome {
-                end: End::Error,
-                reason: format!("{error}; this is not retried"),
-                error_detail: None,
-            })
+            let error = bound::text(&error, bound::MAX_ERROR).into_owned();
+            let reason = format!("{error}; this is not retried");
+            st.last_error = Some(error);
+            Verdict::Done(Outcome::new(End::Error, reason, None))
         }
     }
 }

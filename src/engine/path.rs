@@ -4,20 +4,18 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
-use serde_json_path::JsonPath;
+
+use super::jsonpath::{self, Budget, Exceeded};
 
 /// A parsed path. Cloning copies the parsed query.
 #[derive(Clone, Debug)]
 pub enum ValuePath {
     /// A JSON Pointer and its reference tokens, unescaped once here rather than at
     /// every poll.
-    Pointer {
-        text: String,
-        tokens: Vec<String>,
-    },
+    Pointer { text: String, tokens: Vec<String> },
     Query {
         text: String,
-        query: JsonPath,
+        query: jsonpath::Query,
     },
     /// `@status`: the state is the HTTP status code of a 2xx answer (e.g. "200"),
     /// which the prober reports without reading the body. Selects nothing in a body.
@@ -55,7 +53,7 @@ impl ValuePath {
                     .collect(),
             })
         } else if text.starts_with('$') {
-            JsonPath::parse(text)
+            jsonpath::Query::parse(text)
                 .map(|query| ValuePath::Query {
                     text: text.to_string(),
                     query,
@@ -76,43 +74,75 @@ impl ValuePath {
         }
     }
 
-    /// The nodes the path selects, in document order. An absent pointer selects none.
-    pub fn select<'a>(&self, body: &'a Value) -> Vec<&'a Value> {
+    /// The nodes the path selects, in document order. An absent pointer selects
+    /// none. Every node touched is charged to `budget`.
+    pub fn select<'a>(
+        &self,
+        body: &'a Value,
+        budget: &mut Budget,
+    ) -> Result<Vec<&'a Value>, Exceeded> {
         match self {
-            ValuePath::Pointer { tokens, .. } => resolve(body, tokens).into_iter().collect(),
-            ValuePath::Query { query, .. } => query.query(body).all(),
-            ValuePath::HttpStatus => Vec::new(),
+            ValuePath::Pointer { tokens, .. } => {
+                budget.nodes(1 + tokens.len() as u64)?;
+                Ok(resolve(body, tokens).into_iter().collect())
+            }
+            ValuePath::Query { query, .. } => query.select(body, budget),
+            ValuePath::HttpStatus => Ok(Vec::new()),
         }
     }
 
     /// The state values at this path, as strings: strings as they are, numbers and
-    /// booleans as their JSON text, an array's elements one by one. `None` when the
-    /// path selects nothing or only nulls (the "missing" observation).
-    pub fn state_values(&self, body: &Value) -> Option<Vec<String>> {
+    /// booleans as their JSON text, an array's elements one by one. What is
+    /// produced is charged to `budget` by its size.
+    pub fn state_values(&self, body: &Value, budget: &mut Budget) -> Result<Selected, Exceeded> {
+        let nodes = self.select(body, budget)?;
+        if nodes.is_empty() {
+            return Ok(Selected::Nothing);
+        }
         let mut out = Vec::new();
-        for node in self.select(body) {
+        for node in nodes {
             match node {
-                Value::Array(items) => items.iter().for_each(|v| push_scalar(v, &mut out)),
-                other => push_scalar(other, &mut out),
+                Value::Array(items) => {
+                    for v in items {
+                        budget.nodes(1)?;
+                        push_scalar(v, &mut out, budget)?;
+                    }
+                }
+                other => push_scalar(other, &mut out, budget)?,
             }
         }
-        (!out.is_empty()).then_some(out)
+        Ok(if out.is_empty() {
+            Selected::OnlyNull
+        } else {
+            Selected::Values(out)
+        })
     }
 
     /// The detail object at this path: the node itself, or an array of the nodes
     /// when a query selects several. `None` when absent or null.
-    pub fn detail(&self, body: &Value) -> Option<Value> {
+    pub fn detail(&self, body: &Value, budget: &mut Budget) -> Result<Option<Value>, Exceeded> {
         let nodes: Vec<&Value> = self
-            .select(body)
+            .select(body, budget)?
             .into_iter()
             .filter(|v| !v.is_null())
             .collect();
-        match nodes.len() {
+        Ok(match nodes.len() {
             0 => None,
             1 => Some(nodes[0].clone()),
             _ => Some(Value::Array(nodes.into_iter().cloned().collect())),
-        }
+        })
     }
+}
+
+/// What a state path found in a body.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Selected {
+    /// The state values, in document order.
+    Values(Vec<String>),
+    /// The path selects nothing.
+    Nothing,
+    /// The path selects only nulls.
+    OnlyNull,
 }
 
 /// RFC 6901 evaluation of unescaped reference tokens, as `serde_json`'s `pointer`
@@ -134,13 +164,47 @@ fn resolve<'a>(mut node: &'a Value, tokens: &[String]) -> Option<&'a Value> {
     Some(node)
 }
 
-fn push_scalar(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Null => {}
-        Value::String(s) => out.push(s.clone()),
+fn push_scalar(v: &Value, out: &mut Vec<String>, budget: &mut Budget) -> Result<(), Exceeded> {
+    let text = match v {
+        Value::Null => return Ok(()),
+        Value::String(s) => {
+            budget.bytes(s.len() as u64)?;
+            s.clone()
+        }
         // Objects and nested arrays are not states; their JSON text never matches a
-        // set entry, so they read as an unrecognised state rather than vanish.
-        other => out.push(other.to_string()),
+        // set entry, so they read as an unrecognised state rather than vanish. The
+        // text is written under the budget, not built whole and measured after.
+        other => {
+            let mut w = Capped {
+                buf: Vec::new(),
+                left: budget.bytes_left(),
+            };
+            serde_json::to_writer(&mut w, other).map_err(|_| Exceeded::Bytes)?;
+            budget.bytes(w.buf.len() as u64)?;
+            String::from_utf8(w.buf).map_err(|_| Exceeded::Bytes)?
+        }
+    };
+    out.push(text);
+    Ok(())
+}
+
+/// A writer that refuses to grow past `left` bytes.
+struct Capped {
+    buf: Vec<u8>,
+    left: u64,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if (self.buf.len() + b.len()) as u64 > self.left {
+            return Err(std::io::Error::other("over budget"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -161,6 +225,13 @@ impl<'de> Deserialize<'de> for ValuePath {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn vals(p: &ValuePath, body: &Value) -> Option<Vec<String>> {
+        match p.state_values(body, &mut Budget::default()).unwrap() {
+            Selected::Values(v) => Some(v),
+            _ => None,
+        }
+    }
 
     #[test]
     fn a_pointer_selects_what_rfc_6901_evaluation_selects() {
@@ -191,7 +262,11 @@ mod tests {
         ] {
             let path = ValuePath::parse(p).unwrap();
             let want: Vec<&Value> = doc.pointer(p).into_iter().collect();
-            assert_eq!(path.select(&doc), want, "{p}");
+            assert_eq!(
+                path.select(&doc, &mut Budget::default()).unwrap(),
+                want,
+                "{p}"
+            );
         }
     }
 
@@ -200,7 +275,7 @@ mod tests {
         let p = ValuePath::parse("@status").unwrap();
         assert_eq!(p, ValuePath::HttpStatus);
         assert_eq!(p.as_str(), "@status");
-        assert_eq!(p.state_values(&json!({"status": 200})), None);
+        assert_eq!(vals(&p, &json!({"status": 200})), None);
         assert!(ValuePath::parse("@other").is_err());
     }
 
@@ -208,18 +283,18 @@ mod tests {
     fn a_pointer_reads_one_value() {
         let p = ValuePath::parse("/data/attributes/status").unwrap();
         let body = json!({"data": {"attributes": {"status": "on"}}});
-        assert_eq!(p.state_values(&body), Some(vec!["on".to_string()]));
+        assert_eq!(vals(&p, &body), Some(vec!["on".to_string()]));
     }
 
     #[test]
     fn absent_and_null_values_are_missing() {
         let p = ValuePath::parse("/data/attributes/status").unwrap();
-        assert_eq!(p.state_values(&json!({"data": {}})), None);
+        assert_eq!(vals(&p, &json!({"data": {}})), None);
         assert_eq!(
-            p.state_values(&json!({"data": {"attributes": {"status": null}}})),
+            vals(&p, &json!({"data": {"attributes": {"status": null}}})),
             None
         );
-        assert_eq!(p.state_values(&json!("text")), None);
+        assert_eq!(vals(&p, &json!("text")), None);
     }
 
     #[test]
@@ -227,7 +302,7 @@ mod tests {
         let p = ValuePath::parse("$.items[*].ready").unwrap();
         let body = json!({"items": [{"ready": true}, {"ready": 3}, {"ready": "x"}]});
         assert_eq!(
-            p.state_values(&body),
+            vals(&p, &body),
             Some(vec!["true".to_string(), "3".to_string(), "x".to_string()])
         );
     }
@@ -236,7 +311,7 @@ mod tests {
     fn a_pointer_to_an_array_reads_its_elements() {
         let p = ValuePath::parse("/statuses").unwrap();
         assert_eq!(
-            p.state_values(&json!({"statuses": ["a", "b"]})),
+            vals(&p, &json!({"statuses": ["a", "b"]})),
             Some(vec!["a".to_string(), "b".to_string()])
         );
     }
@@ -257,7 +332,10 @@ mod tests {
         let p = ValuePath::parse("/properties/status/provisioningError").unwrap();
         let body =
             json!({"properties": {"status": {"provisioningError": {"code": "SkuNotAvailable"}}}});
-        assert_eq!(p.detail(&body), Some(json!({"code": "SkuNotAvailable"})));
-        assert_eq!(p.detail(&json!({})), None);
+        assert_eq!(
+            p.detail(&body, &mut Budget::default()).unwrap(),
+            Some(json!({"code": "SkuNotAvailable"}))
+        );
+        assert_eq!(p.detail(&json!({}), &mut Budget::default()).unwrap(), None);
     }
 }

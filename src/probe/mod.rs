@@ -36,7 +36,7 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::engine::{Observation, Spec, ValuePath};
+use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath};
 
 pub use guard::{Guard, GuardedResolver, ResolveError};
 
@@ -57,7 +57,7 @@ pub struct ProbeConfig {
     pub max_body: usize,
     /// The SSRF guard (default: refuse every internal address).
     pub guard: Guard,
-    /// At most this many probes in flight to one host and port (default 8).
+    /// At most this many probes in flight to one host and port (default 16).
     pub per_host_concurrency: usize,
     /// Fixed DNS answers used instead of the system resolver, still judged by the
     /// guard (tests make `evil.test` resolve to 127.0.0.1 with it). Port 0 means the
@@ -71,7 +71,7 @@ impl Default for ProbeConfig {
             timeout: Duration::from_secs(10),
             max_body: 1024 * 1024,
             guard: Guard::default(),
-            per_host_concurrency: 8,
+            per_host_concurrency: 16,
             resolve_overrides: Vec::new(),
         }
     }
@@ -418,7 +418,9 @@ impl Drop for HostSlot {
     }
 }
 
-/// A 2xx body: the state, or why there is none.
+/// A 2xx body: the state, or why there is none. The state path (and the error
+/// path, read only when a state is in `fail`) are evaluated under one
+/// [`Budget`]; an evaluation past it is a permanent error.
 fn classify_body(body: &[u8], spec: &Spec) -> Observation {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Observation::Missing {
@@ -434,15 +436,27 @@ fn classify_body(body: &[u8], spec: &Spec) -> Observation {
         }
     };
     let path = spec.state.as_str();
-    match spec.state.state_values(&json) {
-        Some(values) => Observation::State {
-            values,
-            detail: spec.error.as_ref().and_then(|p| p.detail(&json)),
-        },
-        None if spec.state.select(&json).is_empty() => Observation::Missing {
+    let mut budget = Budget::default();
+    let over = |which: &str, p: &str, e: Exceeded| Observation::Permanent {
+        error: format!("the {which} path {p} could not be evaluated on this response: {e}"),
+    };
+    match spec.state.state_values(&json, &mut budget) {
+        Err(e) => over("state", path, e),
+        Ok(Selected::Values(values)) => {
+            let failed = values.iter().any(|v| spec.set_contains(&spec.fail, v));
+            let detail = match &spec.error {
+                Some(p) if failed => match p.detail(&json, &mut budget) {
+                    Ok(d) => d,
+                    Err(e) => return over("error", p.as_str(), e),
+                },
+                _ => None,
+            };
+            Observation::State { values, detail }
+        }
+        Ok(Selected::Nothing) => Observation::Missing {
             reason: format!("the response has no value at {path}"),
         },
-        None => Observation::Missing {
+        Ok(Selected::OnlyNull) => Observation::Missing {
             reason: format!("the value at {path} is null"),
         },
     }

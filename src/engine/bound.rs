@@ -1,0 +1,193 @@
+//! Bounds on what a target's answer can put into a wait.
+//!
+//! A target is a stranger: its status string may be 500 KB, its error detail a
+//! megabyte of nested JSON, and either may hold NUL characters, which Postgres
+//! refuses in text and JSON. Everything the engine keeps of an answer (the shown
+//! state, the last error, the end's reason and error detail) passes through here
+//! first, so what is stored, listed and streamed is small and storable, and is the
+//! same on every store. Matching itself uses the values as the target sent them.
+//!
+//! Pure: no I/O.
+
+use std::borrow::Cow;
+
+use serde_json::{Map, Value};
+
+/// The most bytes of a wait's `state`.
+pub const MAX_STATE: usize = 2 * 1024;
+/// The most bytes of `last_error` (and of a retry event's error).
+pub const MAX_ERROR: usize = 2 * 1024;
+/// The most bytes of an end's `reason`.
+pub const MAX_REASON: usize = 4 * 1024;
+/// The most bytes of `error_detail` as JSON text.
+pub const MAX_DETAIL: usize = 8 * 1024;
+/// An unrecognised state quoted inside an error sentence.
+pub const MAX_QUOTED: usize = 256;
+
+/// What NUL becomes (the replacement character), on every store alike.
+const NUL_STANDIN: char = '\u{FFFD}';
+
+/// `s` with NUL replaced and cut to at most `max` bytes at a character boundary;
+/// a cut text ends with `… (cut from N bytes)`.
+pub fn text(s: &str, max: usize) -> Cow<'_, str> {
+    let clean: Cow<str> = if s.contains('\0') {
+        Cow::Owned(s.replace('\0', &NUL_STANDIN.to_string()))
+    } else {
+        Cow::Borrowed(s)
+    };
+    if clean.len() <= max {
+        return clean;
+    }
+    let marker = format!("… (cut from {} bytes)", clean.len());
+    let keep = floor_boundary(&clean, max.saturating_sub(marker.len()));
+    Cow::Owned(format!("{}{marker}", &clean[..keep]))
+}
+
+/// `values` joined by `sep` as [`text`] would show the whole, without building
+/// more than `max` bytes of it.
+pub fn join(values: &[String], sep: &str, max: usize) -> String {
+    let total: usize =
+        values.iter().map(String::len).sum::<usize>() + sep.len() * values.len().saturating_sub(1);
+    if total <= max {
+        return text(&values.join(sep), max).into_owned();
+    }
+    let mut out = String::new();
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push_str(sep);
+        }
+        out.push_str(v);
+        if out.len() > max {
+            break;
+        }
+    }
+    // The marker names the size of the whole.
+    let marker = format!("… (cut from {total} bytes)");
+    let keep = floor_boundary(&out, max.saturating_sub(marker.len()));
+    out.truncate(keep);
+    let mut out = text(&out, usize::MAX).into_owned();
+    out.push_str(&marker);
+    out
+}
+
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    if i >= s.len() {
+        return s.len();
+    }
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Strings in an error detail are cut to this many bytes.
+const DETAIL_STRING: usize = 512;
+/// Arrays and objects in an error detail keep this many entries.
+const DETAIL_ENTRIES: usize = 32;
+/// Nesting below this depth is replaced by a marker.
+const DETAIL_DEPTH: usize = 8;
+
+/// An error detail small enough to store and show: NUL replaced in keys and
+/// strings; long strings, long arrays and objects, and deep nesting shortened; and
+/// if it is still over [`MAX_DETAIL`], a preview of its JSON text in its place.
+pub fn detail(v: &Value) -> Value {
+    let pruned = prune(v, 0);
+    let len = serde_json::to_string(&pruned).map_or(usize::MAX, |s| s.len());
+    if len <= MAX_DETAIL {
+        return pruned;
+    }
+    let whole = serde_json::to_string(v).unwrap_or_default();
+    let preview = text(&whole, MAX_DETAIL / 2);
+    serde_json::json!({
+        "cut": format!("the error detail was {} bytes of JSON, more than the {} waitd keeps; preview holds its beginning", whole.len(), MAX_DETAIL),
+        "bytes": whole.len(),
+        "preview": preview,
+    })
+}
+
+fn prune(v: &Value, depth: usize) -> Value {
+    match v {
+        Value::String(s) => Value::String(text(s, DETAIL_STRING).into_owned()),
+        Value::Array(_) | Value::Object(_) if depth >= DETAIL_DEPTH => {
+            let n = match v {
+                Value::Array(a) => a.len(),
+                Value::Object(o) => o.len(),
+                _ => 0,
+            };
+            Value::String(format!("… ({n} entries nested too deep, cut)"))
+        }
+        Value::Array(items) => {
+            let mut out: Vec<Value> = items
+                .iter()
+                .take(DETAIL_ENTRIES)
+                .map(|x| prune(x, depth + 1))
+                .collect();
+            if items.len() > DETAIL_ENTRIES {
+                out.push(Value::String(format!(
+                    "… ({} more entries cut)",
+                    items.len() - DETAIL_ENTRIES
+                )));
+            }
+            Value::Array(out)
+        }
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (k, x) in map.iter().take(DETAIL_ENTRIES) {
+                out.insert(text(k, DETAIL_STRING).into_owned(), prune(x, depth + 1));
+            }
+            if map.len() > DETAIL_ENTRIES {
+                out.insert(
+                    "…".to_string(),
+                    Value::String(format!("{} more entries cut", map.len() - DETAIL_ENTRIES)),
+                );
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn short_text_is_kept_and_long_text_is_cut_with_its_size() {
+        assert_eq!(text("on", 10), "on");
+        let long = "é".repeat(10_000);
+        let cut = text(&long, MAX_STATE);
+        assert!(cut.len() <= MAX_STATE, "{}", cut.len());
+        assert!(cut.ends_with("… (cut from 20000 bytes)"), "{cut}");
+        assert_eq!(text("a\0b", 10), "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn a_join_of_many_values_is_bounded_without_joining_them_all() {
+        let values: Vec<String> = (0..100_000).map(|i| format!("v{i}")).collect();
+        let shown = join(&values, ", ", MAX_STATE);
+        assert!(shown.len() <= MAX_STATE);
+        assert!(shown.starts_with("v0, v1, v2"));
+        assert!(shown.contains("cut from"));
+        assert_eq!(join(&["a".into(), "b\0".into()], ", ", 100), "a, b\u{FFFD}");
+    }
+
+    #[test]
+    fn an_error_detail_is_pruned_then_previewed() {
+        let small = json!({"code": "SkuNotAvailable", "message": "no"});
+        assert_eq!(detail(&small), small);
+        let nul = json!({"k\u{0}": "v\u{0}"});
+        assert_eq!(detail(&nul), json!({"k\u{FFFD}": "v\u{FFFD}"}));
+        let wide = json!({"items": (0..1000).collect::<Vec<_>>(), "s": "x".repeat(100_000)});
+        let d = detail(&wide);
+        assert!(serde_json::to_string(&d).unwrap().len() <= MAX_DETAIL);
+        assert_eq!(d["items"].as_array().unwrap().len(), DETAIL_ENTRIES + 1);
+        let mut deep = json!(1);
+        for _ in 0..50 {
+            deep = json!({"a": deep, "b": "x".repeat(400)});
+        }
+        let d = detail(&deep);
+        let len = serde_json::to_string(&d).unwrap().len();
+        assert!(len <= MAX_DETAIL, "{len}");
+    }
+}
