@@ -30,9 +30,6 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value, json};
 
-/// The names of the client's subcommands (usage errors of these exit 5).
-pub const COMMANDS: &[&str] = &["create", "get", "list", "cancel", "follow"];
-
 pub const EXIT_SUCCEEDED: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
 pub const EXIT_TIMED_OUT: u8 = 2;

@@ -24,7 +24,9 @@ pub struct Config {
     #[arg(long, env = "WAITD_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// The store: `postgres://…`.
+    /// The store: `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`, `sqlite://PATH`
+    /// (a file, created if missing), or `sqlite::memory:` (gone when the process
+    /// stops). Unset: the SQLite file `waitd.db` in the working directory.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -109,6 +111,21 @@ pub struct Config {
     /// Database connections this replica may open.
     #[arg(long, env = "WAITD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,
+
+    /// Most client connections open at once (kept below the open-file limit);
+    /// beyond it, new connections wait until one closes.
+    #[arg(long, env = "WAITD_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// Most event streams and blocked requests this replica holds open at once
+    /// (429 beyond).
+    #[arg(long, env = "WAITD_MAX_STREAMS", default_value_t = 4096)]
+    pub max_streams: usize,
+
+    /// Most event streams and blocked requests one tenant holds open on this
+    /// replica at once (429 beyond).
+    #[arg(long, env = "WAITD_MAX_STREAMS_PER_TENANT", default_value_t = 1024)]
+    pub max_streams_per_tenant: usize,
 
     /// Do not run the worker pool (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]

@@ -10,9 +10,11 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod feed;
 pub mod metrics;
 pub mod presets;
 pub mod probe;
+pub mod server;
 pub mod store;
 pub mod worker;
 
@@ -124,6 +126,11 @@ pub async fn serve(
     let store = store::AnyStore::open(&url, config.db_connections, bus.clone())
         .map_err(|e| format!("cannot open the database: {e}"))?
         .with_cipher(cipher);
+    if let store::AnyStore::Postgres(pg) = &store
+        && let Some(why) = pg.diagnose().await
+    {
+        return Err(why);
+    }
     store
         .migrate()
         .await
@@ -182,6 +189,44 @@ pub async fn serve(
         tokio::spawn(worker.run(stopped(stop_rx.clone())))
     });
 
+    let feed = feed::Feed::new();
+    let feed_task = tokio::spawn(feed.clone().run(
+        store.clone(),
+        bus.clone(),
+        stopped(stop_rx.clone()),
+    ));
+    let fd_limit = server::raise_fd_limit();
+    let max_connections = server::connection_cap(config.max_connections, fd_limit);
+    tracing::info!(
+        store = %describe_store(&store, &url),
+        %addr,
+        auth = %if tokens.is_empty() {
+            "anonymous".to_string()
+        } else {
+            let tenants: std::collections::HashSet<&String> = tokens.values().collect();
+            format!("{} tokens for {} tenants", tokens.len(), tenants.len())
+        },
+        allow_targets = %if config.allow_targets.is_empty() {
+            "none (internal addresses refused)".to_string()
+        } else {
+            config.allow_targets.join(",")
+        },
+        worker = %if config.no_worker {
+            "off".to_string()
+        } else {
+            format!(
+                "capacity {}, concurrency {} ({} a host), lease TTL {}, min poll interval {}",
+                config.capacity,
+                config.concurrency,
+                config.per_host_concurrency,
+                engine::duration::format(config.lease_ttl),
+                engine::duration::format(config.min_poll_interval)
+            )
+        },
+        max_connections,
+        open_files = fd_limit.map_or("unknown".to_string(), |n| n.to_string()),
+        "waitd starting"
+    );
     let state = api::AppState {
         store: store.clone(),
         bus,
@@ -193,19 +238,43 @@ pub async fn serve(
         max_active_waits: config.max_active_waits,
         rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
         stopping: stop_rx.clone(),
+        feed,
+        streams: api::streams::StreamLimits::new(config.max_streams, config.max_streams_per_tenant),
+        replays: Arc::new(tokio::sync::Semaphore::new(
+            (config.db_connections as usize / 4).max(1),
+        )),
     };
     tracing::info!(%addr, "waitd listening");
-    let server =
-        axum::serve(listener, api::router(state)).with_graceful_shutdown(stopped(stop_rx.clone()));
-    let served = server
-        .await
-        .map_err(|e| format!("the HTTP server failed: {e}"));
+    server::run(
+        listener,
+        api::router(state),
+        max_connections,
+        stopped(stop_rx.clone()),
+    )
+    .await;
     if let Some(t) = worker_task {
         let _ = t.await;
     }
     if let Some(t) = listener_task {
         let _ = t.await;
     }
+    let _ = feed_task.await;
     store.close().await;
-    served
+    Ok(())
+}
+
+/// The store as the start-up line names it: its kind and where it is, never a
+/// password.
+fn describe_store(store: &store::AnyStore, url: &str) -> String {
+    match store {
+        store::AnyStore::Postgres(pg) => pg.describe(),
+        store::AnyStore::Sqlite(_) => match url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+        {
+            Some(":memory:") | Some("") => "SQLite in memory".to_string(),
+            Some(path) => format!("SQLite file {path}"),
+            None => "SQLite".to_string(),
+        },
+    }
 }

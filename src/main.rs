@@ -44,7 +44,6 @@ fn main() -> ExitCode {
     // `waitd` alone, or `waitd --flag …`, means `waitd serve …`.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
-    let client_command = waitd::client::COMMANDS.contains(&first);
     if args.len() == 1
         || (first.starts_with('-') && !matches!(first, "-h" | "--help" | "-V" | "--version"))
     {
@@ -52,11 +51,13 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
-        // The client's usage errors exit 5 (its exit codes 1–4 tell how a wait ended).
-        Err(e) if client_command && e.use_stderr() => {
+        // Usage mistakes exit 5, whatever the command: the client's exit codes 1–4
+        // tell how a wait ended (2 is "timed out"), so clap's own 2 would lie.
+        Err(e) if e.use_stderr() => {
             let _ = e.print();
             return ExitCode::from(waitd::client::EXIT_PROBLEM);
         }
+        // --help and --version.
         Err(e) => e.exit(),
     };
     let runtime = match tokio::runtime::Runtime::new() {

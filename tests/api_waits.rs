@@ -190,7 +190,7 @@ async fn a_blocking_post_answers_422_when_the_target_fails() {
 }
 
 #[tokio::test]
-async fn a_blocking_get_answers_504_with_the_last_state_in_the_reason_when_the_deadline_passes() {
+async fn a_blocking_get_answers_412_with_the_last_state_in_the_reason_when_the_deadline_passes() {
     let db = TestDb::new().await;
     let up = Upstream::start().await;
     let url = up.script("/s/1", vec![Reply::status("deploying")]);
@@ -201,7 +201,7 @@ async fn a_blocking_get_answers_504_with_the_last_state_in_the_reason_when_the_d
     let id = id_of(&w);
     let started = Instant::now();
     let (status, _, w) = send(app.client.get(app.url(&format!("/waits/{id}?wait=10s")))).await;
-    assert_eq!(status, 504, "{w}");
+    assert_eq!(status, 412, "{w}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "took {:?}",
@@ -217,7 +217,7 @@ async fn a_blocking_get_answers_504_with_the_last_state_in_the_reason_when_the_d
 }
 
 #[tokio::test]
-async fn a_blocking_post_answers_504_when_the_deadline_passes() {
+async fn a_blocking_post_answers_412_when_the_deadline_passes() {
     let db = TestDb::new().await;
     let up = Upstream::start().await;
     let url = up.script("/s/1", vec![Reply::status("deploying")]);
@@ -225,7 +225,7 @@ async fn a_blocking_post_answers_504_when_the_deadline_passes() {
     let mut s = spec(&url);
     s["timeout"] = json!("300ms");
     let (status, _, w) = send(app.client.post(app.url("/waits?wait=true")).json(&s)).await;
-    assert_eq!(status, 504, "{w}");
+    assert_eq!(status, 412, "{w}");
     assert_eq!(w["status"], "timed_out", "{w}");
     let (r, _) = app.stop().await;
     r.unwrap();
@@ -314,7 +314,7 @@ async fn a_blocking_post_answers_409_when_the_wait_is_canceled_meanwhile() {
 }
 
 #[tokio::test]
-async fn a_blocking_get_answers_502_when_the_target_answers_401() {
+async fn a_blocking_get_answers_424_when_the_target_answers_401() {
     let db = TestDb::new().await;
     let up = Upstream::start().await;
     let url = up.script(
@@ -328,7 +328,7 @@ async fn a_blocking_get_answers_502_when_the_target_answers_401() {
     let (_, w) = app.create(spec(&url)).await;
     let id = id_of(&w);
     let (status, _, w) = send(app.client.get(app.url(&format!("/waits/{id}?wait=10s")))).await;
-    assert_eq!(status, 502, "{w}");
+    assert_eq!(status, 424, "{w}");
     assert_eq!(w["status"], "error", "{w}");
     assert!(
         w["reason"].as_str().is_some_and(|r| r.contains("401")),
@@ -342,7 +342,7 @@ async fn a_blocking_get_answers_502_when_the_target_answers_401() {
 }
 
 #[tokio::test]
-async fn a_blocking_post_answers_502_when_the_retries_are_exhausted() {
+async fn a_blocking_post_answers_424_when_the_retries_are_exhausted() {
     let db = TestDb::new().await;
     let up = Upstream::start().await;
     let url = up.script("/s/1", vec![Reply::json(503, json!({"busy": true}))]);
@@ -350,7 +350,7 @@ async fn a_blocking_post_answers_502_when_the_retries_are_exhausted() {
     let mut s = spec(&url);
     s["retry"]["max_retries"] = json!(2);
     let (status, _, w) = send(app.client.post(app.url("/waits?wait=10s")).json(&s)).await;
-    assert_eq!(status, 502, "{w}");
+    assert_eq!(status, 424, "{w}");
     assert_eq!(w["status"], "error", "{w}");
     assert_eq!(w["retries"], 2, "{w}");
     assert!(
@@ -944,12 +944,20 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
     let (r, took) = app.stop().await;
     assert_eq!(r, Ok(()));
     assert!(took < Duration::from_secs(3), "stop took {took:?}");
-    let (status, _, w) = tokio::time::timeout(Duration::from_secs(5), blocked)
+    let (status, h, w) = tokio::time::timeout(Duration::from_secs(5), blocked)
         .await
         .expect("the blocked request answered")
         .unwrap();
-    assert_eq!(status, 202, "{w}");
-    assert_eq!(w["status"], "running", "{w}");
+    // Never a 2xx for a wait that has not ended: a 503 that curl -f fails on and
+    // curl --retry repeats.
+    assert_eq!(status, 503, "{w}");
+    assert_eq!(h["content-type"], "application/problem+json", "{h:?}");
+    assert!(h.get("retry-after").is_some(), "{h:?}");
+    assert_eq!(h["location"], format!("/waits/{}", ids_[0]), "{h:?}");
+    assert!(
+        w["detail"].as_str().unwrap().contains(&ids_[0].to_string()),
+        "{w}"
+    );
     assert_eq!(
         db_count(&db, "SELECT count(*) FROM waits WHERE owner IS NOT NULL").await,
         0,

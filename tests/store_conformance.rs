@@ -409,7 +409,13 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
             let end = store.get("t", w.id).await.unwrap().unwrap();
             assert_eq!(end.status, terminal[0].kind);
             assert_eq!(a, end.status == "succeeded");
-            assert!(b.is_some());
+            let b = b.expect("the wait exists");
+            assert_eq!(
+                b.ended,
+                end.status == "canceled",
+                "exactly one of the two ended it"
+            );
+            assert_ne!(a, b.ended);
         }
     });
 }
@@ -494,8 +500,12 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
             .unwrap()
             .wait;
         let first = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
+        assert!(first.ended, "the first cancel ends it");
+        let first = first.wait;
         assert_eq!(first.status, "canceled");
         let second = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
+        assert!(!second.ended, "the second finds it ended");
+        let second = second.wait;
         assert_eq!(second.finished_at, first.finished_at);
         let events = store.events("t", w.id, 0, 10).await.unwrap();
         assert_eq!(

@@ -21,11 +21,12 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::streams::Slot;
 use super::waits::{WaitId, parse_labels, query_pairs};
 use super::{AppState, Tenant, json_response};
 use crate::api::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
-use crate::store::bus::{BusMsg, Subscription};
+use crate::store::bus::{BusMsg, WaitSubscription};
 use crate::store::{Event, Store, StoreError};
 
 const PAGE: i64 = 500;
@@ -139,8 +140,8 @@ pub async fn wait_events(
             EventPage { items, next_cursor },
         ));
     }
-    let source = Source::Wait { id };
-    Ok(sse(s, tenant, source, i64::from(after)))
+    let slot = s.streams.acquire(&tenant)?;
+    Ok(sse_wait(s, tenant, id, i64::from(after), slot))
 }
 
 /// All events
@@ -169,7 +170,7 @@ pub async fn all_events(
     only(&pairs, &["after", "follow", "label"])?;
     let stream_it = wants_stream(&headers, &pairs)?;
     let after = resume_point(&headers, &pairs)?;
-    let labels = parse_labels(&pairs)?;
+    let labels = parse_labels(&pairs, &s.limits)?;
     if !stream_it {
         let items = s.store.global_events(&tenant, after, &labels, PAGE).await?;
         let next_cursor = (items.len() as i64 == PAGE)
@@ -180,124 +181,153 @@ pub async fn all_events(
             EventPage { items, next_cursor },
         ));
     }
-    Ok(sse(s, tenant, Source::All { labels }, after))
+    let slot = s.streams.acquire(&tenant)?;
+    Ok(sse_all(s, tenant, labels, after, slot))
 }
 
-enum Source {
-    Wait { id: Uuid },
-    All { labels: BTreeMap<String, String> },
-}
-
-impl Source {
-    async fn read(&self, s: &AppState, tenant: &str, after: i64) -> Result<Vec<Event>, StoreError> {
-        match self {
-            Source::Wait { id } => s.store.events(tenant, *id, after as i32, PAGE).await,
-            Source::All { labels } => s.store.global_events(tenant, after, labels, PAGE).await,
-        }
-    }
-
-    fn cursor(&self, e: &Event) -> i64 {
-        match self {
-            Source::Wait { .. } => i64::from(e.seq),
-            // Global reads select sequenced events only.
-            Source::All { .. } => e.id.unwrap_or_default(),
-        }
-    }
-
-    /// The events a notice carries for this stream, when they follow on from `after`
-    /// without a gap (a wait's stream only; the global feed filters, so it reads).
-    fn carried<'m>(
-        &self,
-        msg: &'m Result<BusMsg, RecvError>,
-        after: i64,
-    ) -> Option<impl Iterator<Item = &'m Event>> {
-        let (Source::Wait { id }, Ok(BusMsg::Notice(n))) = (self, msg) else {
-            return None;
-        };
-        let events = n.events.as_ref().filter(|_| n.wait_id == *id)?;
-        let mut next = events
-            .iter()
-            .skip_while(move |e| i64::from(e.seq) <= after)
-            .peekable();
-        match next.peek() {
-            Some(e) if i64::from(e.seq) == after + 1 => Some(next),
-            _ => None,
-        }
-    }
-
-    /// Whether a bus message may mean news for this stream.
-    fn news(&self, msg: &Result<BusMsg, RecvError>, after: i64) -> bool {
-        match (self, msg) {
-            (Source::Wait { id }, Ok(BusMsg::Notice(n))) => {
-                n.wait_id == *id && i64::from(n.seq) > after
-            }
-            (Source::All { .. }, Ok(BusMsg::Notice(n))) => n.gid > after,
-            (_, Ok(BusMsg::Released)) => false,
-            _ => true,
-        }
+/// The events a notice carries for a wait's stream, when they follow on from
+/// `after` without a gap.
+fn carried(
+    id: Uuid,
+    msg: &Result<BusMsg, RecvError>,
+    after: i64,
+) -> Option<impl Iterator<Item = &Event>> {
+    let Ok(BusMsg::Notice(n)) = msg else {
+        return None;
+    };
+    let events = n.events.as_ref().filter(|_| n.wait_id == id)?;
+    let mut next = events
+        .iter()
+        .skip_while(move |e| i64::from(e.seq) <= after)
+        .peekable();
+    match next.peek() {
+        Some(e) if i64::from(e.seq) == after + 1 => Some(next),
+        _ => None,
     }
 }
 
-/// Sends one event down the stream; false when the stream is over (the client left,
-/// or the wait's terminal event was just sent).
-async fn send(tx: &mpsc::Sender<SseEvent>, source: &Source, e: &Event) -> bool {
-    let data = serde_json::to_string(e).unwrap_or_default();
-    let ev = SseEvent::default()
-        .id(source.cursor(e).to_string())
-        .event(e.kind.clone())
-        .data(data);
-    if tx.send(ev).await.is_err() {
-        return false;
+/// Whether a bus message may mean news for a wait's stream.
+fn news(id: Uuid, msg: &Result<BusMsg, RecvError>, after: i64) -> bool {
+    match msg {
+        Ok(BusMsg::Notice(n)) => n.wait_id == id && i64::from(n.seq) > after,
+        Ok(BusMsg::Released) => false,
+        _ => true,
     }
-    !(matches!(source, Source::Wait { .. }) && e.is_terminal())
 }
 
-/// Counts an open stream in the metrics for as long as it lives.
-struct Subscribed(Arc<Metrics>);
+/// One SSE frame: `id` (the stream's cursor), `event` (the kind), `data` (the JSON).
+fn frame(cursor: i64, kind: &str, json: &str) -> SseEvent {
+    SseEvent::default()
+        .id(cursor.to_string())
+        .event(kind)
+        .data(json)
+}
+
+/// Counts an open stream in the metrics for as long as it lives, and holds its
+/// place among the streams the replica allows.
+struct Subscribed {
+    metrics: Arc<Metrics>,
+    _slot: Slot,
+}
+
+impl Subscribed {
+    fn new(metrics: Arc<Metrics>, slot: Slot) -> Subscribed {
+        metrics.sse_subscribers.fetch_add(1, Relaxed);
+        Subscribed {
+            metrics,
+            _slot: slot,
+        }
+    }
+}
 
 impl Drop for Subscribed {
     fn drop(&mut self) {
-        self.0.sse_subscribers.fetch_sub(1, Relaxed);
+        self.metrics.sse_subscribers.fetch_sub(1, Relaxed);
     }
 }
 
-fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
+/// A page of history, read under a replay permit: replays share the connection
+/// pool with everything else, and a burst of them (a thousand dashboards
+/// reconnecting at once) must leave connections to the rest.
+async fn replay_page<T>(
+    s: &AppState,
+    read: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let _permit = s.replays.acquire().await;
+    read.await
+}
+
+/// Waits out a failed read (the store is away) unless the stream ends first;
+/// false when it did.
+async fn pause_after_error(
+    tx: &mpsc::Sender<SseEvent>,
+    stopping: &mut tokio::sync::watch::Receiver<bool>,
+    e: &StoreError,
+) -> bool {
+    tracing::debug!(error = %e, "event stream cannot read; retrying");
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(500)) => true,
+        _ = tx.closed() => false,
+        _ = stopping.changed() => false,
+    }
+}
+
+/// The SSE response over the frames a task sends.
+fn sse_response(rx: mpsc::Receiver<SseEvent>) -> Response {
+    let body = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    let mut res = Sse::new(body)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response();
+    let h = res.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    res
+}
+
+/// A wait's stream: history, then what its notices carry (or a read when they
+/// carry nothing, or after a gap), ending after the terminal event.
+fn sse_wait(s: AppState, tenant: String, id: Uuid, after: i64, slot: Slot) -> Response {
     let (tx, rx) = mpsc::channel::<SseEvent>(64);
-    s.metrics.sse_subscribers.fetch_add(1, Relaxed);
-    let guard = Subscribed(s.metrics.clone());
+    let guard = Subscribed::new(s.metrics.clone(), slot);
     // Subscribe before the first read, so nothing between the two is missed.
-    let mut bus = match &source {
-        Source::Wait { id } => Subscription::Wait(s.bus.subscribe_wait(*id)),
-        Source::All { .. } => Subscription::All(s.bus.subscribe()),
-    };
+    let mut bus: WaitSubscription = s.bus.subscribe_wait(id);
     tokio::spawn(async move {
         let _guard = guard;
         let mut last = after;
         let mut stopping = s.stopping.clone();
+        // Sends one event; false when the stream is over (the client left, or the
+        // terminal event was just sent).
+        let send = |e: &Event| {
+            let json = serde_json::to_string(e).unwrap_or_default();
+            let f = frame(i64::from(e.seq), &e.kind, &json);
+            let terminal = e.is_terminal();
+            let tx = tx.clone();
+            async move { tx.send(f).await.is_ok() && !terminal }
+        };
         loop {
-            match source.read(&s, &tenant, last).await {
+            match replay_page(&s, s.store.events(&tenant, id, last as i32, PAGE)).await {
                 Ok(events) => {
                     let full = events.len() as i64 == PAGE;
                     for e in &events {
-                        last = source.cursor(e);
-                        if !send(&tx, &source, e).await {
+                        last = i64::from(e.seq);
+                        if !send(e).await {
                             return;
                         }
                     }
                     if full {
                         continue;
                     }
-                    if let Source::Wait { id } = &source
-                        && last > 0
-                    {
+                    if last > 0 {
                         // Resumed at the end of an ended wait (the event the client saw
                         // last is the terminal one), or past it (no such event, and the
                         // wait has ended): nothing more will come.
-                        let at_end = match source.read(&s, &tenant, last - 1).await {
+                        let at_end = match s.store.events(&tenant, id, last as i32 - 1, 1).await {
                             Ok(v) => match v.first() {
                                 Some(e) => i64::from(e.seq) == last && e.is_terminal(),
                                 None => {
-                                    matches!(s.store.get(&tenant, *id).await, Ok(Some(w)) if !w.is_running())
+                                    matches!(s.store.get(&tenant, id).await, Ok(Some(w)) if !w.is_running())
                                 }
                             },
                             Err(_) => false,
@@ -308,13 +338,10 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
                     }
                 }
                 Err(e) => {
-                    // The store is away: keep the stream, try again shortly.
-                    tracing::debug!(error = %e, "event stream cannot read; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                        _ = tx.closed() => return,
-                        _ = stopping.changed() => return,
+                    if pause_after_error(&tx, &mut stopping, &e).await {
+                        continue;
                     }
+                    return;
                 }
             }
             let deadline = tokio::time::Instant::now() + SAFETY_REREAD;
@@ -331,16 +358,16 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
                             return;
                         }
                         // The notice brought the events that come next: no read.
-                        if let Some(next) = source.carried(&m, last) {
+                        if let Some(next) = carried(id, &m, last) {
                             for e in next {
-                                last = source.cursor(e);
-                                if !send(&tx, &source, e).await {
+                                last = i64::from(e.seq);
+                                if !send(e).await {
                                     return;
                                 }
                             }
                             continue;
                         }
-                        if source.news(&m, last) {
+                        if news(id, &m, last) {
                             break;
                         }
                     }
@@ -348,14 +375,84 @@ fn sse(s: AppState, tenant: String, source: Source, after: i64) -> Response {
             }
         }
     });
-    let body = stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    sse_response(rx)
+}
+
+/// The stream of all the tenant's events (`GET /events`): history from the table,
+/// then the replica's [`crate::feed`], which reads once for every follower. After
+/// falling behind the feed, it reads the table again from where it stands.
+fn sse_all(
+    s: AppState,
+    tenant: String,
+    labels: BTreeMap<String, String>,
+    after: i64,
+    slot: Slot,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<SseEvent>(64);
+    let guard = Subscribed::new(s.metrics.clone(), slot);
+    // Subscribe before the first read, so nothing between the two is missed.
+    let mut feed = s.feed.subscribe();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let mut last = after;
+        let mut stopping = s.stopping.clone();
+        loop {
+            // History, a page at a time, up to what is there now.
+            loop {
+                match replay_page(&s, s.store.global_events(&tenant, last, &labels, PAGE)).await {
+                    Ok(events) => {
+                        for e in &events {
+                            let id = e.id.unwrap_or_default();
+                            let json = serde_json::to_string(e).unwrap_or_default();
+                            if tx.send(frame(id, &e.kind, &json)).await.is_err() {
+                                return;
+                            }
+                            last = id;
+                        }
+                        if (events.len() as i64) < PAGE {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        if !pause_after_error(&tx, &mut stopping, &e).await {
+                            return;
+                        }
+                    }
+                }
+            }
+            // Live, from the feed, until this stream falls behind it.
+            loop {
+                if *stopping.borrow() {
+                    return;
+                }
+                let batch = tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = stopping.changed() => return,
+                    b = feed.recv() => b,
+                };
+                match batch {
+                    Ok(batch) => {
+                        for item in batch.items.iter() {
+                            let id = item.event.id.unwrap_or_default();
+                            if id <= last || !item.is_for(&tenant, &labels) {
+                                continue;
+                            }
+                            if tx
+                                .send(frame(id, &item.event.kind, &item.json))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            last = id;
+                        }
+                    }
+                    // Batches were missed: read the table from where this stands.
+                    Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        }
     });
-    let mut res = Sse::new(body)
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-        .into_response();
-    let h = res.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    res
+    sse_response(rx)
 }

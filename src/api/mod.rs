@@ -7,6 +7,7 @@ pub mod error;
 mod events;
 pub mod openapi;
 mod presets;
+pub mod streams;
 mod waits;
 
 use std::collections::HashMap;
@@ -52,6 +53,13 @@ pub struct AppState {
     pub rate: Arc<RateLimiter>,
     /// Flips to true when the server is stopping: streams and blocked reads end.
     pub stopping: watch::Receiver<bool>,
+    /// The replica's feed of new events for the followers of `GET /events`.
+    pub feed: crate::feed::Feed,
+    /// Caps on open event streams and blocked requests.
+    pub streams: Arc<streams::StreamLimits>,
+    /// Permits to read history for a stream: at most this many such reads at once,
+    /// so replays cannot take every pooled connection.
+    pub replays: Arc<tokio::sync::Semaphore>,
 }
 
 /// The router with every route; tests and `serve` both use it.
@@ -73,15 +81,23 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::internal().into_response()
         }))
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
-            let route = req
-                .extensions()
-                .get::<axum::extract::MatchedPath>()
-                .map(|m| m.as_str().to_owned())
-                .unwrap_or_default();
-            // The path only: queries and headers may carry secrets.
-            tracing::info_span!("request", method = %req.method(), route)
-        }))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    let route = req
+                        .extensions()
+                        .get::<axum::extract::MatchedPath>()
+                        .map(|m| m.as_str().to_owned())
+                        .unwrap_or_default();
+                    // The path only: queries and headers may carry secrets.
+                    tracing::info_span!("request", method = %req.method(), route)
+                })
+                // A 503 while stopping or while the store is away is not a fault of
+                // this request; real internal errors are logged where they happen.
+                .on_failure(
+                    tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+                ),
+        )
         .with_state(state)
 }
 
@@ -108,10 +124,21 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    match s.store.ping().await {
-        Ok(()) => "ready\n".into_response(),
-        Err(e) => ApiError::from(e).into_response(),
+    let Err(e) = s.store.ping().await else {
+        return "ready\n".into_response();
+    };
+    // Say what is wrong, where: the pool itself only says that it timed out.
+    let detail = match &s.store {
+        AnyStore::Postgres(pg) => pg.diagnose().await,
+        AnyStore::Sqlite(_) => None,
     }
+    .unwrap_or_else(|| format!("the store does not answer: {e}"));
+    tracing::warn!(%detail, "not ready");
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "Not ready", detail)
+    }
+    .into_response()
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
@@ -177,8 +204,14 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How long a client has to send a whole request body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A JSON request body, with every failure rendered as problem+json: a wrong
-/// content type (415), a body over [`MAX_BODY`] (413), or JSON that does not parse (400).
+/// content type (415), a body over [`MAX_BODY`] (413, at once when its
+/// `Content-Length` says so), a body not sent within [`BODY_TIMEOUT`] (408), a body
+/// that breaks off or whose chunked framing is malformed (400), or JSON that does
+/// not parse (400).
 pub struct JsonBody(pub Value);
 
 impl<S: Send + Sync> FromRequest<S> for JsonBody {
@@ -186,15 +219,51 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 
     async fn from_request(req: Request, _: &S) -> Result<JsonBody, ApiError> {
         check_content_type(req.headers())?;
-        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY)
-            .await
-            .map_err(|_| {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "Request too large",
-                    format!("the request body is over the {} KiB limit", MAX_BODY / 1024),
-                )
-            })?;
+        let too_large = || {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Request too large",
+                format!("the request body is over the {} KiB limit", MAX_BODY / 1024),
+            )
+        };
+        let announced = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if announced.is_some_and(|n| n > MAX_BODY as u64) {
+            return Err(too_large());
+        }
+        let mut stream = req.into_body().into_data_stream();
+        let mut bytes: Vec<u8> = Vec::new();
+        let read = async {
+            use futures_util::StreamExt;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|_| {
+                    ApiError::bad_request(
+                        "the request body could not be read: it broke off, or its chunked encoding is malformed",
+                    )
+                })?;
+                if bytes.len() + chunk.len() > MAX_BODY {
+                    return Err(too_large());
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(BODY_TIMEOUT, read).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "Request timeout",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        BODY_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+        }
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::bad_request(
                 "the request body is empty; send the wait as a JSON object",
@@ -249,9 +318,12 @@ pub(crate) fn blocked_status(status: &str, created: bool) -> StatusCode {
         "succeeded" if created => StatusCode::CREATED,
         "succeeded" => StatusCode::OK,
         "failed" => StatusCode::UNPROCESSABLE_ENTITY,
-        "timed_out" => StatusCode::GATEWAY_TIMEOUT,
+        // Not 504 and 502: curl --retry, retrying clients and proxies repeat 408,
+        // 429 and 5xx, and would ask an ended wait again and again. No common client
+        // retries these.
+        "timed_out" => StatusCode::PRECONDITION_FAILED,
         "canceled" => StatusCode::CONFLICT,
-        "error" => StatusCode::BAD_GATEWAY,
+        "error" => StatusCode::FAILED_DEPENDENCY,
         _ => StatusCode::ACCEPTED,
     }
 }

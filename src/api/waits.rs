@@ -80,10 +80,31 @@ fn no_such_wait(id: Uuid) -> ApiError {
     ApiError::not_found(format!("there is no wait {id}"))
 }
 
+/// Why a blocked request stopped holding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// The wait ended.
+    Ended,
+    /// The `?wait=<duration>` given ran out.
+    TimeLimit,
+    /// The server is stopping.
+    Stopping,
+    /// The wait's deadline passed (and a grace after it) with the wait still running:
+    /// no replica has ended it.
+    PastDeadline,
+}
+
 /// Holds until the wait ends, `limit` passes, or the server stops; returns the wait
-/// as it then stands. Costs no database polling: it re-reads only when the bus says
+/// as it then stands (read again, not as it was when the request began) and why
+/// the hold ended. Costs no database polling: it re-reads only when the bus says
 /// this wait ended (or that notices may have been missed).
-async fn block(s: &AppState, tenant: &str, id: Uuid, limit: Option<Duration>) -> ApiResult<Wait> {
+async fn block(
+    s: &AppState,
+    tenant: &str,
+    id: Uuid,
+    limit: Option<Duration>,
+) -> ApiResult<(Wait, Held)> {
+    let _slot = s.streams.acquire(tenant)?;
     let mut rx = s.bus.subscribe_wait(id);
     // Read after subscribing, so an end between the two is not missed.
     let mut wait = s
@@ -95,20 +116,37 @@ async fn block(s: &AppState, tenant: &str, id: Uuid, limit: Option<Duration>) ->
         let left = (wait.deadline - Utc::now()).to_std().unwrap_or_default();
         Instant::now() + left + DEADLINE_GRACE
     };
-    let until = match limit {
-        Some(d) => (Instant::now() + d).min(by_deadline),
-        None => by_deadline,
+    let (until, at_until) = match limit {
+        Some(d) if Instant::now() + d < by_deadline => (Instant::now() + d, Held::TimeLimit),
+        _ => (by_deadline, Held::PastDeadline),
     };
     let mut stopping = s.stopping.clone();
-    while wait.is_running() && !*stopping.borrow() {
+    let mut why = Held::Ended;
+    while wait.is_running() {
+        if *stopping.borrow() {
+            why = Held::Stopping;
+            break;
+        }
         let reread = tokio::select! {
-            _ = tokio::time::sleep_until(until) => break,
-            _ = stopping.changed() => break,
+            _ = tokio::time::sleep_until(until) => {
+                why = at_until;
+                break;
+            }
+            r = stopping.changed() => {
+                if r.is_err() {
+                    why = Held::Stopping;
+                    break;
+                }
+                continue;
+            }
             m = rx.recv() => match m {
                 Ok(BusMsg::Notice(n)) => n.wait_id == id && n.is_terminal(),
                 Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => true,
                 Ok(BusMsg::Released) => false,
-                Err(RecvError::Closed) => break,
+                Err(RecvError::Closed) => {
+                    why = Held::Stopping;
+                    break;
+                }
             },
         };
         if reread {
@@ -119,7 +157,64 @@ async fn block(s: &AppState, tenant: &str, id: Uuid, limit: Option<Duration>) ->
                 .ok_or_else(|| no_such_wait(id))?;
         }
     }
-    Ok(wait)
+    if wait.is_running() {
+        // The answer shows the wait as it is now: its polls, retries, last error.
+        wait = s
+            .store
+            .get(tenant, id)
+            .await?
+            .ok_or_else(|| no_such_wait(id))?;
+        if !wait.is_running() {
+            why = Held::Ended;
+        }
+    }
+    Ok((wait, why))
+}
+
+/// The answer to a blocked request. An ended wait is answered with the status its
+/// end maps to ([`blocked_status`]); a running one with 202 when the caller's own
+/// duration ran out, and otherwise with a 503 problem and `Retry-After`: a blocked
+/// request never answers 2xx for a wait that has not ended when the server is
+/// stopping or the wait outlived its deadline, so `curl -f` fails and `curl
+/// --retry` asks again (a POST with the same `Idempotency-Key` blocks on the same
+/// wait).
+fn blocked_response(wait: &Wait, why: Held, created: bool) -> Response {
+    let mut res = match why {
+        Held::Ended | Held::TimeLimit => {
+            json_response(blocked_status(&wait.status, created), wait)
+        }
+        Held::Stopping => ApiError {
+            retry_after: Some(2),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Server stopping",
+                format!(
+                    "this waitd is shutting down, so it stopped holding the request; wait {} is still running: repeat the request (for a POST, with the same Idempotency-Key, which blocks on the same wait)",
+                    wait.id
+                ),
+            )
+        }
+        .into_response(),
+        Held::PastDeadline => ApiError {
+            retry_after: Some(2),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Wait not ended",
+                format!(
+                    "wait {} is still running although its deadline passed at {}: no replica has ended it yet; repeat the request shortly",
+                    wait.id,
+                    wait.deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+            )
+        }
+        .into_response(),
+    };
+    res.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(&format!("/waits/{}", wait.id))
+            .expect("a uuid path is a valid header"),
+    );
+    res
 }
 
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
@@ -196,23 +291,25 @@ pub async fn create(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %created.wait.id, "wait created");
     }
-    let wait = match block_for {
-        Some(limit) if created.wait.is_running() => {
-            block(&s, &tenant, created.wait.id, limit).await?
+    let mut res = match block_for {
+        Some(limit) => {
+            let (wait, why) = if created.wait.is_running() {
+                block(&s, &tenant, created.wait.id, limit).await?
+            } else {
+                (created.wait, Held::Ended)
+            };
+            blocked_response(&wait, why, true)
         }
-        _ => created.wait,
+        None => {
+            let mut res = json_response(StatusCode::CREATED, &created.wait);
+            res.headers_mut().insert(
+                header::LOCATION,
+                HeaderValue::from_str(&format!("/waits/{}", created.wait.id))
+                    .expect("a uuid path is a valid header"),
+            );
+            res
+        }
     };
-    let status = if block_for.is_some() {
-        blocked_status(&wait.status, true)
-    } else {
-        StatusCode::CREATED
-    };
-    let mut res = json_response(status, &wait);
-    res.headers_mut().insert(
-        header::LOCATION,
-        HeaderValue::from_str(&format!("/waits/{}", wait.id))
-            .expect("a uuid path is a valid header"),
-    );
     if created.existing {
         res.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -264,8 +361,8 @@ pub async fn get_one(
             Ok(json_response(StatusCode::OK, &wait))
         }
         Some(limit) => {
-            let wait = block(&s, &tenant, id, limit).await?;
-            Ok(json_response(blocked_status(&wait.status, false), &wait))
+            let (wait, why) = block(&s, &tenant, id, limit).await?;
+            Ok(blocked_response(&wait, why, false))
         }
     }
 }
@@ -323,7 +420,7 @@ pub async fn list(
         }
         filter.status = Some(st.to_string());
     }
-    filter.labels = parse_labels(&pairs)?;
+    filter.labels = parse_labels(&pairs, &s.limits)?;
     if let Some(l) = param(&pairs, "limit") {
         filter.limit = l
             .parse::<i64>()
@@ -348,14 +445,41 @@ pub async fn list(
     ))
 }
 
-pub(crate) fn parse_labels(pairs: &[(String, String)]) -> ApiResult<BTreeMap<String, String>> {
+/// The `label=key:value` filters of a list or a feed. A key that no wait can carry,
+/// a value that none can hold, or more filters than a wait has labels, match
+/// nothing: each is a 400 with a sentence, never a query.
+pub(crate) fn parse_labels(
+    pairs: &[(String, String)],
+    limits: &crate::engine::Limits,
+) -> ApiResult<BTreeMap<String, String>> {
     let mut labels = BTreeMap::new();
     for (k, v) in pairs {
-        if k == "label" {
-            let (lk, lv) = v.split_once(':').ok_or_else(|| {
-                ApiError::bad_request("label must be written key:value, e.g. label=pipeline:1234")
-            })?;
-            labels.insert(lk.to_string(), lv.to_string());
+        if k != "label" {
+            continue;
+        }
+        let (lk, lv) = v.split_once(':').ok_or_else(|| {
+            ApiError::bad_request("label must be written key:value, e.g. label=pipeline:1234")
+        })?;
+        let shown: String = lk.chars().take(64).collect();
+        if !crate::engine::spec::is_label_name(lk) {
+            return Err(ApiError::bad_request(format!(
+                "label \"{}\" {}",
+                shown.escape_debug(),
+                crate::engine::spec::LABEL_NAME_RULE
+            )));
+        }
+        if lv.len() > limits.max_label_len || lv.chars().any(char::is_control) {
+            return Err(ApiError::bad_request(format!(
+                "the value of label {shown} is longer than {} bytes or has a control character, so no wait can carry it",
+                limits.max_label_len
+            )));
+        }
+        labels.insert(lk.to_string(), lv.to_string());
+        if labels.len() > limits.max_labels {
+            return Err(ApiError::bad_request(format!(
+                "more than {} label filters; a wait has at most {} labels",
+                limits.max_labels, limits.max_labels
+            )));
         }
     }
     Ok(labels)
@@ -384,10 +508,14 @@ pub async fn cancel(
             k.chars().take(64).collect::<String>()
         )));
     }
-    let wait = s
+    let canceled = s
         .store
         .cancel(&tenant, id, Utc::now())
         .await?
         .ok_or_else(|| no_such_wait(id))?;
-    Ok(json_response(StatusCode::OK, &wait).into_response())
+    if canceled.ended {
+        s.metrics.ended("canceled");
+        tracing::info!(wait_id = %id, "wait canceled");
+    }
+    Ok(json_response(StatusCode::OK, &canceled.wait).into_response())
 }

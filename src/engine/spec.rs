@@ -126,6 +126,10 @@ pub struct Spec {
 
 pub const REDACTED: &str = "<redacted>";
 
+/// Why a NUL character is refused: one store would keep it and another refuse it.
+const NUL_REFUSED: &str =
+    "contains a NUL character (\\u0000), which waitd does not store; remove it";
+
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 const TOP_FIELDS: &[&str] = &[
@@ -453,6 +457,10 @@ fn parse_path(field: &str, v: &Value, limits: &Limits, errs: &mut Errors) -> Opt
         );
         return None;
     }
+    if s.contains('\0') {
+        errs.push(field, NUL_REFUSED);
+        return None;
+    }
     match ValuePath::parse(s) {
         Ok(p) => Some(p),
         Err(e) => {
@@ -501,6 +509,10 @@ fn parse_set(field: &str, v: &Value, limits: &Limits, errs: &mut Errors) -> Opti
                 continue;
             }
         };
+        if text.contains('\0') {
+            errs.push(&format!("{field}[{i}]"), NUL_REFUSED);
+            continue;
+        }
         if text.len() > limits.max_value_len {
             errs.push(
                 &format!("{field}[{i}]"),
@@ -642,6 +654,10 @@ fn check_url(s: &str, limits: &Limits, errs: &mut Errors) -> Option<String> {
         );
         return None;
     }
+    if let Err(why) = check_url_text(s) {
+        errs.push("target.url", why);
+        return None;
+    }
     let url = match url::Url::parse(s) {
         Ok(u) => u,
         Err(e) => {
@@ -670,6 +686,42 @@ fn check_url(s: &str, limits: &Limits, errs: &mut Errors) -> Option<String> {
     let mut url = url;
     url.set_fragment(None);
     Some(url.to_string())
+}
+
+/// The URL as written, before the parser gets to normalise it: WHATWG parsing
+/// would read `http:///x` as `http://x/`, `http:x` as `http://x/`, a backslash as a
+/// slash and drop tabs and newlines, so a URL could quietly mean another host than
+/// the one its author sees. Those forms are refused instead.
+fn check_url_text(s: &str) -> Result<(), String> {
+    if let Some(b) = s.bytes().find(|b| *b <= 0x20 || *b == 0x7f) {
+        return Err(if b == b' ' {
+            "contains a space; percent-encode it (%20)".to_string()
+        } else {
+            "contains a control character (such as a tab, a newline or NUL); percent-encode it or remove it".to_string()
+        });
+    }
+    if s.contains('\\') {
+        return Err("contains a backslash, which URL parsers read as \"/\"; write %5C if you mean a backslash".into());
+    }
+    let lower = s.to_ascii_lowercase();
+    let Some(rest) = ["http:", "https:"]
+        .iter()
+        .find_map(|scheme| lower.strip_prefix(scheme))
+    else {
+        // Another scheme, or none: the parser's own answer names it.
+        return Ok(());
+    };
+    let Some(after) = rest.strip_prefix("//") else {
+        return Err("must start with http:// or https:// followed by the host, e.g. \"https://api.example.com/servers/1\"".into());
+    };
+    let authority = after.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.is_empty() {
+        return Err(
+            "has no host: after \"://\" comes the host, e.g. \"https://api.example.com/servers/1\""
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 fn parse_poll(
@@ -837,6 +889,18 @@ fn parse_retry(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<
     (errs.0.len() == before).then_some(retry)
 }
 
+/// What a label name may be; a filter on any other name can match nothing.
+pub const LABEL_NAME_RULE: &str =
+    "is not a valid label name: 1 to 63 characters of letters, digits, '-', '_', '.' and '/'";
+
+/// Whether `k` is a label name a wait can carry.
+pub fn is_label_name(k: &str) -> bool {
+    !k.is_empty()
+        && k.len() <= 63
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+}
+
 fn parse_labels(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     let obj = match v {
@@ -867,13 +931,8 @@ fn parse_labels(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> BTreeM
     for (k, v) in obj {
         let shown: String = k.chars().take(64).collect();
         let field = format!("labels.{shown}");
-        if k.is_empty()
-            || k.len() > 63
-            || !k
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
-        {
-            errs.push(&field, "is not a valid label name: 1 to 63 characters of letters, digits, '-', '_', '.' and '/'");
+        if !is_label_name(k) {
+            errs.push(&field, LABEL_NAME_RULE);
             continue;
         }
         let Value::String(s) = v else {

@@ -34,6 +34,12 @@ use url::{Host, Url};
 /// What to do about a refusal, appended to every refusal sentence.
 const ADVICE: &str = "waitd does not poll loopback, private, link-local or other internal addresses unless the operator allows them with --allow-targets (WAITD_ALLOW_TARGETS)";
 
+/// Whether an error text is one of the guard's refusals (each ends with the same
+/// advice).
+pub fn is_refusal(error: &str) -> bool {
+    error.ends_with(ADVICE)
+}
+
 /// The SSRF guard. The default guard allows nothing extra: every internal address is
 /// refused.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

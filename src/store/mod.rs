@@ -86,6 +86,16 @@ impl Event {
 
 pub const TERMINAL_KINDS: &[&str] = &["succeeded", "failed", "timed_out", "canceled", "error"];
 
+/// An event of any tenant, as the replica's feed reads them for every follower of
+/// `GET /events` at once: with the tenant and the labels of its wait, by which each
+/// follower filters.
+#[derive(Clone, Debug)]
+pub struct FeedEvent {
+    pub event: Event,
+    pub tenant: String,
+    pub labels: BTreeMap<String, String>,
+}
+
 /// An event the worker or the API is about to append.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
@@ -98,10 +108,20 @@ pub struct NewEvent {
 pub struct Claimed {
     pub id: Uuid,
     pub epoch: i64,
+    /// Polls of this wait begun since one last completed (each by a replica that
+    /// then stopped): see [`MAX_CLAIMS`].
+    pub claims: i32,
     pub spec: Spec,
     pub engine: EngineState,
     pub next_poll_at: DateTime<Utc>,
 }
+
+/// A wait whose poll began this many times in a row without completing (each
+/// replica that polled it died meanwhile) is ended by its next claimer instead of
+/// polled, so that it cannot take down one replica after another. The count is kept
+/// in the store: [`Store::mark_polling`] adds to it as the first poll after a claim
+/// begins, and the write of a completed poll clears it.
+pub const MAX_CLAIMS: i32 = 3;
 
 /// The counters and schedule of a held wait, written in periodic batches.
 #[derive(Clone, Debug)]
@@ -175,6 +195,14 @@ impl From<sqlx::Error> for StoreError {
 pub struct Created {
     pub wait: Wait,
     pub existing: bool,
+}
+
+/// The answer to a cancel: the wait as it now stands, and whether this cancel is
+/// what ended it (false when it had ended already).
+#[derive(Debug)]
+pub struct Canceled {
+    pub wait: Wait,
+    pub ended: bool,
 }
 
 /// The reason recorded when a client cancels a wait.
@@ -288,6 +316,27 @@ impl Progress {
         events
     }
 
+    /// Progress that ends a held wait in `error` with `reason`, keeping its counters
+    /// but nothing the target said: for a wait whose polls keep killing the replica
+    /// polling it, or whose progress the store refuses to take.
+    pub fn abandon(id: Uuid, epoch: i64, engine: &EngineState, reason: String) -> Progress {
+        let mut engine = engine.clone();
+        engine.state = None;
+        engine.last_error = None;
+        Progress {
+            id,
+            epoch,
+            engine,
+            next_poll_at: None,
+            events: vec![],
+            end: Some((
+                "error".into(),
+                crate::engine::bound::text(&reason, crate::engine::bound::MAX_REASON).into_owned(),
+                None,
+            )),
+        }
+    }
+
     /// Progress that ends a wait this version cannot read, rather than spin on it.
     pub(crate) fn undecodable(id: Uuid, epoch: i64, why: String) -> Progress {
         let now = Utc::now();
@@ -373,7 +422,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
-    ) -> Result<Option<Wait>, StoreError>;
+    ) -> Result<Option<Canceled>, StoreError>;
     /// A wait's events with `seq > after`, oldest first.
     async fn events(
         &self,
@@ -390,6 +439,11 @@ pub trait Store: Clone + Send + Sync + 'static {
         labels: &BTreeMap<String, String>,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError>;
+    /// Events of every tenant with global id `> after`, oldest first (the replica's
+    /// feed; see [`FeedEvent`]).
+    async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError>;
+    /// The newest global event id given out so far (0 before the first event).
+    async fn last_event_id(&self) -> Result<i64, StoreError>;
     /// Claims up to `limit` running waits due within `lookahead` that are unowned or
     /// whose owner's lease has run out (epoch + 1). The claimed waits are leased for
     /// `ttl` at least; what the claimer already holds is renewed by `renew` only.
@@ -400,6 +454,12 @@ pub trait Store: Clone + Send + Sync + 'static {
         lookahead: Duration,
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError>;
+    /// Records that a poll of each of these waits (id, epoch) begins, the first
+    /// since its claim: it adds one to the wait's `claims`, which a completed poll's
+    /// write sets back to 0 ([`MAX_CLAIMS`]). Fenced by owner and epoch; returns
+    /// the ids still the owner's.
+    async fn mark_polling(&self, owner: Uuid, ids: &[(Uuid, i64)])
+    -> Result<Vec<Uuid>, StoreError>;
     /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
     /// no longer this owner's.
     async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
@@ -525,7 +585,7 @@ impl Store for AnyStore {
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
-    ) -> Result<Option<Wait>, StoreError> {
+    ) -> Result<Option<Canceled>, StoreError> {
         dispatch!(self, cancel(tenant, id, now))
     }
     async fn events(
@@ -545,6 +605,12 @@ impl Store for AnyStore {
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
         dispatch!(self, global_events(tenant, after, labels, limit))
+    }
+    async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
+        dispatch!(self, feed(after, limit))
+    }
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        dispatch!(self, last_event_id())
     }
     async fn claim(
         &self,
@@ -569,6 +635,13 @@ impl Store for AnyStore {
         progress: &[Progress],
     ) -> Result<Vec<bool>, StoreError> {
         dispatch!(self, record_many(owner, progress))
+    }
+    async fn mark_polling(
+        &self,
+        owner: Uuid,
+        ids: &[(Uuid, i64)],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        dispatch!(self, mark_polling(owner, ids))
     }
     async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         dispatch!(self, release(owner, held))

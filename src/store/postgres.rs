@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::bus::{CHANNEL, Notice};
 use super::{
-    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress,
-    Store, StoreError, Wait, canceled_event, decode_claim,
+    CANCEL_REASON, Canceled, Checkpoint, Claimed, Created, Event, FeedEvent, ListFilter, NewEvent,
+    NewWait, Progress, Store, StoreError, Wait, canceled_event, decode_claim,
 };
 use crate::engine::Spec;
 
@@ -91,6 +91,8 @@ pub struct PgStore {
     /// must not delay its next run.
     sequencer_pool: PgPool,
     pub(super) cipher: std::sync::Arc<super::secrets::Cipher>,
+    /// How to connect, for diagnosing a connection that fails.
+    options: std::sync::Arc<PgConnectOptions>,
     /// Wakes this replica's sequencer task (started on first use).
     sequencer: std::sync::Arc<Sequencer>,
     /// Per tenant: running waits when last counted, and when.
@@ -163,6 +165,24 @@ impl From<EventRow> for Event {
             kind: r.kind,
             at: r.at,
             data: r.data,
+        }
+    }
+}
+
+#[derive(FromRow)]
+struct FeedRow {
+    #[sqlx(flatten)]
+    event: EventRow,
+    tenant: String,
+    labels: Value,
+}
+
+impl FeedRow {
+    fn into_feed(self) -> FeedEvent {
+        FeedEvent {
+            event: self.event.into(),
+            tenant: self.tenant,
+            labels: serde_json::from_value(self.labels).unwrap_or_default(),
         }
     }
 }
@@ -263,6 +283,7 @@ impl PgStore {
             StoreError::Other(format!("DATABASE_URL is not a valid postgres URL: {e}"))
         })?;
         let options = options.application_name("waitd");
+        let options_kept = options.clone();
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
@@ -282,6 +303,7 @@ impl PgStore {
             pool,
             lease_pool,
             sequencer_pool,
+            options: std::sync::Arc::new(options_kept),
             cipher: Default::default(),
             sequencer: Default::default(),
             running: Default::default(),
@@ -306,7 +328,8 @@ impl PgStore {
                     polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
                     retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
                     next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
-                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END
+                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END,
+                    claims = CASE WHEN u.polls > w.polls THEN 0 ELSE w.claims END
              FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[],
                          array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
                          array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
@@ -329,6 +352,54 @@ impl PgStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Where this store connects, as an operator would write it: host, port,
+    /// database and user (never the password).
+    pub fn describe(&self) -> String {
+        let o = &self.options;
+        format!(
+            "Postgres at {}:{}, database \"{}\", user \"{}\"",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or(o.get_username()),
+            o.get_username()
+        )
+    }
+
+    /// Connects once, outside the pool, and says why that fails (the pool reports
+    /// only that it timed out): `None` when it works.
+    pub async fn diagnose(&self) -> Option<String> {
+        use sqlx::ConnectOptions;
+        let attempt = tokio::time::timeout(Duration::from_secs(5), self.options.connect()).await;
+        let cause = match attempt {
+            Ok(Ok(conn)) => {
+                let _ = sqlx::Connection::close(conn).await;
+                return None;
+            }
+            Err(_) => "it did not answer within 5 s".to_string(),
+            Ok(Err(sqlx::Error::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                "the connection was refused: is Postgres running, and listening on that host and port?".to_string()
+            }
+            Ok(Err(sqlx::Error::Io(e))) => format!("the connection failed: {e}"),
+            Ok(Err(sqlx::Error::Tls(e))) => format!("TLS failed: {e}"),
+            Ok(Err(sqlx::Error::Database(db))) => match db.code().as_deref() {
+                Some("3D000") => format!(
+                    "the database does not exist; create it (createdb -h {} -p {} -U {} {})",
+                    self.options.get_host(),
+                    self.options.get_port(),
+                    self.options.get_username(),
+                    self.options.get_database().unwrap_or("waitd")
+                ),
+                Some("28P01") | Some("28000") => {
+                    "authentication failed: check the user and password in DATABASE_URL (and pg_hba.conf)".to_string()
+                }
+                Some("53300") => "the server has no connections left (too many clients)".to_string(),
+                _ => format!("the server refused the connection: {}", db.message()),
+            },
+            Ok(Err(e)) => format!("the connection failed: {e}"),
+        };
+        Some(format!("cannot connect to {}: {cause}", self.describe()))
     }
 }
 
@@ -493,7 +564,7 @@ impl Store for PgStore {
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
-    ) -> Result<Option<Wait>, StoreError> {
+    ) -> Result<Option<Canceled>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
             "UPDATE waits SET status = 'canceled', reason = $4, finished_at = $3,
@@ -507,6 +578,7 @@ impl Store for PgStore {
         .bind(CANCEL_REASON)
         .fetch_optional(&mut *tx)
         .await?;
+        let ended = row.is_some();
         if let Some((seq, state)) = row {
             append_events(&mut tx, id, tenant, now, &[canceled_event(state)], seq - 1).await?;
             tx.commit().await?;
@@ -514,7 +586,10 @@ impl Store for PgStore {
         } else {
             tx.commit().await?;
         }
-        self.get(tenant, id).await
+        Ok(self
+            .get(tenant, id)
+            .await?
+            .map(|wait| Canceled { wait, ended }))
     }
 
     /// A wait's events with `seq > after`, oldest first.
@@ -602,6 +677,26 @@ impl Store for PgStore {
         Ok(rows.into_iter().map(Event::from).collect())
     }
 
+    async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
+        let rows: Vec<FeedRow> = sqlx::query_as(
+            "SELECT e.gid AS id, e.seq, e.wait_id, e.kind, e.at, e.data, e.tenant, w.labels
+             FROM wait_events e JOIN waits w ON w.id = e.wait_id
+             WHERE e.gid > $1 ORDER BY e.gid LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(FeedRow::into_feed).collect())
+    }
+
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        let (n,): (Option<i64>,) = sqlx::query_as("SELECT max(gid) FROM wait_events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n.unwrap_or(0))
+    }
+
     /// Claims up to `limit` running waits that are due within `lookahead` and unowned
     /// or owned by a replica whose lease has run out. The same statement gives
     /// `owner` a lease row if it has none yet, so a wait is never owned by a replica
@@ -635,7 +730,7 @@ impl Store for PgStore {
              UPDATE waits w SET owner = $1, epoch = w.epoch + 1
              FROM due, wait_specs s
              WHERE w.id = due.id AND s.wait_id = w.id
-             RETURNING w.id, w.epoch, w.engine, w.next_poll_at, s.spec, s.headers",
+             RETURNING w.id, w.epoch, w.claims, w.engine, w.next_poll_at, s.spec, s.headers",
         )
         .bind(owner)
         .bind(ttl)
@@ -644,11 +739,12 @@ impl Store for PgStore {
         .fetch_all(&self.lease_pool)
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
-        for (id, epoch, engine, next, spec, headers) in rows {
+        for (id, epoch, claims, engine, next, spec, headers) in rows {
             match decode_claim(spec, headers, engine, &self.cipher) {
                 Ok((spec, engine)) => claimed.push(Claimed {
                     id,
                     epoch,
+                    claims,
                     next_poll_at: next.unwrap_or(engine.deadline),
                     spec,
                     engine,
@@ -718,7 +814,7 @@ impl Store for PgStore {
                     updated_at = $2,
                     finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
                     owner = CASE WHEN u.status = 'running' THEN w.owner ELSE NULL END,
-                    seq = w.seq + u.n_events
+                    seq = w.seq + u.n_events, claims = 0
              FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
                          $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
                          array_fill($1::uuid, ARRAY[cardinality($3::uuid[])]),
@@ -798,6 +894,34 @@ impl Store for PgStore {
             self.sequence_soon();
         }
         Ok(c.id.iter().map(|id| written.contains_key(id)).collect())
+    }
+
+    /// One statement for every first poll due at once; the fences travel in the
+    /// batch, as in [`Store::record_many`].
+    async fn mark_polling(
+        &self,
+        owner: Uuid,
+        ids: &[(Uuid, i64)],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().copied().unzip();
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE waits w SET claims = w.claims + 1
+             FROM unnest($2::uuid[], $3::bigint[],
+                         array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
+                         array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
+                  AS u(id, epoch, owner, running)
+             WHERE w.id = u.id AND w.owner = u.owner AND w.epoch = u.epoch AND w.status = u.running
+             RETURNING w.id",
+        )
+        .bind(owner)
+        .bind(id)
+        .bind(epoch)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     /// Renews `owner`'s lease (one row, however many waits it holds), writes the
@@ -910,8 +1034,8 @@ struct EventColumns {
     data: Vec<String>,
 }
 
-/// id, epoch, engine, next_poll_at, spec, headers.
-type ClaimRow = (Uuid, i64, Value, Option<DateTime<Utc>>, Value, Value);
+/// id, epoch, claims, engine, next_poll_at, spec, headers.
+type ClaimRow = (Uuid, i64, i32, Value, Option<DateTime<Utc>>, Value, Value);
 
 type Columns = (
     Vec<Uuid>,

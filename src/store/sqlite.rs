@@ -18,8 +18,8 @@ use uuid::Uuid;
 
 use super::bus::{Bus, BusMsg, Notice};
 use super::{
-    CANCEL_REASON, Checkpoint, Claimed, Created, Event, ListFilter, NewEvent, NewWait, Progress,
-    Store, StoreError, Wait, canceled_event, decode_claim,
+    CANCEL_REASON, Canceled, Checkpoint, Claimed, Created, Event, FeedEvent, ListFilter, NewEvent,
+    NewWait, Progress, Store, StoreError, Wait, canceled_event, decode_claim,
 };
 use crate::engine::Spec;
 
@@ -109,6 +109,17 @@ impl From<EventRow> for Event {
     }
 }
 
+/// id, epoch, claims, engine, next_poll_at, spec, headers.
+type ClaimRow = (Uuid, i64, i32, String, Option<i64>, String, String);
+
+#[derive(FromRow)]
+struct FeedRow {
+    #[sqlx(flatten)]
+    event: EventRow,
+    tenant: String,
+    labels: String,
+}
+
 const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
      w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
 
@@ -145,6 +156,7 @@ impl SqliteStore {
                         retries = CASE WHEN ?3 > polls THEN ?4 ELSE retries END,
                         next_poll_at = CASE WHEN ?3 > polls THEN ?5 ELSE next_poll_at END,
                         updated_at = CASE WHEN ?3 > polls THEN ?6 ELSE updated_at END,
+                        claims = CASE WHEN ?3 > polls THEN 0 ELSE claims END,
                         polls = MAX(polls, COALESCE(?3, polls))
                  WHERE id = ?7 AND owner = ?8 AND epoch = ?9 AND status = 'running'",
             )
@@ -360,8 +372,9 @@ impl Store for SqliteStore {
     }
 
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
-        // Label keys are validated to [A-Za-z0-9-_./] at creation; filter keys are bound
-        // as parameters all the same, inside a JSON path.
+        // Label keys, of waits and of filters alike, are validated to [A-Za-z0-9-_./]
+        // (the API refuses any other filter), so a key quoted in a JSON path means
+        // itself; it is bound as a parameter all the same.
         let mut sql = format!(
             "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id
              WHERE w.tenant = ? AND (? IS NULL OR w.status = ?) AND (? IS NULL OR w.id < ?)"
@@ -377,7 +390,7 @@ impl Store for SqliteStore {
             .bind(filter.before)
             .bind(filter.before);
         for (k, v) in &filter.labels {
-            q = q.bind(format!("$.\"{}\"", k.replace('"', ""))).bind(v);
+            q = q.bind(format!("$.\"{k}\"")).bind(v);
         }
         let rows = q.bind(filter.limit).fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(Wait::from).collect())
@@ -388,7 +401,7 @@ impl Store for SqliteStore {
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
-    ) -> Result<Option<Wait>, StoreError> {
+    ) -> Result<Option<Canceled>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
             "UPDATE waits SET status = 'canceled', reason = ?, finished_at = ?, updated_at = ?, next_poll_at = NULL,
@@ -404,6 +417,7 @@ impl Store for SqliteStore {
         .fetch_optional(&mut *tx)
         .await?;
         let mut notice = None;
+        let ended = row.is_some();
         if let Some((seq, state)) = row {
             notice = append_events(
                 &mut tx,
@@ -418,7 +432,10 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
         self.publish(notice);
-        self.get(tenant, id).await
+        Ok(self
+            .get(tenant, id)
+            .await?
+            .map(|wait| Canceled { wait, ended }))
     }
 
     async fn events(
@@ -460,10 +477,37 @@ impl Store for SqliteStore {
             .bind(tenant)
             .bind(after);
         for (k, v) in labels {
-            q = q.bind(format!("$.\"{}\"", k.replace('"', ""))).bind(v);
+            q = q.bind(format!("$.\"{k}\"")).bind(v);
         }
         let rows = q.bind(limit).fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(Event::from).collect())
+    }
+
+    async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
+        let rows: Vec<FeedRow> = sqlx::query_as(
+            "SELECT e.id, e.seq, e.wait_id, e.kind, e.at, e.data, e.tenant, w.labels
+             FROM wait_events e JOIN waits w ON w.id = e.wait_id
+             WHERE e.id > ? ORDER BY e.id LIMIT ?",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| FeedEvent {
+                event: r.event.into(),
+                tenant: r.tenant,
+                labels: serde_json::from_str(&r.labels).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        let (n,): (Option<i64>,) = sqlx::query_as("SELECT max(id) FROM wait_events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n.unwrap_or(0))
     }
 
     async fn claim(
@@ -474,13 +518,13 @@ impl Store for SqliteStore {
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = Utc::now();
-        let rows: Vec<(Uuid, i64, String, Option<i64>, String, String)> = sqlx::query_as(
+        let rows: Vec<ClaimRow> = sqlx::query_as(
             "UPDATE waits SET owner = ?, lease_until = ?, epoch = epoch + 1
              WHERE id IN (SELECT id FROM waits
                           WHERE status = 'running' AND next_poll_at <= ?
                             AND (owner IS NULL OR lease_until < ?)
                           ORDER BY next_poll_at LIMIT ?)
-             RETURNING id, epoch, engine, next_poll_at,
+             RETURNING id, epoch, claims, engine, next_poll_at,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id),
                        (SELECT headers FROM wait_specs WHERE wait_id = waits.id)",
         )
@@ -492,7 +536,7 @@ impl Store for SqliteStore {
         .fetch_all(&self.pool)
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
-        for (id, epoch, engine, next, spec, headers) in rows {
+        for (id, epoch, claims, engine, next, spec, headers) in rows {
             let parsed = (|| {
                 let spec: Value = serde_json::from_str(&spec).map_err(|e| e.to_string())?;
                 let headers: Value = serde_json::from_str(&headers).map_err(|e| e.to_string())?;
@@ -503,6 +547,7 @@ impl Store for SqliteStore {
                 Ok((spec, engine)) => claimed.push(Claimed {
                     id,
                     epoch,
+                    claims,
                     next_poll_at: next.map(at).unwrap_or(engine.deadline),
                     spec,
                     engine,
@@ -538,6 +583,35 @@ impl Store for SqliteStore {
             self.publish(notice);
         }
         Ok(written)
+    }
+
+    async fn mark_polling(
+        &self,
+        owner: Uuid,
+        ids: &[(Uuid, i64)],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut marked = Vec::with_capacity(ids.len());
+        for (id, epoch) in ids {
+            let n = sqlx::query(
+                "UPDATE waits SET claims = claims + 1
+                 WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'",
+            )
+            .bind(id)
+            .bind(owner)
+            .bind(epoch)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                marked.push(*id);
+            }
+        }
+        tx.commit().await?;
+        Ok(marked)
     }
 
     /// Renews leases and writes checkpoints, one wait at a time inside one transaction
@@ -597,7 +671,7 @@ async fn record_one(
         "UPDATE waits SET status = ?, state = ?, reason = ?, error_detail = ?, last_error = ?,
                 polls = ?, retries = ?, engine = ?, next_poll_at = ?, updated_at = ?,
                 finished_at = ?, owner = CASE WHEN ? THEN NULL ELSE owner END,
-                lease_until = CASE WHEN ? THEN NULL ELSE lease_until END, seq = seq + ?
+                lease_until = CASE WHEN ? THEN NULL ELSE lease_until END, seq = seq + ?, claims = 0
          WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'
          RETURNING seq, tenant",
     )

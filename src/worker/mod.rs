@@ -32,7 +32,14 @@ use crate::engine::{self, Context, Decision, EngineState, Event, Observation, Sp
 use crate::metrics::Metrics;
 use crate::probe::Prober;
 use crate::store::bus::{Bus, BusMsg};
-use crate::store::{AnyStore, Checkpoint, Claimed, NewEvent, Progress, Store, StoreError};
+use crate::store::{
+    AnyStore, Checkpoint, Claimed, MAX_CLAIMS, NewEvent, Progress, Store, StoreError,
+};
+
+/// A probe still in flight at its wait's deadline is cut this long after it, so
+/// the poll the engine schedules at the deadline itself still gets an answer, and
+/// a target that never answers ends the wait `timed_out` within a moment of it.
+const DEADLINE_GRACE: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -93,6 +100,12 @@ struct Held {
     /// [`fingerprint`]), and when it was written.
     written: u64,
     written_at: Instant,
+    /// The store knows that a poll of this wait began since it was claimed.
+    marked: bool,
+    /// A poll of this wait completed and was written since it was claimed: until
+    /// then the first poll is written even if it changed nothing, which clears the
+    /// store's count of polls begun and not completed ([`MAX_CLAIMS`]).
+    confirmed: bool,
 }
 
 /// The engine state but for its poll count: an unchanged poll of a fixed-interval
@@ -114,6 +127,19 @@ fn fingerprint(e: &EngineState) -> u64 {
     h.finish()
 }
 
+/// What became of one wait's progress write.
+#[derive(Clone, Debug)]
+enum Written {
+    Yes,
+    /// The wait is no longer this replica's (taken over, canceled, ended elsewhere).
+    NotOwned,
+    /// The store refused what the target answered; the wait was ended in `error`
+    /// instead.
+    Abandoned,
+    /// The store could not be reached: let the wait go.
+    Failed(String),
+}
+
 enum Msg {
     Claimed(Result<Vec<Claimed>, StoreError>),
     Probed {
@@ -123,9 +149,14 @@ enum Msg {
         at: DateTime<Utc>,
     },
     Recorded {
-        /// (id, generation, ended) of every wait in the batch.
-        batch: Vec<(Uuid, u64, bool)>,
-        result: Result<Vec<bool>, StoreError>,
+        /// (id, generation, the status it ended with) of every wait in the batch,
+        /// and what became of its write.
+        batch: Vec<(Uuid, u64, Option<String>, Written)>,
+    },
+    /// First polls since their claim, recorded as begun (or not).
+    Marked {
+        first: Vec<(Uuid, i64, u64)>,
+        result: Result<Vec<Uuid>, StoreError>,
     },
     Renewed {
         started: Instant,
@@ -260,6 +291,11 @@ fn checkpoint(id: Uuid, h: &Held, force: bool) -> Checkpoint {
         engine: write.then(|| h.engine.clone()),
         next_poll_at: write.then_some(h.next),
     }
+}
+
+/// A held wait's deadline (now, for one no longer held).
+fn h_deadline(held: &HashMap<Uuid, Held>, id: Uuid) -> DateTime<Utc> {
+    held.get(&id).map_or_else(Utc::now, |h| h.engine.deadline)
 }
 
 fn instant_at(t: DateTime<Utc>) -> Instant {
@@ -434,6 +470,7 @@ impl Loop {
             self.paused = false;
         }
         let now = Utc::now();
+        let mut first_polls = Vec::new();
         while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
             if at > now {
                 break;
@@ -450,36 +487,100 @@ impl Loop {
                 .metrics
                 .schedule_lag
                 .observe((now - at).to_std().unwrap_or_default());
-            let spec = h.spec.clone();
-            let url = h.url.clone();
-            let probes = self.probes.clone();
-            let w = self.w.clone();
-            let tx = self.tx.clone();
-            tokio::spawn(async move {
-                // The prober itself bounds the probes in flight per target host.
-                let _p = probes.acquire_owned().await;
-                let started = Instant::now();
-                let obs = match url {
-                    Ok(url) => w.prober.probe_url(&spec, url).await,
-                    Err(error) => Observation::Permanent { error },
-                };
-                w.metrics.probe_latency.observe(started.elapsed());
-                w.metrics.poll(outcome_label(&obs));
-                let _ = tx.send(Msg::Probed {
-                    id,
-                    generation: g,
-                    obs,
-                    at: Utc::now(),
-                });
-            });
+            if h.marked {
+                self.start_probe(id, g);
+            } else {
+                first_polls.push((id, h.epoch, g));
+            }
+        }
+        if !first_polls.is_empty() {
+            self.mark(first_polls);
         }
         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+    }
+
+    /// Records in the store that the first polls of these waits since their claim
+    /// begin, then starts them: if a poll takes the replica down, the next claimer
+    /// finds it counted ([`MAX_CLAIMS`]). One write for every first poll due at once.
+    fn mark(&mut self, first: Vec<(Uuid, i64, u64)>) {
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let ids: Vec<(Uuid, i64)> = first.iter().map(|(id, e, _)| (*id, *e)).collect();
+            let result = w.store.mark_polling(w.owner, &ids).await;
+            w.metrics.write();
+            let _ = tx.send(Msg::Marked { first, result });
+        });
+    }
+
+    fn start_probe(&mut self, id: Uuid, g: u64) {
+        let Some(h) = self.held.get(&id) else {
+            return;
+        };
+        let spec = h.spec.clone();
+        let url = h.url.clone();
+        let probes = self.probes.clone();
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        // The deadline wins over the probe timeout: a probe still in flight just
+        // after it is cut, and the engine ends the wait `timed_out`.
+        let cut = instant_at(h.engine.deadline) + DEADLINE_GRACE;
+        tokio::spawn(async move {
+            let probe = async {
+                // The prober itself bounds the probes in flight per target host.
+                let _p = probes.acquire_owned().await;
+                match url {
+                    Ok(url) => {
+                        let obs = w.prober.probe_url(&spec, url.clone()).await;
+                        if let Observation::Permanent { error } = &obs
+                            && crate::probe::guard::is_refusal(error)
+                        {
+                            // Most often the allow-list was narrowed since the wait
+                            // was created. The host, never the query.
+                            tracing::warn!(
+                                wait_id = %id,
+                                host = url.host_str().unwrap_or_default(),
+                                "the SSRF guard refuses this wait's target; it ends in error"
+                            );
+                        }
+                        obs
+                    }
+                    Err(error) => Observation::Permanent { error },
+                }
+            };
+            let started = Instant::now();
+            let obs = match tokio::time::timeout_at(cut, probe).await {
+                Ok(obs) => obs,
+                Err(_) => Observation::Transient {
+                    error: "the target had not answered by the wait's deadline".into(),
+                    retry_after: None,
+                },
+            };
+            w.metrics.probe_latency.observe(started.elapsed());
+            w.metrics.poll(outcome_label(&obs));
+            let _ = tx.send(Msg::Probed {
+                id,
+                generation: g,
+                obs,
+                at: Utc::now(),
+            });
+        });
     }
 
     fn handle_draining(&mut self, msg: Msg) {
         match msg {
             // Finish what was observed, but schedule nothing new.
             Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Renewed { .. } => self.handle(msg),
+            // Marked while stopping: start nothing new.
+            Msg::Marked { first, .. } => {
+                for (id, _, g) in first {
+                    if let Some(h) = self.held.get_mut(&id)
+                        && h.generation == g
+                    {
+                        h.busy = false;
+                    }
+                }
+            }
             Msg::Claimed(Ok(claimed)) => {
                 self.claiming = false;
                 // Claimed while stopping: hold them just long enough to release them.
@@ -492,6 +593,7 @@ impl Loop {
     }
 
     fn insert(&mut self, c: Claimed) {
+        let looped = c.claims >= MAX_CLAIMS;
         let spec = Arc::new(c.spec);
         let held = Held {
             url: crate::probe::target_url(&spec),
@@ -504,8 +606,31 @@ impl Loop {
             generation: 0,
             busy: false,
             dirty: false,
+            marked: false,
+            confirmed: false,
         };
         self.held.insert(c.id, held);
+        if looped {
+            // Every replica that polled it since its last completed poll died
+            // meanwhile: end it rather than be the next.
+            tracing::error!(wait_id = %c.id, polls_begun = c.claims, "a wait's polls keep taking their replica down; ending it in error");
+            self.generation += 1;
+            let g = self.generation;
+            let h = self.held.get_mut(&c.id).expect("just inserted");
+            h.busy = true;
+            h.generation = g;
+            let progress = Progress::abandon(
+                c.id,
+                h.epoch,
+                &h.engine,
+                format!(
+                    "waitd ended this wait because a poll of it did not complete {} times in a row: each time, the replica polling it stopped (it crashed, was killed or ran out of memory); it is not polled again so that it cannot take down another replica",
+                    c.claims
+                ),
+            );
+            self.pending.push((progress, g));
+            return;
+        }
         self.schedule(c.id, c.next_poll_at);
     }
 
@@ -521,6 +646,14 @@ impl Loop {
                         if !claimed.is_empty() {
                             tracing::debug!(n = claimed.len(), "claimed waits");
                         }
+                        // Polled before, by an earlier run of this replica or another.
+                        let resumed = claimed.iter().filter(|c| c.engine.polls > 0).count();
+                        if resumed > 0 {
+                            tracing::info!(
+                                resumed,
+                                "resumed waits polled before by another replica or an earlier run"
+                            );
+                        }
                         for c in claimed {
                             self.insert(c);
                         }
@@ -535,15 +668,38 @@ impl Loop {
                 obs,
                 at,
             } => self.observed(id, generation, obs, at),
-            Msg::Recorded { batch, result } => {
+            Msg::Marked { first, result } => {
+                let marked: std::collections::HashSet<Uuid> = match result {
+                    Ok(ids) => ids.into_iter().collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not record that polls begin; trying again shortly");
+                        Default::default()
+                    }
+                };
+                for (id, epoch, g) in first {
+                    let Some(h) = self.held.get_mut(&id) else {
+                        continue;
+                    };
+                    if h.generation != g || h.epoch != epoch {
+                        continue;
+                    }
+                    if marked.contains(&id) {
+                        h.marked = true;
+                        self.start_probe(id, g);
+                    } else {
+                        // Not this replica's any more, or the store is away: the
+                        // renewal finds out which; look again in a second.
+                        h.busy = false;
+                        let again = Utc::now() + chrono::TimeDelta::seconds(1);
+                        self.schedule(id, again.min(h_deadline(&self.held, id)));
+                    }
+                }
+            }
+            Msg::Recorded { batch } => {
                 self.writing -= 1;
                 self.w.metrics.write();
-                let results: Vec<Result<bool, String>> = match result {
-                    Ok(written) => written.into_iter().map(Ok).collect(),
-                    Err(e) => vec![Err(e.to_string()); batch.len()],
-                };
-                for ((id, generation, ended), result) in batch.into_iter().zip(results) {
-                    self.recorded(id, generation, ended, result);
+                for (id, generation, end, written) in batch {
+                    self.recorded(id, generation, end, written);
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
             }
@@ -633,16 +789,13 @@ impl Loop {
         if let Some(t) = next {
             h.next = t;
         }
-        if events.is_empty() && end.is_none() {
+        if events.is_empty() && end.is_none() && h.confirmed {
             // Nothing changed: keep it in memory, checkpoint later.
             h.dirty = true;
             h.busy = false;
             let t = h.next;
             self.schedule(id, t);
             return;
-        }
-        if let Some((status, _, _)) = &end {
-            self.w.metrics.ended(status);
         }
         let progress = Progress {
             id,
@@ -664,47 +817,59 @@ impl Loop {
             let take = self.pending.len().min(MAX_BATCH);
             let (progress, generations): (Vec<Progress>, Vec<u64>) =
                 self.pending.drain(..take).unzip();
-            let batch: Vec<(Uuid, u64, bool)> = progress
-                .iter()
-                .zip(generations)
-                .map(|(p, g)| (p.id, g, p.end.is_some()))
-                .collect();
             self.writing += 1;
             let w = self.w.clone();
             let tx = self.tx.clone();
             tokio::spawn(async move {
                 let started = Instant::now();
-                let result = w.store.record_many(w.owner, &progress).await;
+                let written = write_progress(&w, &progress).await;
                 tracing::debug!(
                     n = progress.len(),
                     ms = started.elapsed().as_millis() as u64,
                     "progress written"
                 );
-                let _ = tx.send(Msg::Recorded { batch, result });
+                let batch = progress
+                    .into_iter()
+                    .zip(generations)
+                    .zip(written)
+                    .map(|((p, g), written)| (p.id, g, p.end.map(|(status, _, _)| status), written))
+                    .collect();
+                let _ = tx.send(Msg::Recorded { batch });
             });
         }
     }
 
-    fn recorded(&mut self, id: Uuid, generation: u64, ended: bool, result: Result<bool, String>) {
+    fn recorded(&mut self, id: Uuid, generation: u64, end: Option<String>, written: Written) {
         let Some(h) = self.held.get_mut(&id) else {
             return;
         };
         if h.generation != generation {
             return;
         }
-        match result {
-            Ok(true) if !ended => {
+        match written {
+            Written::Yes if end.is_none() => {
                 h.busy = false;
                 h.dirty = false;
+                h.confirmed = true;
                 h.written = fingerprint(&h.engine);
                 h.written_at = Instant::now();
                 let next = h.next;
                 self.schedule(id, next);
             }
-            Ok(_) => {
+            Written::Yes => {
+                // Counted here, once the end is in the store: never twice, never
+                // for an end that another replica or a cancel got to first.
+                self.w.metrics.ended(end.as_deref().unwrap_or_default());
                 self.held.remove(&id);
             }
-            Err(e) => {
+            Written::Abandoned => {
+                self.w.metrics.ended("error");
+                self.held.remove(&id);
+            }
+            Written::NotOwned => {
+                self.held.remove(&id);
+            }
+            Written::Failed(e) => {
                 // Give it back with the next renewal: another claim resumes from the
                 // last checkpoint (at-least-once polling, exactly-once ending).
                 tracing::warn!(wait_id = %id, error = %e, "could not record progress; letting the wait go");
@@ -714,6 +879,60 @@ impl Loop {
             }
         }
     }
+}
+
+/// Writes a batch of progress in one transaction. When the store refuses the batch
+/// for what it holds rather than for being away (a byte Postgres will not store,
+/// say), the waits are written one at a time, and each one the store still refuses
+/// is ended in `error` instead: a wait must end by its deadline, not be let go and
+/// polled again forever.
+async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
+    let refused = match w.store.record_many(w.owner, progress).await {
+        Ok(done) => {
+            return done
+                .into_iter()
+                .map(|ok| if ok { Written::Yes } else { Written::NotOwned })
+                .collect();
+        }
+        Err(StoreError::Unavailable(e)) => {
+            return vec![Written::Failed(e); progress.len()];
+        }
+        Err(e) => e,
+    };
+    tracing::warn!(error = %refused, n = progress.len(), "the store refused a batch of progress; writing it one wait at a time");
+    let mut out = Vec::with_capacity(progress.len());
+    for p in progress {
+        w.metrics.write();
+        let why = match w.store.record(w.owner, p).await {
+            Ok(true) => {
+                out.push(Written::Yes);
+                continue;
+            }
+            Ok(false) => {
+                out.push(Written::NotOwned);
+                continue;
+            }
+            Err(StoreError::Unavailable(e)) => {
+                out.push(Written::Failed(e));
+                continue;
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(wait_id = %p.id, error = %why, "the store refused this wait's progress; ending it in error");
+        let end = Progress::abandon(
+            p.id,
+            p.epoch,
+            &p.engine,
+            format!("could not store what the target answered: {why}"),
+        );
+        w.metrics.write();
+        out.push(match w.store.record(w.owner, &end).await {
+            Ok(true) => Written::Abandoned,
+            Ok(false) => Written::NotOwned,
+            Err(e) => Written::Failed(e.to_string()),
+        });
+    }
+    out
 }
 
 fn event_record(e: &Event) -> NewEvent {
