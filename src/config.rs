@@ -117,6 +117,15 @@ pub struct Config {
     #[arg(long, env = "WAITD_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
 
+    /// How long a client has to send a request's headers; an idle keep-alive
+    /// connection is closed after it too.
+    #[arg(long, env = "WAITD_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
+    /// How long a client has to send a whole request body.
+    #[arg(long, env = "WAITD_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+
     /// Most event streams and blocked requests this replica holds open at once
     /// (429 beyond).
     #[arg(long, env = "WAITD_MAX_STREAMS", default_value_t = 4096)]

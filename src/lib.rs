@@ -240,6 +240,7 @@ pub async fn serve(
         stopping: stop_rx.clone(),
         feed,
         streams: api::streams::StreamLimits::new(config.max_streams, config.max_streams_per_tenant),
+        body_timeout: config.body_timeout,
         replays: Arc::new(tokio::sync::Semaphore::new(
             (config.db_connections as usize / 4).max(1),
         )),
@@ -249,6 +250,7 @@ pub async fn serve(
         listener,
         api::router(state),
         max_connections,
+        config.header_timeout,
         stopped(stop_rx.clone()),
     )
     .await;

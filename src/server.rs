@@ -5,9 +5,9 @@
 //! client that sends half a request line, or opens a connection and says nothing,
 //! holds it (and a file descriptor) forever. This loop is `axum::serve`'s, with
 //! what a server facing strangers needs:
-//! - request headers must arrive within [`HEADER_TIMEOUT`] of the connection opening
-//!   or of the previous response, so idle keep-alive connections close after it too
-//!   (hyper restarts the timer for every request head);
+//! - request headers must arrive within the header timeout (`--header-timeout`, 30 s)
+//!   of the connection opening or of the previous response, so idle keep-alive
+//!   connections close after it too (hyper restarts the timer for every request head);
 //! - at most `max_connections` connections are open at once (kept below the
 //!   process's file-descriptor limit, which [`raise_fd_limit`] lifts to its hard
 //!   ceiling); past it, new connections wait in the listen backlog, and a WARN line
@@ -29,10 +29,6 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt;
-
-/// How long a client has to send a request's headers (and how long an idle
-/// keep-alive connection stays open).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// File descriptors kept free of connections: the database pool, outbound probes,
 /// the SQLite file, logs.
@@ -64,6 +60,7 @@ pub async fn run(
     listener: TcpListener,
     app: Router,
     max_connections: usize,
+    header_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
@@ -121,7 +118,7 @@ pub async fn run(
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                .header_read_timeout(header_timeout)
                 .keep_alive(true);
             let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
             let mut stopping = pin!(signal_tx.closed());

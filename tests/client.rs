@@ -618,6 +618,15 @@ async fn usage_and_server_problems_exit_5_with_a_sentence() {
     // A flag clap does not know.
     let run = waitd(&app.base, &["list", "--colour"]).await;
     assert_eq!(run.code, 5, "{run:?}");
+    // A mistyped command, or a serve flag that does not exist: 5, not clap's 2
+    // (which would read as "timed out").
+    let run = waitd(&app.base, &["crate"]).await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(run.stderr.contains("crate"), "{run:?}");
+    let run = waitd(&app.base, &["--no-such-flag"]).await;
+    assert_eq!(run.code, 5, "{run:?}");
+    let run = waitd(&app.base, &["--help"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
     // A malformed --param.
     let run = waitd(
         &app.base,

@@ -57,6 +57,8 @@ pub struct AppState {
     pub feed: crate::feed::Feed,
     /// Caps on open event streams and blocked requests.
     pub streams: Arc<streams::StreamLimits>,
+    /// How long a client has to send a request body.
+    pub body_timeout: Duration,
     /// Permits to read history for a stream: at most this many such reads at once,
     /// so replays cannot take every pooled connection.
     pub replays: Arc<tokio::sync::Semaphore>,
@@ -204,20 +206,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// How long a client has to send a whole request body.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// A JSON request body, with every failure rendered as problem+json: a wrong
 /// content type (415), a body over [`MAX_BODY`] (413, at once when its
-/// `Content-Length` says so), a body not sent within [`BODY_TIMEOUT`] (408), a body
+/// `Content-Length` says so), a body not sent within `--body-timeout` (408), a body
 /// that breaks off or whose chunked framing is malformed (400), or JSON that does
 /// not parse (400).
 pub struct JsonBody(pub Value);
 
-impl<S: Send + Sync> FromRequest<S> for JsonBody {
+impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, _: &S) -> Result<JsonBody, ApiError> {
+    async fn from_request(req: Request, s: &AppState) -> Result<JsonBody, ApiError> {
         check_content_type(req.headers())?;
         let too_large = || {
             ApiError::new(
@@ -251,15 +250,15 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
             }
             Ok(())
         };
-        match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        match tokio::time::timeout(s.body_timeout, read).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(ApiError::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "Request timeout",
                     format!(
-                        "the request body did not arrive within {} s",
-                        BODY_TIMEOUT.as_secs()
+                        "the request body did not arrive within {}",
+                        crate::engine::duration::format(s.body_timeout)
                     ),
                 ));
             }

@@ -391,9 +391,10 @@ impl PgStore {
                     self.options.get_username(),
                     self.options.get_database().unwrap_or("waitd")
                 ),
-                Some("28P01") | Some("28000") => {
-                    "authentication failed: check the user and password in DATABASE_URL (and pg_hba.conf)".to_string()
-                }
+                Some("28P01") | Some("28000") => format!(
+                    "authentication failed ({}): check the user and password in DATABASE_URL, and pg_hba.conf",
+                    db.message()
+                ),
                 Some("53300") => "the server has no connections left (too many clients)".to_string(),
                 _ => format!("the server refused the connection: {}", db.message()),
             },

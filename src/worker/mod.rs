@@ -646,8 +646,9 @@ impl Loop {
                         if !claimed.is_empty() {
                             tracing::debug!(n = claimed.len(), "claimed waits");
                         }
-                        // Polled before, by an earlier run of this replica or another.
-                        let resumed = claimed.iter().filter(|c| c.engine.polls > 0).count();
+                        // Held before (its epoch counts claims), by an earlier run of
+                        // this replica or by another.
+                        let resumed = claimed.iter().filter(|c| c.epoch > 1).count();
                         if resumed > 0 {
                             tracing::info!(
                                 resumed,
@@ -840,6 +841,14 @@ impl Loop {
     }
 
     fn recorded(&mut self, id: Uuid, generation: u64, end: Option<String>, written: Written) {
+        // Counted here, once the end is in the store: never twice, never for an end
+        // that another replica or a cancel got to first, and even when the wait's
+        // own terminal notice came back first and it is no longer held.
+        match (&written, &end) {
+            (Written::Yes, Some(status)) => self.w.metrics.ended(status),
+            (Written::Abandoned, _) => self.w.metrics.ended("error"),
+            _ => {}
+        }
         let Some(h) = self.held.get_mut(&id) else {
             return;
         };
@@ -856,17 +865,7 @@ impl Loop {
                 let next = h.next;
                 self.schedule(id, next);
             }
-            Written::Yes => {
-                // Counted here, once the end is in the store: never twice, never
-                // for an end that another replica or a cancel got to first.
-                self.w.metrics.ended(end.as_deref().unwrap_or_default());
-                self.held.remove(&id);
-            }
-            Written::Abandoned => {
-                self.w.metrics.ended("error");
-                self.held.remove(&id);
-            }
-            Written::NotOwned => {
+            Written::Yes | Written::Abandoned | Written::NotOwned => {
                 self.held.remove(&id);
             }
             Written::Failed(e) => {
