@@ -26,7 +26,7 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover.
+    /// takeover, fanout.
     only: Vec<String>,
 }
 
@@ -95,8 +95,8 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 7] = [
-    "limit", "steady", "lag", "create", "rss", "flip", "takeover",
+const PHASES: [&str; 8] = [
+    "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout",
 ];
 
 fn admin_url() -> String {
@@ -471,6 +471,39 @@ struct Run {
     flip_p50: f64,
     flip_p99: f64,
     takeover: f64,
+    fanout: Fanout,
+}
+
+/// (9) The fan-out phase's figures.
+#[derive(Clone, Copy)]
+struct Fanout {
+    /// Events a second each follower received.
+    events_per_s: f64,
+    /// waitd's CPU per event delivered to one follower, µs.
+    cpu_per_delivery: f64,
+    /// Postgres's CPU per event (once, whatever the followers), µs.
+    pg_cpu_per_event: f64,
+    /// Create latency before the storm, p50 / p99, ms.
+    create_p50: f64,
+    create_p99: f64,
+    /// Create latency while 1,000 more followers connect and replay, p50 / p99, ms.
+    storm_p50: f64,
+    storm_p99: f64,
+    /// Time until every storm follower has its stream open, s.
+    storm_open: f64,
+}
+
+impl Fanout {
+    const NONE: Fanout = Fanout {
+        events_per_s: f64::NAN,
+        cpu_per_delivery: f64::NAN,
+        pg_cpu_per_event: f64::NAN,
+        create_p50: f64::NAN,
+        create_p99: f64::NAN,
+        storm_p50: f64::NAN,
+        storm_p99: f64::NAN,
+        storm_open: f64::NAN,
+    };
 }
 
 async fn one_run(a: &Args) -> Run {
@@ -494,6 +527,7 @@ async fn one_run(a: &Args) -> Run {
         flip_p50: f64::NAN,
         flip_p99: f64::NAN,
         takeover: f64::NAN,
+        fanout: Fanout::NONE,
     };
     let (up, _hits) = upstream().await;
     // The limit is taken twice, around the steady phase, and averaged: the machine's
@@ -606,6 +640,9 @@ async fn one_run(a: &Args) -> Run {
     }
     if a.runs("takeover") {
         run.takeover = takeover(if a.waits <= 200 { 20 } else { 200 }, takeover_ttl(a)).await;
+    }
+    if a.runs("fanout") {
+        run.fanout = fanout(a.followers, a.seconds).await;
     }
     run
 }
@@ -814,6 +851,10 @@ impl Drop for Replica {
 }
 
 async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
+    spawn_replica_with(db, ttl, &[]).await
+}
+
+async fn spawn_replica_with(db: &Db, ttl: &str, extra: &[&str]) -> Replica {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -835,6 +876,7 @@ async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
             "--lease-ttl",
             ttl,
         ])
+        .args(extra)
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -972,6 +1014,213 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
     worst
 }
 
+/// CPU seconds a process has used (user + system).
+fn process_cpu(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .unwrap_or(0.0)
+        / 100.0
+}
+
+/// CPU seconds every `postgres` process has used.
+fn postgres_cpu() -> f64 {
+    let mut total = 0.0;
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let pid = e.file_name().to_string_lossy().to_string();
+            if pid.bytes().all(|b| b.is_ascii_digit())
+                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "postgres")
+            {
+                total += process_cpu(&pid);
+            }
+        }
+    }
+    total
+}
+
+/// Opens a follower of `/events` that counts the events it receives; returns once
+/// its stream is open.
+async fn follow_all(c: &reqwest::Client, base: &str, seen: Arc<AtomicU64>) {
+    use futures_util::StreamExt;
+    let r = c
+        .get(format!("{base}/events?follow=true"))
+        .send()
+        .await
+        .expect("a follower connects");
+    assert_eq!(r.status(), 200, "a follower was refused");
+    tokio::spawn(async move {
+        let mut body = r.bytes_stream();
+        // Frames are counted by their `event:` lines; one may straddle two chunks.
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            tail.extend_from_slice(&chunk);
+            let text = String::from_utf8_lossy(&tail);
+            let n = text.matches("\nevent: ").count() + usize::from(text.starts_with("event: "));
+            seen.fetch_add(n as u64, Relaxed);
+            let keep = text.rfind('\n').map_or(0, |i| i + 1);
+            tail.drain(..keep);
+        }
+    });
+}
+
+/// Creates one wait and returns how long the request took, in ms.
+async fn timed_create(c: &reqwest::Client, base: &str, target: &str) -> f64 {
+    let spec = json!({
+        "target": {"url": target},
+        "state": "/data/attributes/status",
+        "want": ["on"],
+        "timeout": "1h",
+        "poll": {"initial": "30m"},
+    });
+    let started = Instant::now();
+    let r = c
+        .post(format!("{base}/waits"))
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+/// (9) Fan-out: `n` followers of `/events` on a waitd of its own (a separate process,
+/// so its CPU is its own), while 20 waits change state five times a second each.
+/// Then `n` more followers connect at once, each replaying the history from the
+/// start, while creates are timed.
+async fn fanout(n: usize, seconds: u64) -> Fanout {
+    // An upstream whose state alternates at every poll of a path: every poll is an
+    // event.
+    let count: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>> = Arc::default();
+    let c2 = count.clone();
+    let app = axum::Router::new().route(
+        "/{*p}",
+        axum::routing::get(move |axum::extract::Path(p): axum::extract::Path<String>| {
+            let c2 = c2.clone();
+            async move {
+                let n = {
+                    let mut m = c2.lock().unwrap();
+                    let n = m.entry(p).or_default();
+                    *n += 1;
+                    *n
+                };
+                let status = if n % 2 == 0 { "a" } else { "b" };
+                (
+                    [("content-type", "application/json")],
+                    format!(r#"{{"data":{{"attributes":{{"status":"{status}"}}}}}}"#),
+                )
+            }
+        }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let db = new_db().await;
+    let streams = (3 * n + 16).to_string();
+    let r = spawn_replica_with(
+        &db,
+        "30s",
+        &[
+            "--max-streams",
+            &streams,
+            "--max-streams-per-tenant",
+            &streams,
+        ],
+    )
+    .await;
+    let pid = r.child.id().to_string();
+    let c = client();
+    let seen = Arc::new(AtomicU64::new(0));
+    for _ in 0..n {
+        follow_all(&c, &r.base, seen.clone()).await;
+    }
+    let mut before = Vec::new();
+    for i in 0..50 {
+        before.push(timed_create(&c, &r.base, &format!("{up}/idle/{i}")).await);
+    }
+    for i in 0..20 {
+        let spec = json!({
+            "target": {"url": format!("{up}/flip/{i}")},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "timeout": "1h",
+            "poll": {"initial": "200ms", "factor": 1, "max": "200ms", "jitter": 0},
+        });
+        let resp = c
+            .post(format!("{}/waits", r.base))
+            .json(&spec)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu0, pg0, seen0) = (process_cpu(&pid), postgres_cpu(), seen.load(Relaxed));
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (cpu1, pg1, seen1) = (process_cpu(&pid), postgres_cpu(), seen.load(Relaxed));
+    let took = t0.elapsed().as_secs_f64();
+    let deliveries = (seen1 - seen0) as f64;
+    let events = deliveries / n as f64;
+    eprintln!(
+        "fan-out phase: {n} followers received {deliveries:.0} events in {took:.1} s ({:.1} events/s each); waitd used {:.2} s of CPU, Postgres {:.2} s",
+        events / took,
+        cpu1 - cpu0,
+        pg1 - pg0
+    );
+    // The storm: n more followers at once, each replaying everything so far, while
+    // creates are timed.
+    let storm_seen = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let storm: Vec<_> = (0..n)
+        .map(|_| {
+            let (c, base, seen) = (c.clone(), r.base.clone(), storm_seen.clone());
+            tokio::spawn(async move { follow_all(&c, &base, seen).await })
+        })
+        .collect();
+    let creating = {
+        let (c, base, up) = (c.clone(), r.base.clone(), up.clone());
+        tokio::spawn(async move {
+            let mut during = Vec::new();
+            for i in 0..50 {
+                during.push(timed_create(&c, &base, &format!("{up}/storm/{i}")).await);
+            }
+            during
+        })
+    };
+    for t in storm {
+        let _ = t.await;
+    }
+    let storm_open = started.elapsed().as_secs_f64();
+    let during = creating.await.unwrap();
+    let f = Fanout {
+        events_per_s: events / took,
+        cpu_per_delivery: (cpu1 - cpu0) * 1e6 / deliveries,
+        pg_cpu_per_event: (pg1 - pg0) * 1e6 / events,
+        create_p50: percentile(before.clone(), 0.5),
+        create_p99: percentile(before, 0.99),
+        storm_p50: percentile(during.clone(), 0.5),
+        storm_p99: percentile(during, 0.99),
+        storm_open,
+    };
+    drop(r);
+    drop_db(&db).await;
+    f
+}
+
 /// The median, ignoring phases that did not run (NaN when none did).
 fn median(v: Vec<f64>) -> f64 {
     let mut v: Vec<f64> = v.into_iter().filter(|x| !x.is_nan()).collect();
@@ -1039,6 +1288,11 @@ fn main() {
         }
         if a.runs("takeover") {
             println!("| 8 | kill -9 of one of two replicas → every orphaned wait polled again (lease TTL {}, 50 ms polls) | {:.2} s | ≤ TTL + one poll interval |", takeover_ttl(&a), m(&|r| r.takeover));
+        }
+        if a.runs("fanout") {
+            let (waitd_cpu, pg_cpu) = (m(&|r| r.fanout.cpu_per_delivery), m(&|r| r.fanout.pg_cpu_per_event));
+            println!("| 9 | {} followers of /events, {:.0} events/s each: CPU per event per follower, waitd + Postgres | {:.1} µs + {:.1} µs (Postgres {:.0} µs per event, once for all) | ≪ 110 µs |", a.followers, m(&|r| r.fanout.events_per_s), waitd_cpu, pg_cpu / a.followers as f64, pg_cpu);
+            println!("| 9b | create latency p50 / p99: alone, then while {} more followers connect and replay at once (all open after {:.1} s) | {:.1} / {:.1} ms, then {:.1} / {:.1} ms | |", a.followers, m(&|r| r.fanout.storm_open), m(&|r| r.fanout.create_p50), m(&|r| r.fanout.create_p99), m(&|r| r.fanout.storm_p50), m(&|r| r.fanout.storm_p99));
         }
     });
 }

@@ -1,6 +1,7 @@
-//! Table tests for the polling engine, ported from the two seed pollers' test suites
-//! (`shared/reference/seeds.md`: the AKS machine poller and the Latitude.sh CLI's
-//! `internal/wait`) plus the semantics DESIGN.md section 2 adds on top of them.
+//! Table tests for the polling engine, ported from the test suites of the two
+//! pollers it generalises (the AKS machine poller and the Latitude.sh CLI's
+//! `internal/wait`; docs/design.md §3.10 says what each contributes) plus the
+//! semantics docs/design.md §3 adds on top of them.
 //!
 //! Everything goes through the crate's public API: a request is validated by
 //! `Spec::from_request`, then a list of observations is fed to `step` with `now`
@@ -842,7 +843,7 @@ fn latitude_throttling_and_server_errors_are_not_terminal() {
 }
 
 // ---------------------------------------------------------------------------------
-// C. DESIGN.md section 2
+// C. docs/design.md §3
 // ---------------------------------------------------------------------------------
 
 #[test]

@@ -1,7 +1,7 @@
 //! Fuzzing with proptest, kept brief for CI (512 cases a property): any JSON value
 //! given to `Spec::from_request` and any path over any body given to `ValuePath` must
 //! never panic. A spec that is accepted must also honour the limits it was checked
-//! against and read back the same from its own serialised form (DESIGN.md §1: the
+//! against and read back the same from its own serialised form (docs/design.md §2.2–§2.3: the
 //! normalised request means the same thing).
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Security tests (DESIGN.md §5), black-box over HTTP: hostile input never earns a
+//! Security tests (docs/design.md §7), black-box over HTTP: hostile input never earns a
 //! 5xx and is always answered with problem+json; every SSRF form is refused; tokens
 //! and tenants hold on every route; target header values never leak (responses,
 //! logs of the real binary at trace level, the database when a key is configured);

@@ -239,7 +239,10 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 ///
 /// Persists the wait and answers 201 with it. With `?wait=<duration>` or
 /// `?wait=true` the response is held until the wait ends (201 succeeded, 422 failed,
-/// 504 timed_out, 409 canceled, 502 error) or the duration passes (202).
+/// 412 timed_out, 409 canceled, 424 error) or the duration passes (202). A held
+/// request cut by the server stopping, or `?wait=true` on a wait still running past
+/// its deadline, is a 503 with `Retry-After`: repeat it with the same
+/// `Idempotency-Key`.
 #[utoipa::path(
     post, path = "/waits", tag = "waits",
     request_body(content = crate::api::openapi::CreateWait, content_type = "application/json"),
@@ -255,9 +258,9 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 413, description = "Body over 64 KiB", body = crate::api::error::Problem),
         (status = 415, description = "Not JSON", body = crate::api::error::Problem),
         (status = 422, description = "Unknown preset or bad preset params, target refused by the SSRF guard, or blocked and failed", body = crate::api::error::Problem),
-        (status = 502, description = "Blocked and ended in error", body = Wait),
-        (status = 503, description = "Store unavailable", body = crate::api::error::Problem),
-        (status = 504, description = "Blocked and timed out", body = Wait),
+        (status = 412, description = "Blocked and timed out", body = Wait),
+        (status = 424, description = "Blocked and ended in error", body = Wait),
+        (status = 503, description = "Store unavailable, or blocked and cut by the server stopping (see Retry-After)", body = crate::api::error::Problem),
     )
 )]
 pub async fn create(
@@ -324,8 +327,9 @@ fn hex(bytes: &[u8]) -> String {
 /// Read a wait
 ///
 /// With `?wait=<duration>` or `?wait=true`, holds the response until the wait ends
-/// (200 succeeded, 422 failed, 504 timed_out, 409 canceled, 502 error) or the
-/// duration passes (202).
+/// (200 succeeded, 422 failed, 412 timed_out, 409 canceled, 424 error) or the
+/// duration passes (202). Cut by the server stopping, or with `?wait=true` on a
+/// wait still running past its deadline: 503 with `Retry-After`.
 #[utoipa::path(
     get, path = "/waits/{id}", tag = "waits",
     params(
@@ -337,9 +341,10 @@ fn hex(bytes: &[u8]) -> String {
         (status = 202, description = "Blocked and still running", body = Wait),
         (status = 404, description = "No such wait", body = crate::api::error::Problem),
         (status = 409, description = "Blocked and canceled", body = Wait),
+        (status = 412, description = "Blocked and timed out", body = Wait),
         (status = 422, description = "Blocked and failed", body = Wait),
-        (status = 502, description = "Blocked and ended in error", body = Wait),
-        (status = 504, description = "Blocked and timed out", body = Wait),
+        (status = 424, description = "Blocked and ended in error", body = Wait),
+        (status = 503, description = "Store unavailable, or blocked and cut by the server stopping (see Retry-After)", body = crate::api::error::Problem),
     )
 )]
 pub async fn get_one(

@@ -2,7 +2,7 @@
 //!
 //! The prober knows nothing of storage, scheduling or serving: it takes a [`Spec`],
 //! sends one request with one shared client, and classifies the answer exactly as
-//! DESIGN.md §2 says:
+//! docs/design.md §3.2 says:
 //!
 //! | answer | observation |
 //! |---|---|
@@ -90,7 +90,7 @@ pub enum StatusClass {
     Permanent,
 }
 
-/// The class of an HTTP status code (DESIGN.md §2).
+/// The class of an HTTP status code (docs/design.md §3.2).
 pub fn classify_status(status: u16) -> StatusClass {
     match status {
         200..=299 => StatusClass::Success,
