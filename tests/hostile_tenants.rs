@@ -134,6 +134,12 @@ async fn label_filters_match_keys_exactly_are_capped_and_never_fail_on_both_stor
         )
         .await;
         assert_eq!(status, 400, "{body}");
+        // A URI past what any query of this API needs: 414, still problem+json.
+        let huge: String = (0..2000).map(|i| format!("&label=k{i}:v")).collect();
+        let (status, ct, body) =
+            answer(app.client.get(app.url(&format!("/waits?x=1{huge}")))).await;
+        assert_eq!(status, 414, "{body}");
+        assert_eq!(ct, "application/problem+json");
         // 32 filters are fine.
         let fine: String = (0..32).map(|i| format!("&label=k{i}:v")).collect();
         let (status, _, body) =
