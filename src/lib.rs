@@ -224,7 +224,7 @@ pub async fn serve(
             )
         },
         max_connections,
-        open_files = fd_limit.map_or("unknown".to_string(), |n| n.to_string()),
+        open_files = fd_limit.unwrap_or(0),
         "waitd starting"
     );
     let state = api::AppState {
