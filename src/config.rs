@@ -136,6 +136,11 @@ pub struct Config {
     #[arg(long, env = "WAITD_MAX_STREAMS_PER_TENANT", default_value_t = 1024)]
     pub max_streams_per_tenant: usize,
 
+    /// Origins whose pages may call the API from a browser (CORS), exact
+    /// (`https://dash.example.com`), comma-separated; none by default.
+    #[arg(long, env = "WAITD_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
     /// Do not run the worker pool (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]
     pub no_worker: bool,

@@ -98,6 +98,7 @@ pub async fn serve(
         .clone()
         .unwrap_or_else(|| "sqlite://waitd.db".to_string());
     let tokens = load_tokens(&config)?;
+    let cors_origins = parse_origins(&config.cors_origins)?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     if tokens.is_empty() {
         if !addr.ip().is_loopback() && !config.allow_anonymous {
@@ -241,6 +242,7 @@ pub async fn serve(
         feed,
         streams: api::streams::StreamLimits::new(config.max_streams, config.max_streams_per_tenant),
         body_timeout: config.body_timeout,
+        cors_origins: Arc::new(cors_origins),
         replays: Arc::new(tokio::sync::Semaphore::new(
             (config.db_connections as usize / 4).max(1),
         )),
@@ -263,6 +265,29 @@ pub async fn serve(
     let _ = feed_task.await;
     store.close().await;
     Ok(())
+}
+
+/// The `--cors-origins` entries: each exactly `scheme://host[:port]`, as a browser
+/// sends it in `Origin` (no path, no wildcard).
+fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, String> {
+    entries
+        .iter()
+        .map(|e| e.trim())
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let url = url::Url::parse(e).map_err(|_| {
+                format!("--cors-origins entry \"{e}\" is not an origin such as https://dash.example.com")
+            })?;
+            let origin = url.origin().ascii_serialization();
+            if !matches!(url.scheme(), "http" | "https") || origin != e.trim_end_matches('/') {
+                return Err(format!(
+                    "--cors-origins entry \"{e}\" must be exactly an origin (scheme, host and port, no path), such as {origin}"
+                ));
+            }
+            axum::http::HeaderValue::from_str(&origin)
+                .map_err(|_| format!("--cors-origins entry \"{e}\" is not a valid header value"))
+        })
+        .collect()
 }
 
 /// The store as the start-up line names it: its kind and where it is, never a

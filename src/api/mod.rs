@@ -8,6 +8,7 @@ mod events;
 pub mod openapi;
 mod presets;
 pub mod streams;
+mod ui;
 mod waits;
 
 use std::collections::HashMap;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -59,6 +60,8 @@ pub struct AppState {
     pub streams: Arc<streams::StreamLimits>,
     /// How long a client has to send a request body.
     pub body_timeout: Duration,
+    /// Origins whose pages may call the API (CORS); none when empty.
+    pub cors_origins: Arc<Vec<HeaderValue>>,
     /// Permits to read history for a stream: at most this many such reads at once,
     /// so replays cannot take every pooled connection.
     pub replays: Arc<tokio::sync::Semaphore>,
@@ -66,6 +69,43 @@ pub struct AppState {
 
 /// The router with every route; tests and `serve` both use it.
 pub fn router(state: AppState) -> Router {
+    let cors = cors_layer(&state.cors_origins);
+    let app = routes(state);
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
+}
+
+/// CORS for dashboards on other origins: exactly the origins the operator named,
+/// and no CORS headers at all when none are.
+fn cors_layer(origins: &[HeaderValue]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::Method;
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins.iter().cloned()))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::ACCEPT,
+                header::HeaderName::from_static("idempotency-key"),
+                header::HeaderName::from_static("last-event-id"),
+            ])
+            .expose_headers([
+                header::LOCATION,
+                header::RETRY_AFTER,
+                header::HeaderName::from_static("idempotent-replayed"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+fn routes(state: AppState) -> Router {
     Router::new()
         .route("/waits", post(waits::create).get(waits::list))
         .route("/waits/{id}", get(waits::get_one))
@@ -78,6 +118,10 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_doc))
+        .route("/", get(ui::to_dashboard))
+        .route("/ui", get(ui::to_dashboard))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{file}", get(ui::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(uri_limit))

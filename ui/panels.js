@@ -1,0 +1,772 @@
+// panels.js — the two side panels:
+//
+//   * DetailPanel: one wait in full (reachable as #/waits/<id>): its fields, its
+//     event timeline, its spec as waitd returns it (header values read <redacted>),
+//     and Cancel with an in-page confirm step. The timeline comes from the wait's own
+//     stream (GET /waits/{id}/events?follow=true replays the history, then follows
+//     live and ends after the terminal event), and the app also hands over events of
+//     this wait from the global stream; both are merged by seq, so nothing shows twice.
+//   * CreatePanel: the "new wait" form built from GET /presets: a preset, its
+//     parameters (required ones marked, defaults as placeholders), optional labels,
+//     timeout and target headers; problems are shown next to the fields they name.
+//
+// Everything from the server is rendered as text through el() (see common.js).
+
+import {
+  el, clear, append, statusBadge, setBadge, fmtDateTime, fmtTime, fmtLeft, fmtDuration,
+  fmtNumber, prettyJson, applyEvent, parseLabelList, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms,
+} from './common.js';
+import { api, authHeaders, readProblem, reportUnauthorized, ApiError } from './api.js';
+import { EventStream } from './sse.js';
+
+const KIND_GLYPH = { created: '✚', state: '→', retry: '↻' };
+/** Most timeline entries kept in the DOM: the first (created) and the newest ones. */
+const MAX_TIMELINE = 300;
+
+// ===========================================================================
+// Detail
+
+export class DetailPanel {
+  /**
+   * @param {HTMLElement} host the panel's container (hidden when closed)
+   * @param {{onClose: () => void, onWaitChanged: (wait) => void}} hooks
+   */
+  constructor(host, hooks) {
+    this.host = host;
+    this.hooks = hooks;
+    this.id = null;
+    this.wait = null;
+    this.stream = null;
+    this.gen = 0;
+    this.refetchTimer = 0;
+  }
+
+  get isOpen() {
+    return this.id !== null;
+  }
+
+  /** Opens the panel on wait `id` (a validated UUID). */
+  open(id) {
+    if (this.id === id) return;
+    this.teardown();
+    const gen = ++this.gen;
+    this.id = id;
+    this.wait = null;
+    this.seen = new Set(); // every seq received (from either stream)
+    this.hiddenCount = 0; // older entries dropped from the DOM (MAX_TIMELINE)
+    this.terminalSeen = false;
+    this.cancelMessage = null;
+    this.actionsKey = null;
+    this.renderQueued = false;
+    this.build(id);
+    this.host.hidden = false;
+    this.load(gen);
+  }
+
+  /** Shows an error in place of a wait (e.g. a malformed id in the URL). */
+  openInvalid(text) {
+    this.teardown();
+    this.gen++;
+    this.id = '';
+    this.build('');
+    this.host.hidden = false;
+    this.showProblem(`"${text}" is not a wait id (wait ids are UUIDs).`);
+  }
+
+  close() {
+    if (this.id === null) return;
+    this.teardown();
+    this.host.hidden = true;
+  }
+
+  teardown() {
+    this.gen++;
+    if (this.stream) this.stream.stop();
+    this.stream = null;
+    clearTimeout(this.refetchTimer);
+    clear(this.host);
+    this.id = null;
+    this.wait = null;
+  }
+
+  async load(gen) {
+    try {
+      const w = await api.getWait(this.id);
+      if (gen !== this.gen) return;
+      this.setWait(w);
+      this.startStream(gen);
+    } catch (e) {
+      if (gen !== this.gen || e.name === 'AbortError') return;
+      this.showProblem(e instanceof ApiError ? e.detail : String(e));
+    }
+  }
+
+  startStream(gen) {
+    const id = this.id;
+    this.stream = new EventStream({
+      url: () => `/waits/${encodeURIComponent(id)}/events?follow=true`,
+      headers: () => authHeaders(),
+      lastEventId: null, // from the start: the stream replays the history first
+      readProblem,
+      isFinished: () => this.terminalSeen,
+      onEvents: (events) => {
+        if (gen !== this.gen) return;
+        for (const raw of events) {
+          let ev;
+          try {
+            ev = JSON.parse(raw.data);
+          } catch {
+            continue;
+          }
+          this.applyEvent(ev);
+        }
+      },
+      onState: (state, info) => {
+        if (gen === this.gen) this.setLive(state, info);
+      },
+      onUnauthorized: (problem) => reportUnauthorized(problem),
+      onFatal: (err) => {
+        if (gen === this.gen) this.r.live.textContent = `stream stopped: ${err.message}`;
+      },
+    });
+    this.stream.start();
+  }
+
+  setLive(state, info) {
+    const live = this.r.live;
+    live.dataset.state = state;
+    if (info.finished) live.textContent = 'complete';
+    else if (state === 'connected') live.textContent = 'live';
+    else if (state === 'reconnecting') live.textContent = `reconnecting (attempt ${info.attempt})`;
+    else live.textContent = info.stopped ? '' : `offline (attempt ${info.attempt})`;
+  }
+
+  /** An event of this wait, from either stream (duplicates are dropped by seq). */
+  applyEvent(ev) {
+    if (!this.id || ev.wait_id !== this.id) return;
+    if (this.seen.has(ev.seq)) return;
+    this.seen.add(ev.seq);
+    this.addTimelineItem(ev);
+    if (TERMINAL.has(ev.kind)) this.terminalSeen = true;
+    if (this.wait) {
+      if (applyEvent(this.wait, ev, { countRetries: false })) this.queueRender();
+      // The counters (polls, retries) are not in events: read them again shortly.
+      if (this.wait.status === 'running' || TERMINAL.has(ev.kind)) this.scheduleRefetch(600);
+    }
+  }
+
+  /** Renders once after a batch of events (a replayed history is one batch). */
+  queueRender() {
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    const gen = this.gen;
+    queueMicrotask(() => {
+      this.renderQueued = false;
+      if (gen === this.gen && this.wait) this.renderWait();
+    });
+  }
+
+  scheduleRefetch(delay) {
+    clearTimeout(this.refetchTimer);
+    const gen = this.gen;
+    this.refetchTimer = setTimeout(() => this.refresh(gen), delay);
+  }
+
+  /** Reads the wait again (the app calls it every ~10 s while it runs). */
+  async refresh(gen = this.gen) {
+    if (!this.id || !this.wait) return;
+    try {
+      const w = await api.getWait(this.id);
+      if (gen === this.gen) this.updateWait(w);
+    } catch {
+      /* the next refresh will try again; a 401 is handled by the api layer */
+    }
+  }
+
+  /** A fresher copy of this wait (refresh, list refresh, cancel). */
+  updateWait(w) {
+    if (!this.id || !w || w.id !== this.id) return;
+    if (!this.wait) return this.setWait(w);
+    const older = ms(w.updated_at) < ms(this.wait.updated_at);
+    const reopen = this.wait.status !== 'running' && w.status === 'running';
+    if (older || reopen) return;
+    this.wait = w;
+    this.renderWait();
+  }
+
+  setWait(w) {
+    this.wait = w;
+    this.r.spec.textContent = prettyJson(w.spec);
+    this.renderWait();
+  }
+
+  // ---- rendering ----------------------------------------------------------
+
+  build(id) {
+    const r = {};
+    this.r = r;
+    this.fieldRows = null;
+    const root = el(
+      'section',
+      { class: 'panel detail', data: { testid: 'wait-detail', waitId: id }, attrs: { 'aria-label': 'Wait detail' } },
+      el(
+        'header',
+        { class: 'panel-head' },
+        el('div', { class: 'panel-title' }, el('h2', { text: 'Wait' }), (r.id = el('span', { class: 'mono full-id', text: id }))),
+        el('button', {
+          class: 'btn icon',
+          text: '✕',
+          title: 'Close (Esc)',
+          data: { testid: 'close-detail' },
+          attrs: { type: 'button', 'aria-label': 'Close detail' },
+          on: { click: () => this.hooks.onClose() },
+        }),
+      ),
+      (r.body = el(
+        'div',
+        { class: 'panel-body' },
+        (r.problem = el('div', { class: 'notice error', attrs: { role: 'alert' }, props: { hidden: true } })),
+        (r.head = el(
+          'div',
+          { class: 'detail-head' },
+          (r.status = el('span', { class: 'badge st-unknown', data: { testid: 'detail-status', status: '' }, text: 'loading…' })),
+          (r.reason = el('p', { class: 'reason' })),
+        )),
+        (r.actions = el('div', { class: 'actions' })),
+        (r.fields = el('dl', { class: 'fields' })),
+        (r.errorSection = el(
+          'section',
+          { class: 'block', props: { hidden: true } },
+          el('h3', { text: 'Error detail' }),
+          (r.errorDetail = el('pre', { class: 'json' })),
+        )),
+        el(
+          'section',
+          { class: 'block' },
+          el('h3', {}, 'Timeline ', (r.live = el('span', { class: 'live', data: { state: 'offline' } }))),
+          // "Loading events…" at first, then how many older entries are not shown.
+          (r.timelineEmpty = el('p', { class: 'muted small timeline-note', text: 'Loading events…' })),
+          (r.timeline = el('ol', { class: 'timeline', data: { testid: 'timeline' } })),
+        ),
+        el(
+          'section',
+          { class: 'block' },
+          el('h3', { text: 'Spec' }),
+          el('p', { class: 'muted small', text: 'The normalised request as waitd stores it; target header values are write-only and read <redacted>.' }),
+          (r.spec = el('pre', { class: 'json', data: { testid: 'detail-spec' } })),
+        ),
+      )),
+    );
+    clear(this.host).appendChild(root);
+    this.root = root;
+  }
+
+  showProblem(text) {
+    this.r.problem.textContent = text;
+    this.r.problem.hidden = false;
+    this.r.head.hidden = true;
+    this.r.body.querySelectorAll('.block, .fields, .actions').forEach((n) => { n.hidden = true; });
+  }
+
+  renderWait() {
+    const w = this.wait;
+    const r = this.r;
+    if (r.status.textContent === 'loading…') {
+      const badge = statusBadge(w.status, { data: { testid: 'detail-status', status: w.status } });
+      r.status.replaceWith(badge);
+      r.status = badge;
+    } else {
+      setBadge(r.status, w.status);
+    }
+    r.reason.textContent = w.reason || (w.status === 'running' ? 'Polling the target.' : '');
+    // Rebuilt only when they change, so an event does not undo an open confirm step.
+    const key = `${w.status === 'running'}|${this.cancelMessage ? this.cancelMessage.text : ''}`;
+    if (key !== this.actionsKey) this.renderActions();
+    this.renderFields(Date.now());
+    const hasDetail = w.error_detail !== null && w.error_detail !== undefined;
+    r.errorSection.hidden = !hasDetail;
+    if (hasDetail) r.errorDetail.textContent = prettyJson(w.error_detail);
+  }
+
+  /**
+   * The field list. Rows are built once and a value is re-rendered only when it
+   * changed, so events do not churn the DOM (or stale a selection or a test's handle).
+   */
+  renderFields(now) {
+    const w = this.wait;
+    if (!w) return;
+    const time = (iso) => el('time', { text: fmtDateTime(iso), title: iso || '', attrs: { datetime: iso || null } });
+    const running = w.status === 'running';
+    const url = w.spec && w.spec.target && w.spec.target.url;
+    const labels = Object.entries(w.labels || {});
+    // [key, label, shown, signature, build()]
+    const rows = [
+      ['id', 'Id', true, w.id, () => el('span', { class: 'mono', text: w.id })],
+      ['state', 'State', true, w.state, () => (w.state === null || w.state === undefined
+        ? el('span', { class: 'muted', text: 'not read yet' })
+        : el('span', { class: 'mono', text: w.state }))],
+      ['last_error', 'Last error', !!w.last_error, w.last_error, () => el('span', { class: 'mono error-text', text: String(w.last_error) })],
+      ['polls', 'Polls', true, w.polls, () => fmtNumber(w.polls)],
+      ['retries', 'Retries', true, w.retries, () => fmtNumber(w.retries)],
+      ['target', 'Target', !!url, url, () => el('span', { class: 'mono break', text: String(url) })],
+      ['labels', 'Labels', true, JSON.stringify(labels), () => (labels.length
+        ? el('span', { class: 'chips' }, labels.map(([k, v]) => [el('span', { class: 'chip' }, el('span', { class: 'chip-k', text: k }), el('span', { class: 'chip-sep', text: ':' }), el('span', { class: 'chip-v', text: v })), ' ']))
+        : el('span', { class: 'muted', text: 'none' }))],
+      ['created', 'Created', true, w.created_at, () => time(w.created_at)],
+      ['updated', 'Updated', true, w.updated_at, () => time(w.updated_at)],
+      ['deadline', 'Deadline', true, `${w.deadline}|${running}`, () => [time(w.deadline), running ? ' · ' : null, running ? (this.r.countdown = el('span', { class: 'countdown' })) : null]],
+      ['next_poll', 'Next poll', running, w.next_poll_at, () => time(w.next_poll_at)],
+      ['finished', 'Finished', !!w.finished_at, w.finished_at, () => [time(w.finished_at), ` · after ${fmtDuration(ms(w.finished_at) - ms(w.created_at))}`]],
+      ['tz', 'Times', true, TIME_ZONE, () => `in ${TIME_ZONE}`],
+    ];
+    if (!this.fieldRows) {
+      this.fieldRows = new Map();
+      const f = clear(this.r.fields);
+      for (const [key, label] of rows) {
+        const dt = el('dt', { text: label, class: key === 'tz' ? 'muted small' : '' });
+        const dd = el('dd', { data: { field: key }, class: key === 'tz' ? 'muted small' : '' });
+        append(f, [dt, dd]);
+        this.fieldRows.set(key, { dt, dd, sig: undefined });
+      }
+    }
+    for (const [key, , shown, sig, build] of rows) {
+      const slot = this.fieldRows.get(key);
+      slot.dt.hidden = !shown;
+      slot.dd.hidden = !shown;
+      if (!shown || slot.sig === String(sig)) continue;
+      slot.sig = String(sig);
+      if (key === 'deadline') this.r.countdown = null;
+      append(clear(slot.dd), [build()]);
+    }
+    this.tick(now);
+  }
+
+  renderActions() {
+    const w = this.wait;
+    this.actionsKey = `${w.status === 'running'}|${this.cancelMessage ? this.cancelMessage.text : ''}`;
+    const a = clear(this.r.actions);
+    const result = el('p', { class: 'cancel-result', data: { testid: 'cancel-result' }, attrs: { role: 'status' } });
+    if (this.cancelMessage) {
+      result.textContent = this.cancelMessage.text;
+      result.classList.toggle('error-text', this.cancelMessage.error);
+    }
+    if (w.status !== 'running') {
+      a.appendChild(result);
+      return;
+    }
+    const confirm = el('div', { class: 'confirm', props: { hidden: true }, attrs: { role: 'group', 'aria-label': 'Confirm cancel' } });
+    const cancelBtn = el('button', {
+      class: 'btn danger-outline',
+      text: 'Cancel wait…',
+      data: { testid: 'cancel-wait' },
+      attrs: { type: 'button' },
+      on: {
+        click: () => {
+          confirm.hidden = false;
+          cancelBtn.hidden = true;
+          confirmBtn.focus();
+        },
+      },
+    });
+    const confirmBtn = el('button', {
+      class: 'btn danger',
+      text: 'Yes, cancel it',
+      data: { testid: 'confirm-cancel' },
+      attrs: { type: 'button' },
+      on: { click: () => this.doCancel(confirmBtn, keepBtn, result) },
+    });
+    const keepBtn = el('button', {
+      class: 'btn',
+      text: 'Keep waiting',
+      data: { testid: 'keep-wait' },
+      attrs: { type: 'button' },
+      on: {
+        click: () => {
+          confirm.hidden = true;
+          cancelBtn.hidden = false;
+        },
+      },
+    });
+    append(confirm, [el('span', { text: 'Stop polling and end this wait as canceled? ' }), confirmBtn, keepBtn]);
+    append(a, [cancelBtn, confirm, result]);
+  }
+
+  async doCancel(confirmBtn, keepBtn, result) {
+    const id = this.id;
+    const gen = this.gen;
+    confirmBtn.disabled = true;
+    keepBtn.disabled = true;
+    result.textContent = 'Canceling…';
+    try {
+      const w = await api.cancelWait(id);
+      if (gen !== this.gen) return;
+      this.cancelMessage = w.status === 'canceled'
+        ? { text: `${STATUS_GLYPH.canceled} Canceled: ${w.reason || 'canceled by a client'}.`, error: false }
+        : { text: `It had already ended as ${w.status}; nothing was changed.`, error: false };
+      this.updateWait(w);
+      this.renderActions();
+      this.hooks.onWaitChanged(w);
+    } catch (e) {
+      if (gen !== this.gen) return;
+      this.cancelMessage = { text: `Cancel failed: ${e instanceof ApiError ? e.detail : e}`, error: true };
+      this.renderActions();
+    }
+  }
+
+  /** A timeline entry, kept in seq order. */
+  addTimelineItem(ev) {
+    const known = TERMINAL.has(ev.kind) || ev.kind in KIND_GLYPH;
+    const li = el('li', {
+      class: `tl-item k-${known ? ev.kind : 'other'}`,
+      data: { testid: 'timeline-item', kind: String(ev.kind), seq: String(ev.seq) },
+    });
+    const glyph = KIND_GLYPH[ev.kind] || STATUS_GLYPH[ev.kind] || '•';
+    const base = this.wait ? ms(this.wait.created_at) : NaN;
+    const rel = ms(ev.at) - base;
+    append(li, [
+      el('div', { class: 'tl-head' },
+        el('span', { class: 'tl-glyph', text: glyph, attrs: { 'aria-hidden': 'true' } }),
+        el('span', { class: 'tl-kind', text: String(ev.kind).replace('_', ' ') }),
+        el('time', { class: 'tl-time', text: fmtTime(ev.at), title: `${fmtDateTime(ev.at)} (${TIME_ZONE})`, attrs: { datetime: ev.at } }),
+        Number.isFinite(rel) ? el('span', { class: 'tl-rel muted', text: `+${fmtDuration(Math.max(0, rel))}` }) : null,
+        el('span', { class: 'tl-seq muted', text: `#${ev.seq}` })),
+      this.timelineBody(ev),
+    ]);
+    // Usually the newest: append; otherwise insert before the first greater seq.
+    const list = this.r.timeline;
+    let before = null;
+    for (let n = list.lastElementChild; n; n = n.previousElementSibling) {
+      if (Number(n.dataset.seq) > ev.seq) before = n;
+      else break;
+    }
+    list.insertBefore(li, before);
+    // Keep the DOM bounded for waits with very long histories (retrying for hours):
+    // the first entry stays, the oldest after it go.
+    while (list.childElementCount > MAX_TIMELINE) {
+      list.removeChild(list.firstElementChild.nextElementSibling);
+      this.hiddenCount++;
+    }
+    const note = this.r.timelineEmpty;
+    note.hidden = this.hiddenCount === 0;
+    note.textContent = `${fmtNumber(this.hiddenCount)} older event${this.hiddenCount === 1 ? '' : 's'} after the first are not shown (GET /waits/{id}/events has them all).`;
+  }
+
+  timelineBody(ev) {
+    const body = el('div', { class: 'tl-body' });
+    const mono = (t) => el('span', { class: 'mono', text: String(t) });
+    switch (ev.kind) {
+      case 'created':
+        append(body, ['Deadline ', el('time', { text: fmtDateTime(ev.deadline), title: ev.deadline || '' })]);
+        break;
+      case 'state':
+        append(body, [
+          ev.from === null || ev.from === undefined ? el('span', { class: 'muted', text: '(nothing)' }) : mono(ev.from),
+          el('span', { class: 'arrow', text: ' → ' }),
+          ev.to === null || ev.to === undefined ? el('span', { class: 'muted', text: '(nothing)' }) : mono(ev.to),
+        ]);
+        break;
+      case 'retry':
+        append(body, [
+          el('div', {}, `Attempt ${ev.attempt ?? '?'}; next try in `, mono(ev.delay ?? '?')),
+          ev.error ? el('div', { class: 'mono error-text' }, String(ev.error)) : null,
+        ]);
+        break;
+      default:
+        if (TERMINAL.has(ev.kind)) {
+          append(body, [
+            ev.reason ? el('div', { class: 'tl-reason', text: String(ev.reason) }) : null,
+            'state' in ev ? el('div', {}, 'State: ', ev.state === null ? el('span', { class: 'muted', text: '(nothing)' }) : mono(ev.state)) : null,
+            ev.last_error ? el('div', {}, 'Last error: ', el('span', { class: 'mono error-text', text: String(ev.last_error) })) : null,
+            ev.error_detail !== undefined && ev.error_detail !== null
+              ? el('div', {}, el('div', { class: 'muted small', text: 'error_detail' }), el('pre', { class: 'json', text: prettyJson(ev.error_detail) }))
+              : null,
+          ]);
+        } else {
+          const { id, seq, wait_id, kind, at, ...rest } = ev;
+          body.appendChild(el('pre', { class: 'json', text: prettyJson(rest) }));
+        }
+    }
+    return body;
+  }
+
+  /** Called every second: the deadline countdown. */
+  tick(now) {
+    const w = this.wait;
+    if (!w || !this.r.countdown) return;
+    if (w.status === 'running') {
+      const t = fmtLeft(w.deadline, now);
+      this.r.countdown.textContent = t.startsWith('overdue') ? t : `${t} left`;
+    }
+  }
+}
+
+// ===========================================================================
+// Create
+
+function randomKey() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
+}
+
+export class CreatePanel {
+  /**
+   * @param {HTMLElement} host the panel's container (hidden when closed)
+   * @param {{onCreated: (wait) => void, onClose: () => void}} hooks
+   */
+  constructor(host, hooks) {
+    this.host = host;
+    this.hooks = hooks;
+    this.presets = null;
+    this.built = false;
+    this.pendingKey = null; // reused when a submit failed on the network (same body)
+  }
+
+  get isOpen() {
+    return !this.host.hidden;
+  }
+
+  open() {
+    if (!this.built) this.build();
+    this.host.hidden = false;
+    if (!this.presets) this.loadPresets();
+    else this.r.select.focus();
+  }
+
+  close() {
+    this.host.hidden = true;
+  }
+
+  /** Forgets the presets (another token may see other ones). */
+  reset() {
+    this.presets = null;
+    this.built = false;
+    clear(this.host);
+  }
+
+  build() {
+    const r = {};
+    this.r = r;
+    r.form = el('form', {
+      class: 'create-form',
+      data: { testid: 'create-form' },
+      attrs: { novalidate: true, autocomplete: 'off' },
+      on: { submit: (e) => { e.preventDefault(); this.submit(); } },
+    });
+    r.select = el('select', {
+      class: 'input',
+      data: { testid: 'preset-select' },
+      attrs: { id: 'preset-select', name: 'preset' },
+      on: { change: () => this.renderParams() },
+    }, el('option', { text: 'Loading presets…', props: { value: '' } }));
+    r.presetError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
+    r.desc = el('p', { class: 'preset-desc muted small' });
+    r.params = el('div', { class: 'params' });
+    r.labels = el('textarea', {
+      class: 'input mono',
+      data: { testid: 'create-labels' },
+      attrs: { id: 'create-labels', rows: '2', placeholder: 'pipeline:1234\nteam:infra', spellcheck: 'false' },
+    });
+    r.labelsError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
+    r.timeout = el('input', {
+      class: 'input mono',
+      data: { testid: 'create-timeout' },
+      attrs: { id: 'create-timeout', type: 'text', placeholder: 'the preset’s own, e.g. 10m', spellcheck: 'false' },
+    });
+    r.timeoutError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
+    r.headers = el('textarea', {
+      class: 'input mono',
+      data: { testid: 'create-headers' },
+      attrs: { id: 'create-headers', rows: '2', placeholder: 'Authorization: Bearer …', spellcheck: 'false' },
+    });
+    r.headersError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
+    r.errors = el('div', { class: 'create-errors', data: { testid: 'create-errors' }, attrs: { role: 'alert', 'aria-live': 'polite' } });
+    r.submit = el('button', { class: 'btn primary', text: 'Create wait', data: { testid: 'create-submit' }, attrs: { type: 'submit' } });
+    const field = (label, forId, input, help, error) =>
+      el('div', { class: 'field' }, el('label', { text: label, attrs: { for: forId } }), input, help ? el('p', { class: 'help muted small', text: help }) : null, error);
+    append(r.form, [
+      field('Preset', 'preset-select', r.select, null, r.presetError),
+      r.desc,
+      r.params,
+      el('details', { class: 'more' },
+        el('summary', { text: 'Labels, timeout and target headers' }),
+        field('Labels', 'create-labels', r.labels, 'One key:value a line; follow or filter waits by them.', r.labelsError),
+        field('Timeout', 'create-timeout', r.timeout, 'A duration such as 30s, 10m or 2h; empty keeps the preset’s.', r.timeoutError),
+        field('Target headers', 'create-headers', r.headers, 'One “Name: value” a line, e.g. the target API’s token. Write-only: waitd never shows the values back.', r.headersError)),
+      r.errors,
+      el('div', { class: 'form-actions' }, r.submit,
+        el('button', { class: 'btn', text: 'Close', data: { testid: 'close-create' }, attrs: { type: 'button' }, on: { click: () => this.hooks.onClose() } })),
+    ]);
+    const root = el('section', { class: 'panel create', attrs: { 'aria-label': 'New wait' } },
+      el('header', { class: 'panel-head' },
+        el('div', { class: 'panel-title' }, el('h2', { text: 'New wait' })),
+        el('button', { class: 'btn icon', text: '✕', title: 'Close (Esc)', attrs: { type: 'button', 'aria-label': 'Close new wait' }, on: { click: () => this.hooks.onClose() } })),
+      el('div', { class: 'panel-body' }, r.form));
+    clear(this.host).appendChild(root);
+    this.built = true;
+  }
+
+  async loadPresets() {
+    const r = this.r;
+    try {
+      const page = await api.presets();
+      this.presets = Array.isArray(page.items) ? page.items : [];
+      clear(r.select);
+      r.select.appendChild(el('option', { text: this.presets.length ? 'Choose a preset…' : 'This server has no presets', props: { value: '' } }));
+      for (const p of this.presets) r.select.appendChild(el('option', { text: String(p.name), props: { value: String(p.name) } }));
+      this.renderParams();
+      r.select.focus();
+    } catch (e) {
+      if (e.name === 'AbortError') return;
+      clear(r.select).appendChild(el('option', { text: 'Presets unavailable', props: { value: '' } }));
+      this.showErrors(e instanceof ApiError ? e.detail : String(e), []);
+    }
+  }
+
+  selectedPreset() {
+    return (this.presets || []).find((p) => p.name === this.r.select.value) || null;
+  }
+
+  /** The inputs of the chosen preset's parameters (required ones first). */
+  renderParams() {
+    const r = this.r;
+    const p = this.selectedPreset();
+    clear(r.params);
+    this.paramInputs = new Map();
+    this.paramErrors = new Map();
+    r.desc.textContent = p ? String(p.description || '') : '';
+    this.clearErrors();
+    if (!p) return;
+    // params is an object {name: Param} (PresetSummary); accept an array too.
+    const entries = Array.isArray(p.params)
+      ? p.params.map((x) => [x.name, x])
+      : Object.entries(p.params || {});
+    entries.sort((a, b) => Number(!!b[1].required) - Number(!!a[1].required));
+    if (!entries.length) r.params.appendChild(el('p', { class: 'muted small', text: 'This preset takes no parameters.' }));
+    for (const [name, param] of entries) {
+      const id = `param-${name}`;
+      const required = !!param.required || param.default === undefined || param.default === null;
+      const placeholder = param.default ? String(param.default) : param.example ? `e.g. ${param.example}` : '';
+      const input = el('input', {
+        class: 'input mono',
+        data: { testid: `param-${name}` },
+        attrs: { id, type: 'text', name, placeholder, spellcheck: 'false', 'aria-required': required ? 'true' : null },
+      });
+      const error = el('p', { class: 'field-error', attrs: { role: 'alert' } });
+      this.paramInputs.set(name, input);
+      this.paramErrors.set(name, error);
+      const label = el('label', { attrs: { for: id } }, el('span', { class: 'mono', text: String(name) }),
+        required ? el('span', { class: 'req', text: ' * required' }) : el('span', { class: 'muted small', text: ' optional' }),
+        param.kind ? el('span', { class: 'kind', text: String(param.kind) }) : null);
+      r.params.appendChild(el('div', { class: 'field' }, label, input,
+        param.description ? el('p', { class: 'help muted small', text: String(param.description) }) : null,
+        param.default ? el('p', { class: 'help muted small', text: `Default: ${param.default}` }) : null,
+        error));
+    }
+  }
+
+  clearErrors() {
+    const r = this.r;
+    clear(r.errors);
+    for (const n of [r.presetError, r.labelsError, r.timeoutError, r.headersError, ...(this.paramErrors?.values() || [])]) n.textContent = '';
+    r.form.querySelectorAll('.invalid').forEach((n) => n.classList.remove('invalid'));
+  }
+
+  /** Shows a problem: `detail` on top, each {field, message} next to its input. */
+  showErrors(detail, errors) {
+    const r = this.r;
+    this.clearErrors();
+    append(r.errors, [el('p', { class: 'notice error', text: detail })]);
+    // One problem is usually already the detail sentence ("field message"): no list.
+    const same = errors.length === 1 && `${errors[0].field || ''} ${errors[0].message || ''}`.trim() === String(detail).trim();
+    if (errors.length && !same) {
+      const ul = el('ul', { class: 'error-list' });
+      for (const e of errors) ul.appendChild(el('li', {}, el('span', { class: 'mono', text: String(e.field || '(request)') }), ` ${e.message || ''}`));
+      r.errors.appendChild(ul);
+    }
+    for (const e of errors) {
+      const f = String(e.field || '');
+      const msg = `${f} ${e.message || ''}`.trim();
+      let target = null;
+      let input = null;
+      if (f.startsWith('params.') && this.paramErrors.has(f.slice(7))) {
+        target = this.paramErrors.get(f.slice(7));
+        input = this.paramInputs.get(f.slice(7));
+      } else if (f === 'preset') [target, input] = [r.presetError, r.select];
+      else if (f === 'labels' || f.startsWith('labels.')) [target, input] = [r.labelsError, r.labels];
+      else if (f === 'timeout') [target, input] = [r.timeoutError, r.timeout];
+      else if (f.startsWith('target.headers')) [target, input] = [r.headersError, r.headers];
+      if (target) {
+        target.textContent = target.textContent ? `${target.textContent}; ${msg}` : msg;
+        input.classList.add('invalid');
+        if (input.closest('details')) input.closest('details').open = true;
+      }
+    }
+  }
+
+  /** Reads "Name: value" / "key:value" lines into an object; throws on a bad line. */
+  static lines(text, what, sep) {
+    const out = {};
+    text.split(/\r?\n/).forEach((line, i) => {
+      if (!line.trim()) return;
+      const at = line.indexOf(sep);
+      if (at <= 0) throw new Error(`${what}, line ${i + 1}: write ${what === 'labels' ? 'key:value' : 'Name: value'}`);
+      out[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+    });
+    return out;
+  }
+
+  async submit() {
+    const r = this.r;
+    this.clearErrors();
+    const body = {};
+    const preset = r.select.value;
+    if (!preset) {
+      r.presetError.textContent = 'Choose a preset.';
+      r.select.classList.add('invalid');
+      this.showErrors('Choose a preset first.', []);
+      return;
+    }
+    body.preset = preset;
+    const params = {};
+    for (const [name, input] of this.paramInputs) if (input.value.trim() !== '') params[name] = input.value.trim();
+    body.params = params;
+    try {
+      if (r.labels.value.trim()) {
+        body.labels = Object.fromEntries(r.labels.value.split(/\r?\n/).filter((l) => l.trim()).flatMap((l) => parseLabelList(l)));
+      }
+    } catch (e) {
+      r.labelsError.textContent = e.message;
+      r.labels.classList.add('invalid');
+      this.showErrors(`labels: ${e.message}`, []);
+      return;
+    }
+    try {
+      const headers = CreatePanel.lines(r.headers.value, 'target headers', ':');
+      if (Object.keys(headers).length) body.target = { headers };
+    } catch (e) {
+      r.headersError.textContent = e.message;
+      this.showErrors(e.message, []);
+      return;
+    }
+    if (r.timeout.value.trim()) body.timeout = r.timeout.value.trim();
+
+    const text = JSON.stringify(body);
+    const key = this.pendingKey && this.pendingKey.body === text ? this.pendingKey.key : randomKey();
+    r.submit.disabled = true;
+    r.submit.textContent = 'Creating…';
+    try {
+      const wait = await api.createWait(body, key);
+      this.pendingKey = null;
+      this.hooks.onCreated(wait);
+    } catch (e) {
+      if (e instanceof ApiError) {
+        this.pendingKey = e.network ? { key, body: text } : null;
+        this.showErrors(e.detail, e.errors);
+      } else if (e.name !== 'AbortError') this.showErrors(String(e), []);
+    } finally {
+      r.submit.disabled = false;
+      r.submit.textContent = 'Create wait';
+    }
+  }
+}
