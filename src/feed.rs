@@ -90,7 +90,7 @@ impl Feed {
         let mut rx = bus.subscribe();
         // Where the feed stands: the newest event already published or skipped.
         let mut last = loop {
-            match store.last_event_id().await {
+            match store.last_event_id(None).await {
                 Ok(n) => break n,
                 Err(e) => {
                     tracing::warn!(error = %e, "the event feed cannot read where it starts; retrying");
@@ -121,7 +121,7 @@ impl Feed {
                 match news {
                     Some(gid) => last = last.max(gid),
                     None => {
-                        if let Ok(n) = store.last_event_id().await {
+                        if let Ok(n) = store.last_event_id(None).await {
                             last = last.max(n);
                         }
                     }

@@ -683,3 +683,59 @@ async fn a_stream_survives_a_store_outage_without_losing_or_repeating_events() {
     r.unwrap();
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn after_latest_follows_only_new_events_and_a_cursor_ahead_of_every_event_is_refused() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let app = App::start(&db).await;
+    let old = up.script("/old", vec![Reply::status("on")]);
+    let (_, w) = app.create(spec(&old)).await;
+    app.wait_end(w["id"].as_str().unwrap()).await;
+    // As JSON: an empty page whose cursor is the newest event.
+    let (status, page) = app.get("/events?after=latest").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["items"], json!([]));
+    let (_, all) = app.get("/events").await;
+    let newest = all["items"].as_array().unwrap().last().unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(page["next_cursor"], newest.to_string());
+    assert!(
+        all["next_cursor"].is_null(),
+        "one page holds them all: {all}"
+    );
+    // As a stream: nothing of the history, then what comes next.
+    let mut sse = Sse::open(
+        app.client
+            .get(app.url("/events?after=latest"))
+            .header("accept", "text/event-stream"),
+    )
+    .await;
+    assert_eq!(sse.status, 200);
+    let fresh = up.script("/fresh", vec![Reply::status("on")]);
+    let (_, w2) = app.create(spec(&fresh)).await;
+    let first = sse.next(Duration::from_secs(5)).await.unwrap();
+    let data: Value = serde_json::from_str(&first.data).unwrap();
+    assert_eq!(data["wait_id"], w2["id"], "{data}");
+    assert_eq!(first.event, "created");
+    assert!(first.id.parse::<i64>().unwrap() > newest);
+    // A cursor past every event there is: 409 with a sentence, not a silent stream.
+    for req in [
+        app.client.get(app.url("/events?after=999999")),
+        app.client
+            .get(app.url("/events"))
+            .header("accept", "text/event-stream")
+            .header("last-event-id", "999999"),
+    ] {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 409);
+        let body: Value = r.json().await.unwrap();
+        assert!(
+            body["detail"].as_str().unwrap().contains("after=latest"),
+            "{body}"
+        );
+    }
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}

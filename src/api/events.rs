@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::streams::Slot;
-use super::waits::{WaitId, parse_labels, query_pairs};
+use super::waits::{WaitId, param, parse_labels, query_pairs};
 use super::{AppState, Tenant, json_response};
 use crate::api::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
@@ -63,7 +63,7 @@ fn wants_stream(headers: &HeaderMap, pairs: &[(String, String)]) -> ApiResult<bo
 }
 
 /// The position to resume after: `Last-Event-ID` (as browsers send on reconnect),
-/// else `?after=`, else the start.
+/// else `?after=`, else the start. (`/events` also takes `after=latest`.)
 fn resume_point(headers: &HeaderMap, pairs: &[(String, String)]) -> ApiResult<i64> {
     let from_header = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     let from_query = pairs
@@ -131,8 +131,10 @@ pub async fn wait_events(
         return Err(ApiError::not_found(format!("there is no wait {id}")));
     }
     if !stream_it {
-        let items = s.store.events(&tenant, id, after, PAGE).await?;
-        let next_cursor = (items.len() as i64 == PAGE)
+        let mut items = s.store.events(&tenant, id, after, PAGE + 1).await?;
+        let more = items.len() as i64 > PAGE;
+        items.truncate(PAGE as usize);
+        let next_cursor = more
             .then(|| items.last().map(|e| e.seq.to_string()))
             .flatten();
         return Ok(json_response(
@@ -151,7 +153,7 @@ pub async fn wait_events(
 #[utoipa::path(
     get, path = "/events", tag = "events",
     params(
-        ("after" = Option<i64>, Query, description = "Only events with a greater global id"),
+        ("after" = Option<String>, Query, description = "Only events with a greater global id; `latest` for events from now on (as JSON: an empty page whose next_cursor is the newest id)"),
         ("follow" = Option<bool>, Query, description = "Stream as server-sent events"),
         ("label" = Option<Vec<String>>, Query, description = "`key:value`; repeat for several"),
     ),
@@ -169,13 +171,43 @@ pub async fn all_events(
     let pairs = query_pairs(&q);
     only(&pairs, &["after", "follow", "label"])?;
     let stream_it = wants_stream(&headers, &pairs)?;
-    let after = resume_point(&headers, &pairs)?;
     let labels = parse_labels(&pairs, &s.limits)?;
+    let latest = param(&pairs, "after") == Some("latest") && headers.get("last-event-id").is_none();
+    let after = if latest {
+        // Now: the tenant's newest event. A dashboard that has just read the list
+        // follows from here without replaying history.
+        s.store.last_event_id(Some(&tenant)).await?
+    } else {
+        let after = resume_point(&headers, &pairs)?;
+        // A cursor no event has reached yet: from another server, or one whose
+        // history was reset. Following it would wait for ids already given to
+        // other events.
+        let newest = s.store.last_event_id(None).await?;
+        if after > newest {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "Cursor ahead of the events",
+                format!(
+                    "the cursor {after} is past the newest event of this server ({newest}): its history was reset, or the cursor came from another server; start again from after=0, or after=latest for new events only"
+                ),
+            ));
+        }
+        after
+    };
     if !stream_it {
-        let items = s.store.global_events(&tenant, after, &labels, PAGE).await?;
-        let next_cursor = (items.len() as i64 == PAGE)
-            .then(|| items.last().and_then(|e| e.id).map(|id| id.to_string()))
-            .flatten();
+        let mut items = s
+            .store
+            .global_events(&tenant, after, &labels, PAGE + 1)
+            .await?;
+        let more = items.len() as i64 > PAGE;
+        items.truncate(PAGE as usize);
+        // The cursor to follow from: after the last event of the page, or where
+        // this page started when it is empty (after=latest gives the newest).
+        let next_cursor = match items.last() {
+            Some(e) if more => e.id.map(|id| id.to_string()),
+            _ if latest => Some(after.to_string()),
+            _ => None,
+        };
         return Ok(json_response(
             StatusCode::OK,
             EventPage { items, next_cursor },

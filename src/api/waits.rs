@@ -46,7 +46,7 @@ fn only(pairs: &[(String, String)], allowed: &[&str]) -> ApiResult<()> {
     Ok(())
 }
 
-fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(crate) fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
     pairs
         .iter()
         .rev()
@@ -440,8 +440,13 @@ pub async fn list(
             )
         })?);
     }
-    let items = s.store.list(&tenant, &filter).await?;
-    let next_cursor = (items.len() as i64 == filter.limit)
+    // One more than asked for: a cursor is given only when another page exists.
+    let limit = filter.limit;
+    filter.limit += 1;
+    let mut items = s.store.list(&tenant, &filter).await?;
+    let more = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    let next_cursor = more
         .then(|| items.last().map(|w| w.id.to_string()))
         .flatten();
     Ok(json_response(

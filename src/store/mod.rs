@@ -442,8 +442,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Events of every tenant with global id `> after`, oldest first (the replica's
     /// feed; see [`FeedEvent`]).
     async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError>;
-    /// The newest global event id given out so far (0 before the first event).
-    async fn last_event_id(&self) -> Result<i64, StoreError>;
+    /// The newest global event id given out so far (0 before the first event); with
+    /// a tenant, the newest of that tenant's events.
+    async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError>;
     /// Claims up to `limit` running waits due within `lookahead` that are unowned or
     /// whose owner's lease has run out (epoch + 1). The claimed waits are leased for
     /// `ttl` at least; what the claimer already holds is renewed by `renew` only.
@@ -609,8 +610,8 @@ impl Store for AnyStore {
     async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
         dispatch!(self, feed(after, limit))
     }
-    async fn last_event_id(&self) -> Result<i64, StoreError> {
-        dispatch!(self, last_event_id())
+    async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        dispatch!(self, last_event_id(tenant))
     }
     async fn claim(
         &self,

@@ -691,10 +691,20 @@ impl Store for PgStore {
         Ok(rows.into_iter().map(FeedRow::into_feed).collect())
     }
 
-    async fn last_event_id(&self) -> Result<i64, StoreError> {
-        let (n,): (Option<i64>,) = sqlx::query_as("SELECT max(gid) FROM wait_events")
-            .fetch_one(&self.pool)
-            .await?;
+    async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        let (n,): (Option<i64>,) = match tenant {
+            None => {
+                sqlx::query_as("SELECT max(gid) FROM wait_events")
+                    .fetch_one(&self.pool)
+                    .await?
+            }
+            Some(t) => {
+                sqlx::query_as("SELECT max(gid) FROM wait_events WHERE tenant = $1")
+                    .bind(t)
+                    .fetch_one(&self.pool)
+                    .await?
+            }
+        };
         Ok(n.unwrap_or(0))
     }
 

@@ -503,10 +503,13 @@ impl Store for SqliteStore {
             .collect())
     }
 
-    async fn last_event_id(&self) -> Result<i64, StoreError> {
-        let (n,): (Option<i64>,) = sqlx::query_as("SELECT max(id) FROM wait_events")
-            .fetch_one(&self.pool)
-            .await?;
+    async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        let (n,): (Option<i64>,) =
+            sqlx::query_as("SELECT max(id) FROM wait_events WHERE (? IS NULL OR tenant = ?)")
+                .bind(tenant)
+                .bind(tenant)
+                .fetch_one(&self.pool)
+                .await?;
         Ok(n.unwrap_or(0))
     }
 
