@@ -14,8 +14,8 @@
 //! | 5 | a usage problem, or a problem reaching or with the server |
 //! | 130 | interrupted (Ctrl+C); 143 on SIGTERM |
 //!
-//! Following reads the wait's server-sent-event stream (a small line parser, below)
-//! and prints one line per event; when the connection drops it reconnects with
+//! Following reads the wait's server-sent-event stream (with `eventsource-stream`)
+//! into the server's own [`Event`] type and prints one line per event; when the connection drops it reconnects with
 //! `Last-Event-ID`, so no event is printed twice or lost. An interrupt prints one
 //! line and leaves the server-side wait running unless `--cancel-on-interrupt`.
 
@@ -29,6 +29,8 @@ use clap::{Args, Subcommand};
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value, json};
+
+use crate::model::{Event, EventBody, Status, Wait, WaitPage};
 
 pub const EXIT_SUCCEEDED: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
@@ -44,15 +46,15 @@ const RECONNECT_FOR: Duration = Duration::from_secs(120);
 /// Bound on each plain (non-streaming) request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The exit code for a wait's status (or a terminal event's kind).
-pub fn exit_code_for(status: &str) -> u8 {
+/// The exit code for how a wait stands.
+pub fn exit_code_for(status: Status) -> u8 {
     match status {
-        "succeeded" => EXIT_SUCCEEDED,
-        "failed" => EXIT_FAILED,
-        "timed_out" => EXIT_TIMED_OUT,
-        "error" => EXIT_ERROR,
-        "canceled" => EXIT_CANCELED,
-        _ => EXIT_PROBLEM,
+        Status::Succeeded => EXIT_SUCCEEDED,
+        Status::Failed => EXIT_FAILED,
+        Status::TimedOut => EXIT_TIMED_OUT,
+        Status::Error => EXIT_ERROR,
+        Status::Canceled => EXIT_CANCELED,
+        Status::Running => EXIT_PROBLEM,
     }
 }
 
@@ -275,16 +277,16 @@ async fn execute(api: &Api, cmd: Command, current: Arc<Mutex<Option<String>>>) -
             check_id(&a.id)?;
             *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(a.id.clone());
             let json = a.json;
-            let kind = api
-                .follow(&a.id, |e| {
+            let end = api
+                .follow(&a.id, |e, raw| {
                     if json {
-                        say(&e.data);
+                        say(raw);
                     } else {
-                        say(&event_line(&e));
+                        say(&event_line(e));
                     }
                 })
                 .await?;
-            Ok(exit_code_for(&kind))
+            Ok(exit_code_for(end))
         }
     }
 }
@@ -363,7 +365,7 @@ fn build_request(a: &CreateArgs) -> Result<Value, Problem> {
 async fn create(api: &Api, a: CreateArgs, current: Arc<Mutex<Option<String>>>) -> Outcome {
     let req = build_request(&a)?;
     let wait = api.create(&req, a.idempotency_key.as_deref()).await?;
-    let id = wait["id"].as_str().unwrap_or_default().to_string();
+    let id = wait.id.to_string();
     if !a.wait {
         print_wait(&wait, a.json);
         return Ok(EXIT_SUCCEEDED);
@@ -375,21 +377,21 @@ async fn create(api: &Api, a: CreateArgs, current: Arc<Mutex<Option<String>>>) -
     } else {
         say(&short_line(&wait));
     }
-    let kind = api
-        .follow(&id, |e| {
-            if e.kind == "created" {
+    let end = api
+        .follow(&id, |e, _| {
+            if matches!(e.body, EventBody::Created { .. }) {
                 return; // the line above said it
             }
-            let line = event_line(&e);
+            let line = event_line(e);
             if json { note(&line) } else { say(&line) }
         })
         .await?;
     if json {
         let ended = api.get_wait(&id).await?;
         print_wait(&ended, true);
-        return Ok(exit_code_for(ended["status"].as_str().unwrap_or(&kind)));
+        return Ok(exit_code_for(ended.status));
     }
-    Ok(exit_code_for(&kind))
+    Ok(exit_code_for(end))
 }
 
 async fn list(api: &Api, a: ListArgs) -> Outcome {
@@ -398,14 +400,16 @@ async fn list(api: &Api, a: ListArgs) -> Outcome {
     }
     let mut query: Vec<(String, String)> = vec![("limit".into(), a.limit.to_string())];
     if let Some(s) = &a.status {
+        s.parse::<Status>()
+            .map_err(|_| format!("--status takes one of {}", Status::list()))?;
         query.push(("status".into(), s.clone()));
     }
     for l in &a.labels {
         let (k, v) = split_pair("--label", l)?;
         query.push(("label".into(), format!("{k}:{v}")));
     }
-    let page = api.send(Method::GET, "/waits", &query, None, &[]).await?;
-    let items = page["items"].as_array().cloned().unwrap_or_default();
+    let page: WaitPage = typed(api.send(Method::GET, "/waits", &query, None, &[]).await?)?;
+    let items = page.items;
     if a.json {
         say(&serde_json::to_string_pretty(&items).unwrap_or_default());
     } else {
@@ -416,7 +420,7 @@ async fn list(api: &Api, a: ListArgs) -> Outcome {
     Ok(EXIT_SUCCEEDED)
 }
 
-fn print_wait(w: &Value, json: bool) {
+fn print_wait(w: &Wait, json: bool) {
     if json {
         say(&serde_json::to_string_pretty(w).unwrap_or_default());
     } else {
@@ -425,115 +429,44 @@ fn print_wait(w: &Value, json: bool) {
 }
 
 /// `<id> <status>[ state=<state>][: <reason>]`.
-pub fn short_line(w: &Value) -> String {
-    let mut line = format!(
-        "{} {}",
-        w["id"].as_str().unwrap_or("?"),
-        w["status"].as_str().unwrap_or("?")
-    );
-    if let Some(s) = w["state"].as_str() {
+pub fn short_line(w: &Wait) -> String {
+    let mut line = format!("{} {}", w.id, w.status);
+    if let Some(s) = &w.state {
         line.push_str(&format!(" state={s}"));
     }
-    if let Some(r) = w["reason"].as_str() {
+    if let Some(r) = &w.reason {
         line.push_str(&format!(": {r}"));
     }
     line
 }
 
 /// One event as one line: `HH:MM:SS <kind> …`.
-pub fn event_line(e: &SseEvent) -> String {
-    let v: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
-    let at = v["at"]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.with_timezone(&chrono::Utc).format("%H:%M:%S").to_string())
-        .unwrap_or_else(|| "--:--:--".into());
-    let kind = if e.kind.is_empty() {
-        v["kind"].as_str().unwrap_or("message").to_string()
-    } else {
-        e.kind.clone()
-    };
-    let text = |k: &str| v[k].as_str().map(str::to_string);
-    let rest = match kind.as_str() {
-        "created" => text("deadline")
-            .map(|d| format!(" (deadline {d})"))
+pub fn event_line(e: &Event) -> String {
+    let at = e.at.format("%H:%M:%S");
+    let rest = match &e.body {
+        EventBody::Created { deadline } => format!(" (deadline {})", deadline.to_rfc3339()),
+        EventBody::State { from: Some(f), to } => format!(" {f} -> {to}"),
+        EventBody::State { from: None, to } => format!(" {to}"),
+        EventBody::Retry {
+            error,
+            attempt,
+            delay,
+        } => format!(" {attempt} in {delay}: {error}"),
+        other => other
+            .ending()
+            .map(|(_, end)| format!(": {}", end.reason))
             .unwrap_or_default(),
-        "state" => match (text("from"), text("to")) {
-            (Some(f), Some(t)) => format!(" {f} -> {t}"),
-            (None, Some(t)) => format!(" {t}"),
-            _ => String::new(),
-        },
-        "retry" => format!(
-            " {} in {}: {}",
-            v["attempt"],
-            text("delay").unwrap_or_default(),
-            text("error").unwrap_or_default()
-        ),
-        _ => text("reason").map(|r| format!(": {r}")).unwrap_or_default(),
     };
-    format!("{at} {kind}{rest}")
+    format!("{at} {}{rest}", e.kind())
 }
 
-/// One server-sent event.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SseEvent {
-    pub id: Option<String>,
-    /// The `event:` field (empty when absent).
-    pub kind: String,
-    /// The `data:` lines, joined by `\n`.
-    pub data: String,
-}
-
-/// A line parser for `text/event-stream`: feed it bytes as they come, get back the
-/// events they complete. Comments (keep-alives) are skipped.
-#[derive(Debug, Default)]
-pub struct SseParser {
-    buf: Vec<u8>,
-    id: Option<String>,
-    kind: Option<String>,
-    data: Vec<String>,
-}
-
-impl SseParser {
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        while let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
-            let mut line: Vec<u8> = self.buf.drain(..=i).collect();
-            line.pop();
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            let line = String::from_utf8_lossy(&line).into_owned();
-            if line.is_empty() {
-                if !self.data.is_empty() || self.kind.is_some() {
-                    out.push(SseEvent {
-                        id: self.id.take(),
-                        kind: self.kind.take().unwrap_or_default(),
-                        data: std::mem::take(&mut self.data).join("\n"),
-                    });
-                }
-                self.id = None;
-                self.kind = None;
-                self.data.clear();
-                continue;
-            }
-            if line.starts_with(':') {
-                continue;
-            }
-            let (field, value) = match line.split_once(':') {
-                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-                None => (line.as_str(), ""),
-            };
-            match field {
-                "id" if !value.contains('\0') => self.id = Some(value.to_string()),
-                "event" => self.kind = Some(value.to_string()),
-                "data" => self.data.push(value.to_string()),
-                _ => {}
-            }
-        }
-        out
-    }
+/// A JSON answer as one of the server's own types.
+fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Problem> {
+    serde_json::from_value(v).map_err(|e| {
+        Problem(format!(
+            "the server's answer does not read as this client expects ({e}); are the client and server versions the same?"
+        ))
+    })
 }
 
 /// The server's HTTP API.
@@ -625,31 +558,43 @@ impl Api {
         Err(problem(status, &bytes))
     }
 
-    async fn create(&self, req: &Value, key: Option<&str>) -> Result<Value, Problem> {
+    async fn create(&self, req: &Value, key: Option<&str>) -> Result<Wait, Problem> {
         let headers: Vec<(&str, String)> = key
             .map(|k| vec![("idempotency-key", k.to_string())])
             .unwrap_or_default();
-        self.send(Method::POST, "/waits", &[], Some(req), &headers)
-            .await
+        typed(
+            self.send(Method::POST, "/waits", &[], Some(req), &headers)
+                .await?,
+        )
     }
 
-    async fn get_wait(&self, id: &str) -> Result<Value, Problem> {
+    async fn get_wait(&self, id: &str) -> Result<Wait, Problem> {
         check_id(id)?;
-        self.send(Method::GET, &format!("/waits/{id}"), &[], None, &[])
-            .await
+        typed(
+            self.send(Method::GET, &format!("/waits/{id}"), &[], None, &[])
+                .await?,
+        )
     }
 
-    async fn cancel(&self, id: &str) -> Result<Value, Problem> {
+    async fn cancel(&self, id: &str) -> Result<Wait, Problem> {
         check_id(id)?;
-        self.send(Method::POST, &format!("/waits/{id}/cancel"), &[], None, &[])
-            .await
+        typed(
+            self.send(Method::POST, &format!("/waits/{id}/cancel"), &[], None, &[])
+                .await?,
+        )
     }
 
-    /// Follows the wait's event stream, calling `each` once per event, until the
-    /// terminal event, whose kind it returns. A dropped connection is resumed with
-    /// `Last-Event-ID`; a server that stays unreachable for [`RECONNECT_FOR`], or
-    /// refuses the request (a 4xx), is a [`Problem`].
-    async fn follow(&self, id: &str, mut each: impl FnMut(SseEvent)) -> Result<String, Problem> {
+    /// Follows the wait's event stream, calling `each` once per event (with its JSON
+    /// as sent), until the terminal event, whose status it returns. A dropped
+    /// connection is resumed with `Last-Event-ID`; a server that stays unreachable
+    /// for [`RECONNECT_FOR`], or refuses the request (a 4xx), is a [`Problem`].
+    async fn follow(
+        &self,
+        id: &str,
+        mut each: impl FnMut(&Event, &str),
+    ) -> Result<Status, Problem> {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
         check_id(id)?;
         let path = format!("/waits/{id}/events");
         let mut last_id: Option<String> = None;
@@ -664,27 +609,25 @@ impl Api {
             }
             let trouble = match rb.send().await {
                 Ok(res) if res.status().is_success() => {
-                    let mut res = res;
-                    let mut parser = SseParser::default();
+                    let mut events = res.bytes_stream().eventsource();
                     loop {
-                        match res.chunk().await {
-                            Ok(Some(bytes)) => {
+                        match events.next().await {
+                            Some(Ok(frame)) => {
                                 failing_since = None;
                                 delay = Duration::from_millis(200);
-                                for e in parser.feed(&bytes) {
-                                    if let Some(i) = &e.id {
-                                        last_id = Some(i.clone());
-                                    }
-                                    let terminal = is_terminal(&e.kind);
-                                    let kind = e.kind.clone();
-                                    each(e);
-                                    if terminal {
-                                        return Ok(kind);
-                                    }
+                                let e: Event = serde_json::from_str(&frame.data).map_err(|e| {
+                                    Problem(format!("an event from the server does not read as this client expects ({e})"))
+                                })?;
+                                if !frame.id.is_empty() {
+                                    last_id = Some(frame.id.clone());
+                                }
+                                each(&e, &frame.data);
+                                if let Some((status, _)) = e.body.ending() {
+                                    return Ok(status);
                                 }
                             }
-                            Ok(None) => break "the event stream ended early".to_string(),
-                            Err(e) => break format!("the event stream broke off: {}", cause(&e)),
+                            None => break "the event stream ended early".to_string(),
+                            Some(Err(e)) => break format!("the event stream broke off: {e}"),
                         }
                     }
                 }
@@ -721,13 +664,6 @@ impl Api {
             delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
-}
-
-fn is_terminal(kind: &str) -> bool {
-    matches!(
-        kind,
-        "succeeded" | "failed" | "timed_out" | "canceled" | "error"
-    )
 }
 
 /// A non-2xx answer as a problem: the server's problem+json detail and field errors,
@@ -776,51 +712,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_parser_assembles_events_across_chunks_and_skips_comments() {
-        let mut p = SseParser::default();
-        assert!(p.feed(b": keep-alive\n\nid: 1\nevent: cre").is_empty());
-        let got = p.feed(b"ated\ndata: {\"a\":1}\r\n\r\nid: 2\nevent: state\ndata: x\ndata: y\n\n");
-        assert_eq!(
-            got,
-            vec![
-                SseEvent {
-                    id: Some("1".into()),
-                    kind: "created".into(),
-                    data: "{\"a\":1}".into()
-                },
-                SseEvent {
-                    id: Some("2".into()),
-                    kind: "state".into(),
-                    data: "x\ny".into()
-                },
-            ]
-        );
-    }
-
-    #[test]
     fn statuses_map_to_the_documented_exit_codes() {
-        let codes: Vec<u8> = [
-            "succeeded",
-            "failed",
-            "timed_out",
-            "error",
-            "canceled",
-            "running",
-        ]
-        .iter()
-        .map(|s| exit_code_for(s))
-        .collect();
-        assert_eq!(codes, [0, 1, 2, 3, 4, 5]);
+        let codes: Vec<u8> = Status::ALL.iter().map(|s| exit_code_for(*s)).collect();
+        // running, succeeded, failed, timed_out, canceled, error
+        assert_eq!(codes, [5, 0, 1, 2, 4, 3]);
     }
 
     #[test]
     fn an_event_reads_as_one_line() {
-        let e = SseEvent {
-            id: Some("2".into()),
-            kind: "state".into(),
-            data: r#"{"kind":"state","at":"2025-01-02T03:04:05.6Z","from":"deploying","to":"on"}"#
-                .into(),
-        };
+        let e: Event = serde_json::from_str(
+            r#"{"id":2,"seq":2,"wait_id":"0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21","kind":"state","at":"2025-01-02T03:04:05.6Z","from":"deploying","to":"on"}"#,
+        )
+        .unwrap();
         assert_eq!(event_line(&e), "03:04:05 state deploying -> on");
     }
 }

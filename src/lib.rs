@@ -7,11 +7,13 @@
 //! other.
 
 pub mod api;
+pub mod bus;
 pub mod client;
 pub mod config;
 pub mod engine;
-pub mod feed;
+pub mod events;
 pub mod metrics;
+pub mod model;
 pub mod presets;
 pub mod probe;
 pub mod server;
@@ -24,8 +26,6 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-
-use crate::store::Store;
 
 pub use config::Config;
 
@@ -116,7 +116,7 @@ pub async fn serve(
     };
     let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
     let guard = probe::guard::Guard::new(&config.allow_targets)?;
-    let bus = store::bus::Bus::new();
+    let bus = bus::Bus::new();
     let cipher = store::secrets::Cipher::new(
         config.secret_key.as_deref(),
         config.secret_key_previous.as_deref(),
@@ -124,10 +124,10 @@ pub async fn serve(
     if !cipher.is_enabled() {
         tracing::info!("no WAITD_SECRET_KEY: target header values are stored unencrypted");
     }
-    let store = store::AnyStore::open(&url, config.db_connections, bus.clone())
+    let store = store::Store::open(&url, config.db_connections, bus.clone())
         .map_err(|e| format!("cannot open the database: {e}"))?
         .with_cipher(cipher);
-    if let store::AnyStore::Postgres(pg) = &store
+    if let Some(pg) = store.postgres()
         && let Some(why) = pg.diagnose().await
     {
         return Err(why);
@@ -154,13 +154,8 @@ pub async fn serve(
     };
 
     let metrics = Arc::new(metrics::Metrics::default());
-    // Postgres feeds the bus from LISTEN; SQLite publishes to it after each commit.
-    let listener_task = match &store {
-        store::AnyStore::Postgres(pg) => Some(tokio::spawn(
-            bus.clone().listen(pg.clone(), stopped(stop_rx.clone())),
-        )),
-        store::AnyStore::Sqlite(_) => None,
-    };
+    // The sequencer and the LISTEN adapter (Postgres), and the feed.
+    let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
 
     let worker_task = (!config.no_worker).then(|| {
         let owner = uuid::Uuid::now_v7();
@@ -190,16 +185,10 @@ pub async fn serve(
         tokio::spawn(worker.run(stopped(stop_rx.clone())))
     });
 
-    let feed = feed::Feed::new();
-    let feed_task = tokio::spawn(feed.clone().run(
-        store.clone(),
-        bus.clone(),
-        stopped(stop_rx.clone()),
-    ));
     let fd_limit = server::raise_fd_limit();
     let max_connections = server::connection_cap(config.max_connections, fd_limit);
     tracing::info!(
-        store = %describe_store(&store, &url),
+        store = %store.describe(),
         %addr,
         auth = %if tokens.is_empty() {
             "anonymous".to_string()
@@ -239,7 +228,7 @@ pub async fn serve(
         max_active_waits: config.max_active_waits,
         rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
         stopping: stop_rx.clone(),
-        feed,
+        feed: events.feed.clone(),
         streams: api::streams::StreamLimits::new(config.max_streams, config.max_streams_per_tenant),
         body_timeout: config.body_timeout,
         cors_origins: Arc::new(cors_origins),
@@ -259,10 +248,7 @@ pub async fn serve(
     if let Some(t) = worker_task {
         let _ = t.await;
     }
-    if let Some(t) = listener_task {
-        let _ = t.await;
-    }
-    let _ = feed_task.await;
+    events.stopped().await;
     store.close().await;
     Ok(())
 }
@@ -288,20 +274,4 @@ fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, Str
                 .map_err(|_| format!("--cors-origins entry \"{e}\" is not a valid header value"))
         })
         .collect()
-}
-
-/// The store as the start-up line names it: its kind and where it is, never a
-/// password.
-fn describe_store(store: &store::AnyStore, url: &str) -> String {
-    match store {
-        store::AnyStore::Postgres(pg) => pg.describe(),
-        store::AnyStore::Sqlite(_) => match url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-        {
-            Some(":memory:") | Some("") => "SQLite in memory".to_string(),
-            Some(path) => format!("SQLite file {path}"),
-            None => "SQLite".to_string(),
-        },
-    }
 }

@@ -7,7 +7,6 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use waitd::Config;
 use waitd::config::LogFormat;
-use waitd::store::Store;
 
 #[derive(Parser)]
 #[command(
@@ -82,9 +81,8 @@ fn main() -> ExitCode {
             }
             Command::Migrate { database_url } => {
                 init_logging(LogFormat::Text);
-                let store =
-                    waitd::store::AnyStore::open(&database_url, 1, waitd::store::bus::Bus::new())
-                        .map_err(|e| e.to_string())?;
+                let store = waitd::store::Store::open(&database_url, 1, waitd::bus::Bus::new())
+                    .map_err(|e| e.to_string())?;
                 store
                     .migrate()
                     .await

@@ -51,8 +51,8 @@ impl Histogram {
     }
 }
 
-pub const POLL_OUTCOMES: [&str; 5] = ["state", "missing", "not_found", "transient", "permanent"];
-pub const END_STATUSES: [&str; 5] = ["succeeded", "failed", "timed_out", "error", "canceled"];
+use crate::engine::Observation;
+use crate::model::Status;
 
 #[derive(Default, Debug)]
 pub struct Metrics {
@@ -70,14 +70,14 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn poll(&self, outcome: &str) {
-        if let Some(i) = POLL_OUTCOMES.iter().position(|o| *o == outcome) {
+    pub fn poll(&self, obs: &Observation) {
+        if let Some(i) = Observation::KINDS.iter().position(|o| *o == obs.kind()) {
             self.polls[i].fetch_add(1, Relaxed);
         }
     }
 
-    pub fn ended(&self, status: &str) {
-        if let Some(i) = END_STATUSES.iter().position(|o| *o == status) {
+    pub fn ended(&self, status: Status) {
+        if let Some(i) = Status::ENDS.iter().position(|s| *s == status) {
             self.ended[i].fetch_add(1, Relaxed);
         }
     }
@@ -114,7 +114,7 @@ impl Metrics {
             out,
             "# HELP waitd_polls_total Polls made, by what they observed.\n# TYPE waitd_polls_total counter"
         );
-        for (i, o) in POLL_OUTCOMES.iter().enumerate() {
+        for (i, o) in Observation::KINDS.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "waitd_polls_total{{outcome=\"{o}\"}} {}",
@@ -125,7 +125,7 @@ impl Metrics {
             out,
             "# HELP waitd_waits_ended_total Waits ended by this replica, by status.\n# TYPE waitd_waits_ended_total counter"
         );
-        for (i, s) in END_STATUSES.iter().enumerate() {
+        for (i, s) in Status::ENDS.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "waitd_waits_ended_total{{status=\"{s}\"}} {}",

@@ -1,5 +1,5 @@
 //! One conformance suite, run against both stores: every test body takes an
-//! `AnyStore` and must hold for Postgres and for the embedded SQLite file alike.
+//! `Store` and must hold for Postgres and for the embedded SQLite file alike.
 
 mod common;
 
@@ -10,9 +10,9 @@ use chrono::Utc;
 use common::TestDb;
 use serde_json::json;
 use uuid::Uuid;
+use waitd::bus::Bus;
 use waitd::engine::{EngineState, Limits, Spec};
-use waitd::store::bus::Bus;
-use waitd::store::{AnyStore, Checkpoint, ListFilter, NewEvent, Progress, Store, StoreError};
+use waitd::store::{Checkpoint, Ended, EventBody, ListFilter, Progress, Status, Store, StoreError};
 
 /// A store of each kind, migrated, and what is needed to reopen it.
 enum Backend {
@@ -46,8 +46,8 @@ impl Backend {
         }
     }
 
-    async fn open(&self) -> AnyStore {
-        let store = AnyStore::open(&self.url(), 4, Bus::new()).unwrap();
+    async fn open(&self) -> Store {
+        let store = Store::open(&self.url(), 4, Bus::new()).unwrap();
         store.migrate().await.unwrap();
         store
     }
@@ -110,12 +110,12 @@ async fn a_created_wait_reads_back_with_its_created_event_and_redacted_headers()
             .await
             .unwrap()
             .expect("the wait exists");
-        assert_eq!(w.status, "running", "{}", backend.url());
+        assert_eq!(w.status, Status::Running, "{}", backend.url());
         assert_eq!(w.spec["target"]["headers"]["Authorization"], "<redacted>");
         assert!(!w.spec.to_string().contains("secret-token-value"));
         let events = store.events("t1", w.id, 0, 100).await.unwrap();
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].kind, "created");
+        assert_eq!(events[0].kind(), "created");
         assert_eq!(events[0].seq, 1);
     });
 }
@@ -157,7 +157,7 @@ async fn another_tenant_sees_nothing_of_a_wait() {
         assert!(page.is_empty());
         assert_eq!(
             store.get("t1", w.id).await.unwrap().unwrap().status,
-            "running"
+            Status::Running
         );
     });
 }
@@ -214,7 +214,7 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
                 "t",
                 &ListFilter {
                     limit: 50,
-                    status: Some("canceled".into()),
+                    status: Some(Status::Canceled),
                     ..Default::default()
                 },
             )
@@ -273,7 +273,8 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             .unwrap()
             .wait;
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        let ttl = Duration::from_millis(300);
+        // Long enough that a loaded machine cannot let it run out between two claims.
+        let ttl = Duration::from_millis(900);
         let claimed = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(claimed.len(), 1, "{}", backend.url());
         assert_eq!(
@@ -287,7 +288,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
                 .unwrap()
                 .is_empty()
         );
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
         assert!(taken[0].epoch > claimed[0].epoch);
@@ -297,9 +298,9 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             epoch: claimed[0].epoch,
             engine: claimed[0].engine.clone(),
             next_poll_at: Some(Utc::now()),
-            events: vec![NewEvent {
-                kind: "state".into(),
-                data: json!({"from": null, "to": "x"}),
+            events: vec![EventBody::State {
+                from: None,
+                to: "x".into(),
             }],
             end: None,
         };
@@ -310,14 +311,17 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             engine: None,
             next_poll_at: None,
         }];
-        assert!(store.renew(a, ttl, &renew).await.unwrap().is_empty());
+        assert!(store.renew(a, ttl, &renew).await.unwrap().kept.is_empty());
         let renew_b = [Checkpoint {
             id: w.id,
             epoch: taken[0].epoch,
             engine: None,
             next_poll_at: None,
         }];
-        assert_eq!(store.renew(b, ttl, &renew_b).await.unwrap(), vec![w.id]);
+        assert_eq!(
+            store.renew(b, ttl, &renew_b).await.unwrap().kept,
+            vec![w.id]
+        );
         assert_eq!(
             store.events("t", w.id, 0, 10).await.unwrap().len(),
             1,
@@ -390,7 +394,11 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
                 engine,
                 next_poll_at: None,
                 events: vec![],
-                end: Some(("succeeded".into(), "the target reached \"on\"".into(), None)),
+                end: Some(Ended {
+                    status: Status::Succeeded,
+                    reason: "the target reached \"on\"".into(),
+                    error_detail: None,
+                }),
             };
             let (s1, s2) = (store.clone(), store.clone());
             let (a, b) = tokio::join!(
@@ -407,12 +415,12 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
                 backend.url()
             );
             let end = store.get("t", w.id).await.unwrap().unwrap();
-            assert_eq!(end.status, terminal[0].kind);
-            assert_eq!(a, end.status == "succeeded");
+            assert_eq!(end.status.as_str(), terminal[0].kind());
+            assert_eq!(a, end.status == Status::Succeeded);
             let b = b.expect("the wait exists");
             assert_eq!(
                 b.ended,
-                end.status == "canceled",
+                end.status == Status::Canceled,
                 "exactly one of the two ended it"
             );
             assert_ne!(a, b.ended);
@@ -445,13 +453,14 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
                 engine: c.engine.clone(),
                 next_poll_at: Some(Utc::now()),
                 events: vec![
-                    NewEvent {
-                        kind: "state".into(),
-                        data: json!({"from": null, "to": "deploying"}),
+                    EventBody::State {
+                        from: None,
+                        to: "deploying".into(),
                     },
-                    NewEvent {
-                        kind: "retry".into(),
-                        data: json!({"error": "503", "attempt": 1, "delay": "1s"}),
+                    EventBody::Retry {
+                        error: "503".into(),
+                        attempt: 1,
+                        delay: "1s".into(),
                     },
                 ],
                 end: None,
@@ -466,11 +475,11 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
             backend.url()
         );
         assert_eq!(
-            e1.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+            e1.iter().map(|e| e.kind()).collect::<Vec<_>>(),
             ["created", "state", "retry"]
         );
         assert_eq!(store.events("t", w1.id, 1, 100).await.unwrap().len(), 2);
-        assert_eq!(e1[1].data["to"], "deploying");
+        assert!(matches!(&e1[1].body, EventBody::State { to, .. } if to == "deploying"));
 
         let all = store
             .global_events("t", 0, &BTreeMap::new(), 100)
@@ -502,14 +511,14 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
         let first = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
         assert!(first.ended, "the first cancel ends it");
         let first = first.wait;
-        assert_eq!(first.status, "canceled");
+        assert_eq!(first.status, Status::Canceled);
         let second = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
         assert!(!second.ended, "the second finds it ended");
         let second = second.wait;
         assert_eq!(second.finished_at, first.finished_at);
         let events = store.events("t", w.id, 0, 10).await.unwrap();
         assert_eq!(
-            events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+            events.iter().map(|e| e.kind()).collect::<Vec<_>>(),
             ["created", "canceled"]
         );
         // A canceled wait is no longer claimable.
@@ -549,7 +558,12 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             engine: None,
             next_poll_at: None,
         }];
-        assert_eq!(store.renew(a, ttl, &renew).await.unwrap(), vec![first.id]);
+        let renewal = store.renew(a, ttl, &renew).await.unwrap();
+        assert_eq!(renewal.kept, vec![first.id]);
+        // The one it does not name is reported: owned, and not in the renewal (a
+        // claim whose answer the worker never got would stay so).
+        assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
+        assert_ne!(renewal.strays[0].0, first.id);
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(
             store
@@ -567,7 +581,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
             2
         );
-        assert!(store.renew(a, ttl, &renew).await.unwrap().is_empty());
+        assert!(store.renew(a, ttl, &renew).await.unwrap().kept.is_empty());
     });
 }
 
@@ -595,9 +609,9 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
             epoch,
             engine: c.engine.clone(),
             next_poll_at: Some(Utc::now()),
-            events: vec![NewEvent {
-                kind: "state".into(),
-                data: json!({"from": null, "to": to}),
+            events: vec![EventBody::State {
+                from: None,
+                to: to.into(),
             }],
             end: None,
         };
@@ -625,7 +639,7 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
                     .await
                     .unwrap()
                     .into_iter()
-                    .map(|e| e.kind)
+                    .map(|e| e.kind())
                     .collect::<Vec<_>>()
             }
         };
@@ -697,24 +711,24 @@ async fn waits_and_events_persist_across_a_reopen() {
 async fn a_second_process_on_the_same_sqlite_file_is_refused_with_a_clear_message() {
     let dir = tempdir::Dir::new();
     let url = format!("sqlite://{}", dir.0.join("waitd.db").display());
-    let first = AnyStore::open(&url, 1, Bus::new()).unwrap();
+    let first = Store::open(&url, 1, Bus::new()).unwrap();
     first.migrate().await.unwrap();
-    let second = AnyStore::open(&url, 1, Bus::new());
+    let second = Store::open(&url, 1, Bus::new());
     let err = second.expect_err("the file is locked").to_string();
     assert!(err.contains("another waitd is already using"), "{err}");
     first.close().await;
     drop(first);
     // Once the first has gone, the file can be opened again.
-    assert!(AnyStore::open(&url, 1, Bus::new()).is_ok());
+    assert!(Store::open(&url, 1, Bus::new()).is_ok());
 }
 
 #[tokio::test]
 async fn a_bad_database_url_is_refused_naming_the_problem() {
-    let err = AnyStore::open("mysql://x", 1, Bus::new())
+    let err = Store::open("mysql://x", 1, Bus::new())
         .unwrap_err()
         .to_string();
     assert!(err.contains("mysql"), "{err}");
-    let err = AnyStore::open("sqlite:///no/such/dir/waitd.db", 1, Bus::new())
+    let err = Store::open("sqlite:///no/such/dir/waitd.db", 1, Bus::new())
         .unwrap_err()
         .to_string();
     assert!(err.contains("does not exist"), "{err}");

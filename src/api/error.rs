@@ -117,8 +117,8 @@ impl From<StoreError> for ApiError {
                     ),
                 )
             },
-            StoreError::Other(cause) => {
-                tracing::error!(error = %cause, "store error");
+            other => {
+                tracing::error!(error = %other, "store error");
                 ApiError::internal()
             }
         }

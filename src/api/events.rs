@@ -16,7 +16,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
-use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -25,9 +24,9 @@ use super::streams::Slot;
 use super::waits::{WaitId, param, parse_labels, query_pairs};
 use super::{AppState, Tenant, json_response};
 use crate::api::error::{ApiError, ApiResult};
+use crate::bus::{BusMsg, WaitSubscription};
 use crate::metrics::Metrics;
-use crate::store::bus::{BusMsg, WaitSubscription};
-use crate::store::{Event, Store, StoreError};
+use crate::store::{Event, StoreError};
 
 const PAGE: i64 = 500;
 /// A stream re-reads the table at least this often even without a notice.
@@ -35,13 +34,7 @@ const SAFETY_REREAD: Duration = Duration::from_secs(10);
 /// SSE keep-alive comments (proxies drop idle connections at 15–60 s).
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
-/// A page of events.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct EventPage {
-    pub items: Vec<Event>,
-    /// Pass as `after` for the next page; null when there is no more now.
-    pub next_cursor: Option<String>,
-}
+pub use crate::model::EventPage;
 
 fn wants_stream(headers: &HeaderMap, pairs: &[(String, String)]) -> ApiResult<bool> {
     let accept = headers
@@ -131,7 +124,7 @@ pub async fn wait_events(
         return Err(ApiError::not_found(format!("there is no wait {id}")));
     }
     if !stream_it {
-        let mut items = s.store.events(&tenant, id, after, PAGE + 1).await?;
+        let mut items = sequenced_history(&s, &tenant, id, after, PAGE + 1).await?;
         let more = items.len() as i64 > PAGE;
         items.truncate(PAGE as usize);
         let next_cursor = more
@@ -242,8 +235,39 @@ fn carried(
 fn news(id: Uuid, msg: &Result<BusMsg, RecvError>, after: i64) -> bool {
     match msg {
         Ok(BusMsg::Notice(n)) => n.wait_id == id && i64::from(n.seq) > after,
-        Ok(BusMsg::Released) => false,
+        Ok(BusMsg::Work) => false,
         _ => true,
+    }
+}
+
+/// A wait's history from `after`, as far as it is sequenced. On Postgres an event
+/// committed a moment ago may not have its global cursor yet; reads do not number
+/// events themselves but wait (for at most a second) for the sequencer's notice that
+/// it has, then read again, so a client that saw the wait end sees all its events.
+async fn sequenced_history(
+    s: &AppState,
+    tenant: &str,
+    id: Uuid,
+    after: i32,
+    limit: i64,
+) -> Result<Vec<Event>, StoreError> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    let mut notices: Option<WaitSubscription> = None;
+    loop {
+        let mut events = s.store.events(tenant, id, after, limit).await?;
+        let cut = events.iter().take_while(|e| e.id.is_some()).count();
+        if cut == events.len() || tokio::time::Instant::now() >= until {
+            events.truncate(cut);
+            return Ok(events);
+        }
+        match notices.as_mut() {
+            // Subscribed only now: read again first, so a notice sent meanwhile is
+            // not waited for in vain.
+            None => notices = Some(s.bus.subscribe_wait(id)),
+            Some(rx) => {
+                let _ = tokio::time::timeout_at(until, rx.recv()).await;
+            }
+        }
     }
 }
 
@@ -333,15 +357,20 @@ fn sse_wait(s: AppState, tenant: String, id: Uuid, after: i64, slot: Slot) -> Re
         // terminal event was just sent).
         let send = |e: &Event| {
             let json = serde_json::to_string(e).unwrap_or_default();
-            let f = frame(i64::from(e.seq), &e.kind, &json);
+            let f = frame(i64::from(e.seq), e.kind(), &json);
             let terminal = e.is_terminal();
             let tx = tx.clone();
             async move { tx.send(f).await.is_ok() && !terminal }
         };
         loop {
             match replay_page(&s, s.store.events(&tenant, id, last as i32, PAGE)).await {
-                Ok(events) => {
+                Ok(mut events) => {
                     let full = events.len() as i64 == PAGE;
+                    // Only what is sequenced: the rest follows with the sequencer's
+                    // notice, which carries it.
+                    let cut = events.iter().take_while(|e| e.id.is_some()).count();
+                    let full = full && cut == events.len();
+                    events.truncate(cut);
                     for e in &events {
                         last = i64::from(e.seq);
                         if !send(e).await {
@@ -436,7 +465,7 @@ fn sse_all(
                         for e in &events {
                             let id = e.id.unwrap_or_default();
                             let json = serde_json::to_string(e).unwrap_or_default();
-                            if tx.send(frame(id, &e.kind, &json)).await.is_err() {
+                            if tx.send(frame(id, e.kind(), &json)).await.is_err() {
                                 return;
                             }
                             last = id;
@@ -470,7 +499,7 @@ fn sse_all(
                                 continue;
                             }
                             if tx
-                                .send(frame(id, &item.event.kind, &item.json))
+                                .send(frame(id, item.event.kind(), &item.json))
                                 .await
                                 .is_err()
                             {

@@ -26,11 +26,12 @@ use tokio::sync::watch;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
+use crate::bus::Bus;
 use crate::engine::Limits;
 use crate::metrics::Metrics;
+use crate::model::Status;
 use crate::probe::guard::Guard;
-use crate::store::bus::Bus;
-use crate::store::{AnyStore, Store};
+use crate::store::Store;
 pub use error::{ApiError, ApiResult};
 
 /// Largest request body accepted.
@@ -39,7 +40,7 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// What every handler shares. Cloning is shallow.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: AnyStore,
+    pub store: Store,
     pub bus: Bus,
     pub limits: Arc<Limits>,
     /// The presets requests may name (built-in plus `--presets-dir`).
@@ -55,7 +56,7 @@ pub struct AppState {
     /// Flips to true when the server is stopping: streams and blocked reads end.
     pub stopping: watch::Receiver<bool>,
     /// The replica's feed of new events for the followers of `GET /events`.
-    pub feed: crate::feed::Feed,
+    pub feed: crate::events::Feed,
     /// Caps on open event streams and blocked requests.
     pub streams: Arc<streams::StreamLimits>,
     /// How long a client has to send a request body.
@@ -196,9 +197,9 @@ async fn readyz(State(s): State<AppState>) -> Response {
         return "ready\n".into_response();
     };
     // Say what is wrong, where: the pool itself only says that it timed out.
-    let detail = match &s.store {
-        AnyStore::Postgres(pg) => pg.diagnose().await,
-        AnyStore::Sqlite(_) => None,
+    let detail = match s.store.postgres() {
+        Some(pg) => pg.diagnose().await,
+        None => None,
     }
     .unwrap_or_else(|| format!("the store does not answer: {e}"));
     tracing::warn!(%detail, "not ready");
@@ -378,18 +379,18 @@ pub(crate) fn parse_block(v: Option<&str>) -> Result<Option<Option<Duration>>, A
 }
 
 /// The status code of a blocked request, by how the wait stands.
-pub(crate) fn blocked_status(status: &str, created: bool) -> StatusCode {
+pub(crate) fn blocked_status(status: Status, created: bool) -> StatusCode {
     match status {
-        "succeeded" if created => StatusCode::CREATED,
-        "succeeded" => StatusCode::OK,
-        "failed" => StatusCode::UNPROCESSABLE_ENTITY,
+        Status::Succeeded if created => StatusCode::CREATED,
+        Status::Succeeded => StatusCode::OK,
+        Status::Failed => StatusCode::UNPROCESSABLE_ENTITY,
         // Not 504 and 502: curl --retry, retrying clients and proxies repeat 408,
         // 429 and 5xx, and would ask an ended wait again and again. No common client
         // retries these.
-        "timed_out" => StatusCode::PRECONDITION_FAILED,
-        "canceled" => StatusCode::CONFLICT,
-        "error" => StatusCode::FAILED_DEPENDENCY,
-        _ => StatusCode::ACCEPTED,
+        Status::TimedOut => StatusCode::PRECONDITION_FAILED,
+        Status::Canceled => StatusCode::CONFLICT,
+        Status::Error => StatusCode::FAILED_DEPENDENCY,
+        Status::Running => StatusCode::ACCEPTED,
     }
 }
 

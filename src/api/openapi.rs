@@ -10,8 +10,8 @@ use crate::api::error::{Problem, ProblemField};
 use crate::api::events::EventPage;
 use crate::api::presets::PresetList;
 use crate::api::waits::WaitPage;
+use crate::model::{Ending, Event, EventBody, Status, Wait};
 use crate::presets::{Param, ParamKind, Preset, PresetSummary};
-use crate::store::{Event, Wait};
 
 /// The request body of `POST /waits`. Unknown fields are rejected.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -104,7 +104,7 @@ pub struct RetrySchema {
         super::presets::list,
         super::presets::get_one,
     ),
-    components(schemas(Wait, Event, WaitPage, EventPage, Problem, ProblemField, CreateWait, TargetSchema, PollSchema, RetrySchema, PresetList, Preset, PresetSummary, Param, ParamKind)),
+    components(schemas(Wait, Status, Event, EventBody, Ending, WaitPage, EventPage, Problem, ProblemField, CreateWait, TargetSchema, PollSchema, RetrySchema, PresetList, Preset, PresetSummary, Param, ParamKind)),
     modifiers(&Security),
     tags(
         (name = "waits", description = "Create, read, list, block on and cancel waits"),

@@ -7,7 +7,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
@@ -15,9 +14,10 @@ use uuid::Uuid;
 
 use super::{AppState, JsonBody, Tenant, blocked_status, json_response, parse_block};
 use crate::api::error::{ApiError, ApiResult};
+use crate::bus::BusMsg;
 use crate::engine::Spec;
-use crate::store::bus::BusMsg;
-use crate::store::{ListFilter, Store, Wait};
+use crate::model::Status;
+use crate::store::{ListFilter, Wait};
 
 /// After a wait's deadline, how long a blocked request still waits for the worker to
 /// record the end before answering 202.
@@ -142,7 +142,7 @@ async fn block(
             m = rx.recv() => match m {
                 Ok(BusMsg::Notice(n)) => n.wait_id == id && n.is_terminal(),
                 Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => true,
-                Ok(BusMsg::Released) => false,
+                Ok(BusMsg::Work) => false,
                 Err(RecvError::Closed) => {
                     why = Held::Stopping;
                     break;
@@ -181,7 +181,7 @@ async fn block(
 fn blocked_response(wait: &Wait, why: Held, created: bool) -> Response {
     let mut res = match why {
         Held::Ended | Held::TimeLimit => {
-            json_response(blocked_status(&wait.status, created), wait)
+            json_response(blocked_status(wait.status, created), wait)
         }
         Held::Stopping => ApiError {
             retry_after: Some(2),
@@ -372,13 +372,7 @@ pub async fn get_one(
     }
 }
 
-/// A page of waits.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct WaitPage {
-    pub items: Vec<Wait>,
-    /// Pass as `cursor` for the next page; null on the last.
-    pub next_cursor: Option<String>,
-}
+pub use crate::model::WaitPage;
 
 /// List waits
 ///
@@ -409,21 +403,9 @@ pub async fn list(
         ..Default::default()
     };
     if let Some(st) = param(&pairs, "status") {
-        if ![
-            "running",
-            "succeeded",
-            "failed",
-            "timed_out",
-            "canceled",
-            "error",
-        ]
-        .contains(&st)
-        {
-            return Err(ApiError::bad_request(
-                "status must be one of running, succeeded, failed, timed_out, canceled, error",
-            ));
-        }
-        filter.status = Some(st.to_string());
+        filter.status = Some(st.parse::<Status>().map_err(|_| {
+            ApiError::bad_request(format!("status must be one of {}", Status::list()))
+        })?);
     }
     filter.labels = parse_labels(&pairs, &s.limits)?;
     if let Some(l) = param(&pairs, "limit") {
@@ -524,7 +506,7 @@ pub async fn cancel(
         .await?
         .ok_or_else(|| no_such_wait(id))?;
     if canceled.ended {
-        s.metrics.ended("canceled");
+        s.metrics.ended(Status::Canceled);
         tracing::info!(wait_id = %id, "wait canceled");
     }
     Ok(json_response(StatusCode::OK, &canceled.wait).into_response())

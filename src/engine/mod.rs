@@ -47,6 +47,23 @@ pub enum Observation {
     Permanent { error: String },
 }
 
+impl Observation {
+    /// The kinds of observation, as metrics name them.
+    pub const KINDS: [&'static str; 5] =
+        ["state", "missing", "not_found", "transient", "permanent"];
+
+    /// This observation's kind, one of [`Observation::KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Observation::State { .. } => "state",
+            Observation::Missing { .. } => "missing",
+            Observation::NotFound { .. } => "not_found",
+            Observation::Transient { .. } => "transient",
+            Observation::Permanent { .. } => "permanent",
+        }
+    }
+}
+
 /// How a wait ended, as the engine sees it. (`canceled` is the API's business.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

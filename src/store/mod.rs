@@ -1,107 +1,38 @@
 //! The system of record: waits, their specs, their event history, idempotency keys,
 //! and the leases the worker pool takes on them.
 //!
+//! [`Store`] is written once: how a create is admitted and answered, how a claimed
+//! row becomes a wait to poll, what a poll's progress writes, how rows read back.
+//! The two backends ([`postgres`], and the embedded [`sqlite`] file) hold only SQL
+//! and conversions, behind [`Dialect`].
+//!
 //! The store knows no HTTP and no scheduling: the API and the worker pool meet here
-//! and on the event [`bus`], never in each other's code. Every worker write is fenced
-//! by `owner` and `epoch`; the end of a wait is a conditional update
+//! and on the event [`crate::bus`], never in each other's code. Every worker write
+//! is fenced by `owner` and `epoch`; the end of a wait is a conditional update
 //! (`status = 'running'`) in the same transaction as its terminal event, so a wait
 //! ends exactly once however replicas race.
 
-pub mod bus;
-mod postgres;
+mod columns;
+pub mod postgres;
 pub mod secrets;
 mod sqlite;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::bus::Bus;
 use crate::engine::{EngineState, Spec};
+pub use crate::model::{Ending, Event, EventBody, Status, Wait};
+use columns::{Json, Time};
 
-pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
-
-/// A wait as clients see it (`GET /waits/{id}`).
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct Wait {
-    pub id: Uuid,
-    /// running | succeeded | failed | timed_out | canceled | error
-    pub status: String,
-    /// The last observed state (several values joined by ", "); null before the first good poll.
-    pub state: Option<String>,
-    /// One human sentence once the wait has ended.
-    pub reason: Option<String>,
-    /// From the spec's `error` path, when the wait failed.
-    #[schema(value_type = Option<Object>)]
-    pub error_detail: Option<Value>,
-    /// The last transient or probe error.
-    pub last_error: Option<String>,
-    pub polls: i32,
-    pub retries: i32,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub deadline: DateTime<Utc>,
-    pub next_poll_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub labels: BTreeMap<String, String>,
-    /// The normalised request; every header value reads "<redacted>".
-    #[schema(value_type = Object)]
-    pub spec: Value,
-}
-
-impl Wait {
-    pub fn is_running(&self) -> bool {
-        self.status == "running"
-    }
-}
-
-/// One entry of a wait's history.
-#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct Event {
-    /// The global cursor (`GET /events`). Events are served only once they have
-    /// one, so it is never null in a response.
-    pub id: Option<i64>,
-    /// Position in this wait's history, from 1.
-    pub seq: i32,
-    pub wait_id: Uuid,
-    /// created | state | retry | succeeded | failed | timed_out | canceled | error
-    pub kind: String,
-    pub at: DateTime<Utc>,
-    /// The kind's own fields (`from`/`to`, `error`/`attempt`/`delay`, `reason`…),
-    /// flattened into the event object.
-    #[serde(flatten)]
-    #[schema(value_type = Object)]
-    pub data: Value,
-}
-
-impl Event {
-    pub fn is_terminal(&self) -> bool {
-        TERMINAL_KINDS.contains(&self.kind.as_str())
-    }
-}
-
-pub const TERMINAL_KINDS: &[&str] = &["succeeded", "failed", "timed_out", "canceled", "error"];
-
-/// An event of any tenant, as the replica's feed reads them for every follower of
-/// `GET /events` at once: with the tenant and the labels of its wait, by which each
-/// follower filters.
-#[derive(Clone, Debug)]
-pub struct FeedEvent {
-    pub event: Event,
-    pub tenant: String,
-    pub labels: BTreeMap<String, String>,
-}
-
-/// An event the worker or the API is about to append.
-#[derive(Clone, Debug)]
-pub struct NewEvent {
-    pub kind: String,
-    pub data: Value,
-}
+pub use postgres::PgDialect;
+use sqlite::SqliteDialect;
 
 /// A wait the worker pool has just claimed.
 #[derive(Clone, Debug)]
@@ -133,6 +64,14 @@ pub struct Checkpoint {
     pub next_poll_at: Option<DateTime<Utc>>,
 }
 
+/// How a wait ended, as its progress records it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ended {
+    pub status: Status,
+    pub reason: String,
+    pub error_detail: Option<Value>,
+}
+
 /// What one poll changed, written at once (a new state, a retry, or the end).
 #[derive(Clone, Debug)]
 pub struct Progress {
@@ -140,15 +79,16 @@ pub struct Progress {
     pub epoch: i64,
     pub engine: EngineState,
     pub next_poll_at: Option<DateTime<Utc>>,
-    pub events: Vec<NewEvent>,
-    /// Set when the wait ends: status, reason, error detail.
-    pub end: Option<(String, String, Option<Value>)>,
+    /// The events the poll observed (`state`, `retry`); the terminal one follows
+    /// from `end`.
+    pub events: Vec<EventBody>,
+    pub end: Option<Ended>,
 }
 
 /// Filters of `GET /waits`.
 #[derive(Clone, Debug, Default)]
 pub struct ListFilter {
-    pub status: Option<String>,
+    pub status: Option<Status>,
     pub labels: BTreeMap<String, String>,
     pub limit: i64,
     /// Return waits older than this id (UUIDv7 order).
@@ -159,33 +99,45 @@ pub struct ListFilter {
 pub enum StoreError {
     /// The database cannot be reached: the API answers 503.
     #[error("the database is unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] sqlx::Error),
+    /// The database refused a statement (or answered one in a way this version
+    /// cannot use).
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// Migrations could not be applied.
+    #[error("cannot apply the migrations: {0}")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    /// A stored value this version cannot read.
+    #[error("cannot read the stored {what}: {why}")]
+    Decode { what: &'static str, why: String },
+    /// The store cannot be opened as configured.
+    #[error("{0}")]
+    Config(String),
     /// The same idempotency key was used with another request body.
     #[error("idempotency key reused with a different request")]
     IdempotencyConflict,
     /// The tenant already has this many running waits, the most allowed.
     #[error("the tenant has {0} running waits, the most allowed")]
     TooManyActive(i64),
-    #[error("database error: {0}")]
-    Other(String),
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        match &e {
+        let away = match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
-            sqlx::Error::Database(db)
-                if db
-                    .code()
-                    .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")) =>
-            {
-                StoreError::Unavailable(e.to_string())
-            }
-            _ => StoreError::Other(e.to_string()),
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+            _ => false,
+        };
+        if away {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Database(e)
         }
     }
 }
@@ -205,8 +157,130 @@ pub struct Canceled {
     pub ended: bool,
 }
 
+/// An event of any tenant, as the replica's feed reads them for every follower of
+/// `GET /events` at once: with the tenant and the labels of its wait, by which each
+/// follower filters.
+#[derive(Clone, Debug)]
+pub struct FeedEvent {
+    pub event: Event,
+    pub tenant: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What a renewal found: the held waits still the owner's, and the waits the owner
+/// owns without holding them (a claim whose answer never came back: the connection
+/// broke after its commit), each with its epoch.
+#[derive(Debug, Default, PartialEq)]
+pub struct Renewal {
+    pub kept: Vec<Uuid>,
+    pub strays: Vec<(Uuid, i64)>,
+}
+
 /// The reason recorded when a client cancels a wait.
 pub const CANCEL_REASON: &str = "canceled by a client";
+
+// ---------------------------------------------------------------------------------
+// Rows: what the dialects read and write, in one shape for both.
+// ---------------------------------------------------------------------------------
+
+/// A wait as both dialects read it back.
+#[derive(sqlx::FromRow)]
+pub(crate) struct WaitRow {
+    id: Uuid,
+    status: String,
+    state: Option<String>,
+    reason: Option<String>,
+    error_detail: Option<Json>,
+    last_error: Option<String>,
+    polls: i32,
+    retries: i32,
+    created_at: Time,
+    updated_at: Time,
+    deadline: Time,
+    next_poll_at: Option<Time>,
+    finished_at: Option<Time>,
+    labels: Json,
+    spec: Json,
+}
+
+/// The columns a [`WaitRow`] reads, from `waits w JOIN wait_specs s`.
+pub(crate) const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
+     w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
+
+impl WaitRow {
+    fn into_wait(self) -> Result<Wait, StoreError> {
+        Ok(Wait {
+            id: self.id,
+            status: self.status.parse().map_err(|e| StoreError::Decode {
+                what: "status",
+                why: format!("{e}"),
+            })?,
+            state: self.state,
+            reason: self.reason,
+            error_detail: self.error_detail.map(|j| j.0),
+            last_error: self.last_error,
+            polls: self.polls,
+            retries: self.retries,
+            created_at: self.created_at.0,
+            updated_at: self.updated_at.0,
+            deadline: self.deadline.0,
+            next_poll_at: self.next_poll_at.map(|t| t.0),
+            finished_at: self.finished_at.map(|t| t.0),
+            labels: serde_json::from_value(self.labels.0).unwrap_or_default(),
+            spec: self.spec.0,
+        })
+    }
+}
+
+/// An event as both dialects read it back (`id` is the global cursor: Postgres's
+/// `gid`, SQLite's row id).
+#[derive(sqlx::FromRow)]
+pub(crate) struct EventRow {
+    id: Option<i64>,
+    seq: i32,
+    wait_id: Uuid,
+    kind: String,
+    at: Time,
+    data: Json,
+}
+
+impl EventRow {
+    fn into_event(self) -> Result<Event, StoreError> {
+        Ok(Event {
+            id: self.id,
+            seq: self.seq,
+            wait_id: self.wait_id,
+            at: self.at.0,
+            body: EventBody::from_parts(&self.kind, self.data.0).map_err(|e| {
+                StoreError::Decode {
+                    what: "event",
+                    why: e.to_string(),
+                }
+            })?,
+        })
+    }
+}
+
+/// A feed entry as both dialects read it back.
+#[derive(sqlx::FromRow)]
+pub(crate) struct FeedRow {
+    #[sqlx(flatten)]
+    event: EventRow,
+    tenant: String,
+    labels: Json,
+}
+
+/// A claimed row's stored parts.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ClaimRow {
+    id: Uuid,
+    epoch: i64,
+    claims: i32,
+    engine: Json,
+    next_poll_at: Option<Time>,
+    spec: Json,
+    headers: Json,
+}
 
 /// Everything a new wait's rows need, computed once for every backend.
 pub(crate) struct NewWait {
@@ -219,47 +293,121 @@ pub(crate) struct NewWait {
     pub headers: Value,
     pub labels: Value,
     pub engine_json: Value,
-    pub created: NewEvent,
+    /// The `created` event: kind and fields.
+    pub created: (&'static str, Value),
+}
+
+/// What one progress entry writes, computed once for every backend.
+pub(crate) struct ProgressRow {
+    pub id: Uuid,
+    pub epoch: i64,
+    pub status: &'static str,
+    pub state: Option<String>,
+    pub reason: Option<String>,
+    pub detail: Option<Value>,
+    pub last_error: Option<String>,
+    pub polls: i32,
+    pub retries: i32,
+    pub engine: String,
+    /// `None` once it ends.
+    pub next_poll_at: Option<DateTime<Utc>>,
+    pub ended: bool,
+    /// The events to append, in order: kind and fields.
+    pub events: Vec<(&'static str, Value)>,
+}
+
+/// What one checkpoint writes. A checkpoint lands only when it is newer (more
+/// polls) than what the row holds, so a progress write that committed while it was
+/// on its way wins; a checkpoint without an engine state renews only.
+pub(crate) struct CheckpointRow {
+    pub id: Uuid,
+    pub epoch: i64,
+    pub engine: Option<String>,
+    pub polls: Option<i32>,
+    pub retries: Option<i32>,
+    pub next_poll_at: Option<DateTime<Utc>>,
+}
+
+impl From<&Checkpoint> for CheckpointRow {
+    fn from(c: &Checkpoint) -> CheckpointRow {
+        CheckpointRow {
+            id: c.id,
+            epoch: c.epoch,
+            engine: c
+                .engine
+                .as_ref()
+                .and_then(|e| serde_json::to_string(e).ok()),
+            polls: c.engine.as_ref().map(|e| e.polls as i32),
+            retries: c.engine.as_ref().map(|e| e.retries as i32),
+            next_poll_at: c.next_poll_at,
+        }
+    }
+}
+
+/// How a create counts the tenant's running waits, decided from the cached count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Admission {
+    /// Far under the limit (or no limit): insert without counting.
+    Free,
+    /// Count in the insert's transaction; within `LIMIT_MARGIN` of `max`, count
+    /// again under the tenant's lock.
+    Count { max: i64 },
+}
+
+/// The answer of a dialect's insert.
+pub(crate) enum Inserted {
+    /// The wait is in; `counted` is the tenant's running count when one was taken.
+    Yes { counted: Option<i64> },
+    /// Another request with this idempotency key won the race.
+    KeyTaken,
+    /// The tenant has this many running waits, the most allowed.
+    Full(i64),
+}
+
+/// Below `max_active_waits - LIMIT_MARGIN` running waits, creates skip the per-tenant
+/// lock: more concurrent creates than this (connections across all replicas) would
+/// be needed to overshoot the limit.
+pub(crate) const LIMIT_MARGIN: i64 = 256;
+
+fn to_json<T: Serialize>(v: &T, what: &'static str) -> Result<Value, StoreError> {
+    serde_json::to_value(v).map_err(|e| StoreError::Decode {
+        what,
+        why: e.to_string(),
+    })
 }
 
 impl NewWait {
-    pub fn prepare(
+    fn prepare(
         spec: &Spec,
         now: DateTime<Utc>,
         cipher: &secrets::Cipher,
     ) -> Result<NewWait, StoreError> {
         let (engine, first_poll) = EngineState::start(spec, now);
+        let created = EventBody::Created {
+            deadline: engine.deadline,
+        };
         Ok(NewWait {
             id: Uuid::now_v7(),
             first_poll,
-            spec: to_json(&spec.redacted())?,
+            spec: to_json(&spec.redacted(), "spec")?,
             headers: cipher
                 .seal(&spec.target.headers)
-                .map_err(StoreError::Other)?,
-            labels: to_json(&spec.labels)?,
-            engine_json: to_json(&engine)?,
-            created: NewEvent {
-                kind: "created".into(),
-                data: serde_json::json!({ "deadline": engine.deadline }),
-            },
+                .map_err(|why| StoreError::Decode {
+                    what: "target headers",
+                    why,
+                })?,
+            labels: to_json(&spec.labels, "labels")?,
+            engine_json: to_json(&engine, "engine state")?,
+            created: created.to_parts(),
             engine,
         })
     }
-}
 
-impl NewWait {
     /// The wait as it reads back right after its insert, built without a read.
-    pub fn wait(&self, now: DateTime<Utc>) -> Wait {
-        use chrono::SubsecRound;
-        // As the databases store them: microseconds.
-        let (now, deadline, first_poll) = (
-            now.trunc_subsecs(6),
-            self.engine.deadline.trunc_subsecs(6),
-            self.first_poll.trunc_subsecs(6),
-        );
+    fn wait(&self, now: DateTime<Utc>) -> Wait {
         Wait {
             id: self.id,
-            status: "running".into(),
+            status: Status::Running,
             state: None,
             reason: None,
             error_detail: None,
@@ -268,8 +416,8 @@ impl NewWait {
             retries: 0,
             created_at: now,
             updated_at: now,
-            deadline,
-            next_poll_at: Some(first_poll),
+            deadline: self.engine.deadline,
+            next_poll_at: Some(self.first_poll),
             finished_at: None,
             labels: serde_json::from_value(self.labels.clone()).unwrap_or_default(),
             spec: self.spec.clone(),
@@ -277,43 +425,50 @@ impl NewWait {
     }
 }
 
-pub(crate) fn to_json<T: Serialize>(v: &T) -> Result<Value, StoreError> {
-    serde_json::to_value(v).map_err(|e| StoreError::Other(e.to_string()))
-}
-
-pub(crate) fn canceled_event(state: Option<String>) -> NewEvent {
-    NewEvent {
-        kind: "canceled".into(),
-        data: serde_json::json!({ "reason": CANCEL_REASON, "state": state }),
-    }
-}
-
 impl Progress {
-    /// The status, reason and error detail columns this progress writes.
-    pub(crate) fn columns(&self) -> (&str, Option<&str>, Option<Value>) {
-        match &self.end {
-            Some((s, r, d)) => (s.as_str(), Some(r.as_str()), d.clone()),
-            None => ("running", None, None),
+    /// What this progress writes: its columns, and its events (the observed ones,
+    /// then the terminal one if it ended).
+    fn row(&self) -> Result<ProgressRow, StoreError> {
+        let mut events: Vec<(&'static str, Value)> =
+            self.events.iter().map(EventBody::to_parts).collect();
+        if let Some(end) = &self.end {
+            let terminal = EventBody::end(
+                end.status,
+                Ending {
+                    reason: end.reason.clone(),
+                    state: self.engine.state.clone(),
+                    error_detail: end.error_detail.clone(),
+                    last_error: self.engine.last_error.clone(),
+                },
+            );
+            events.push(terminal.to_parts());
         }
-    }
-
-    /// The events to append: the observed ones, then the terminal one if it ended.
-    pub(crate) fn all_events(&self) -> Vec<NewEvent> {
-        let mut events = self.events.clone();
-        if let Some((status, reason, detail)) = &self.end {
-            let mut data = serde_json::json!({ "reason": reason, "state": self.engine.state });
-            if let Some(d) = detail {
-                data["error_detail"] = d.clone();
-            }
-            if let Some(e) = &self.engine.last_error {
-                data["last_error"] = serde_json::json!(e);
-            }
-            events.push(NewEvent {
-                kind: status.clone(),
-                data,
-            });
-        }
-        events
+        Ok(ProgressRow {
+            id: self.id,
+            epoch: self.epoch,
+            status: self
+                .end
+                .as_ref()
+                .map_or(Status::Running, |e| e.status)
+                .as_str(),
+            state: self.engine.state.clone(),
+            reason: self.end.as_ref().map(|e| e.reason.clone()),
+            detail: self.end.as_ref().and_then(|e| e.error_detail.clone()),
+            last_error: self.engine.last_error.clone(),
+            polls: self.engine.polls as i32,
+            retries: self.engine.retries as i32,
+            engine: serde_json::to_string(&self.engine).map_err(|e| StoreError::Decode {
+                what: "engine state",
+                why: e.to_string(),
+            })?,
+            next_poll_at: if self.end.is_some() {
+                None
+            } else {
+                self.next_poll_at
+            },
+            ended: self.end.is_some(),
+            events,
+        })
     }
 
     /// Progress that ends a held wait in `error` with `reason`, keeping its counters
@@ -329,68 +484,195 @@ impl Progress {
             engine,
             next_poll_at: None,
             events: vec![],
-            end: Some((
-                "error".into(),
-                crate::engine::bound::text(&reason, crate::engine::bound::MAX_REASON).into_owned(),
-                None,
-            )),
+            end: Some(Ended {
+                status: Status::Error,
+                reason: crate::engine::bound::text(&reason, crate::engine::bound::MAX_REASON)
+                    .into_owned(),
+                error_detail: None,
+            }),
         }
     }
 
     /// Progress that ends a wait this version cannot read, rather than spin on it.
-    pub(crate) fn undecodable(id: Uuid, epoch: i64, why: String) -> Progress {
+    fn undecodable(id: Uuid, epoch: i64, why: String) -> Progress {
         let now = Utc::now();
+        let engine = EngineState {
+            deadline: now,
+            polls: 0,
+            retries: 0,
+            budget_used: 0,
+            poll_interval_ms: 0,
+            retry_delay_ms: 0,
+            transition_seen: false,
+            hits: 0,
+            state: None,
+            last_error: Some(why.clone()),
+        };
         Progress {
             id,
             epoch,
-            engine: EngineState {
-                deadline: now,
-                polls: 0,
-                retries: 0,
-                budget_used: 0,
-                poll_interval_ms: 0,
-                retry_delay_ms: 0,
-                transition_seen: false,
-                hits: 0,
-                state: None,
-                last_error: Some(why.clone()),
-            },
+            engine,
             next_poll_at: None,
             events: vec![],
-            end: Some((
-                "error".into(),
-                format!("waitd could not read this wait's stored spec: {why}"),
-                None,
-            )),
+            end: Some(Ended {
+                status: Status::Error,
+                reason: format!("waitd could not read this wait's stored spec: {why}"),
+                error_detail: None,
+            }),
         }
     }
 }
 
-/// A claimed row's stored parts back into a spec (headers restored) and engine state.
-pub(crate) fn decode_claim(
-    spec: Value,
-    headers: Value,
-    engine: Value,
-    cipher: &secrets::Cipher,
-) -> Result<(Spec, EngineState), String> {
-    let mut spec: Spec = serde_json::from_value(spec).map_err(|e| format!("spec: {e}"))?;
-    spec.target.headers = cipher.open(&headers)?;
-    let engine: EngineState =
-        serde_json::from_value(engine).map_err(|e| format!("engine state: {e}"))?;
-    Ok((spec, engine))
+/// A tenant's running count as last read, when, and whether a create is reading it
+/// again now.
+#[derive(Debug)]
+struct Counted {
+    n: i64,
+    at: Instant,
+    recounting: bool,
 }
 
-/// What the API and the worker pool need of a store. Postgres and the embedded SQLite
-/// file implement it; [`AnyStore`] is whichever the operator configured.
-#[allow(async_fn_in_trait)] // used with concrete types only
-pub trait Store: Clone + Send + Sync + 'static {
-    async fn migrate(&self) -> Result<(), StoreError>;
-    async fn ping(&self) -> Result<(), StoreError>;
-    async fn close(&self);
+/// A tenant's running count, once read, spares the next creates from counting for
+/// this long while it is more than [`CACHED_MARGIN`] under the limit: overshooting
+/// would take that many creates, across all replicas, within this window. Once it is
+/// older, one create counts again while the others go on with it for up to as long
+/// again, rather than all counting at once.
+const COUNT_FRESH: Duration = Duration::from_millis(250);
+const CACHED_MARGIN: i64 = 1024;
+
+/// Per tenant, the running count as last read ([`COUNT_FRESH`], [`CACHED_MARGIN`]).
+#[derive(Debug, Default)]
+struct TenantCounts(std::collections::HashMap<String, Counted>);
+
+impl TenantCounts {
+    /// True when the tenant was counted lately and far enough under `max` that no
+    /// count is needed now. A stale count is read again by one create (the caller
+    /// answered false first), while the others go on with it a little longer.
+    fn far_under(&mut self, tenant: &str, max: i64, now: Instant) -> bool {
+        let Some(c) = self.0.get_mut(tenant).filter(|c| c.n + CACHED_MARGIN < max) else {
+            return false;
+        };
+        let age = now.saturating_duration_since(c.at);
+        if age < COUNT_FRESH || (c.recounting && age < 2 * COUNT_FRESH) {
+            return true;
+        }
+        c.recounting = true;
+        false
+    }
+
+    fn counted(&mut self, tenant: &str, n: i64, now: Instant) {
+        if self.0.len() > 10_000 {
+            self.0
+                .retain(|_, c| now.saturating_duration_since(c.at) < 2 * COUNT_FRESH);
+        }
+        self.0.insert(
+            tenant.to_string(),
+            Counted {
+                n,
+                at: now,
+                recounting: false,
+            },
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The dialects, and the store over them
+// ---------------------------------------------------------------------------------
+
+/// A backend: SQL and conversions. Each method is one statement or one
+/// transaction; what to do with the answers is [`Store`]'s.
+#[derive(Clone, Debug)]
+enum Dialect {
+    Postgres(PgDialect),
+    Sqlite(SqliteDialect),
+}
+
+macro_rules! sql {
+    ($self:ident . $method:ident ( $($arg:expr),* )) => {
+        match &$self.db {
+            Dialect::Postgres(d) => d.$method($($arg),*).await,
+            Dialect::Sqlite(d) => d.$method($($arg),*).await,
+        }
+    };
+}
+
+/// The store. Cloning is shallow.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: Dialect,
+    cipher: Arc<secrets::Cipher>,
+    /// Per tenant: running waits when last counted, and when.
+    counts: Arc<Mutex<TenantCounts>>,
+}
+
+impl Store {
+    /// Opens the store a URL names: `postgres://…`, `sqlite://PATH`, `sqlite::memory:`.
+    /// A SQLite store publishes its notices on `bus` after each commit; on Postgres
+    /// the events component sequences events and the LISTEN adapter publishes them.
+    pub fn open(url: &str, max_connections: u32, bus: Bus) -> Result<Store, StoreError> {
+        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Dialect::Postgres(PgDialect::connect(url, max_connections)?)
+        } else if url.starts_with("sqlite:") {
+            Dialect::Sqlite(SqliteDialect::open(url, bus)?)
+        } else {
+            let scheme: String = url
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(20)
+                .collect();
+            return Err(StoreError::Config(format!(
+                "the database URL has the scheme \"{scheme}\"; use postgres://…, sqlite://PATH or sqlite::memory:"
+            )));
+        };
+        Ok(Store {
+            db,
+            cipher: Default::default(),
+            counts: Default::default(),
+        })
+    }
+
+    /// Seals target header values at rest under `cipher`'s key.
+    pub fn with_cipher(mut self, cipher: secrets::Cipher) -> Store {
+        self.cipher = Arc::new(cipher);
+        self
+    }
+
+    /// The Postgres backend, for what only Postgres has (LISTEN, the sequencer,
+    /// connection diagnosis).
+    pub fn postgres(&self) -> Option<&PgDialect> {
+        match &self.db {
+            Dialect::Postgres(d) => Some(d),
+            Dialect::Sqlite(_) => None,
+        }
+    }
+
+    /// The kind of store and where it is, never a password.
+    pub fn describe(&self) -> String {
+        match &self.db {
+            Dialect::Postgres(d) => d.describe(),
+            Dialect::Sqlite(d) => d.describe(),
+        }
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sql!(self.migrate())
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sql!(self.ping())
+    }
+
+    pub async fn close(&self) {
+        sql!(self.close())
+    }
+
     /// Creates a wait with its `created` event. With an idempotency key (and the
     /// request's hash), a second call with the same key and hash returns the first
     /// wait; the same key with another hash is [`StoreError::IdempotencyConflict`].
-    async fn create(
+    pub async fn create(
         &self,
         tenant: &str,
         spec: &Spec,
@@ -400,169 +682,12 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.create_within(tenant, spec, now, idempotency, None)
             .await
     }
+
     /// [`Store::create`], refusing with [`StoreError::TooManyActive`] when the tenant
     /// already has `max_active` running waits. The count and the insert are atomic
     /// (concurrent creates cannot overshoot), and an idempotent replay is answered
     /// before the limit is looked at.
-    async fn create_within(
-        &self,
-        tenant: &str,
-        spec: &Spec,
-        now: DateTime<Utc>,
-        idempotency: Option<(&str, &str)>,
-        max_active: Option<i64>,
-    ) -> Result<Created, StoreError>;
-    async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError>;
-    /// A page of a tenant's waits, newest first.
-    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError>;
-    /// Cancels a running wait, ending it exactly once; an ended wait is returned as it
-    /// is. `None` when the tenant has no such wait.
-    async fn cancel(
-        &self,
-        tenant: &str,
-        id: Uuid,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Canceled>, StoreError>;
-    /// A wait's events with `seq > after`, oldest first.
-    async fn events(
-        &self,
-        tenant: &str,
-        wait_id: Uuid,
-        after: i32,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError>;
-    /// The tenant's events with global `id > after`, of waits carrying all `labels`.
-    async fn global_events(
-        &self,
-        tenant: &str,
-        after: i64,
-        labels: &BTreeMap<String, String>,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError>;
-    /// Events of every tenant with global id `> after`, oldest first (the replica's
-    /// feed; see [`FeedEvent`]).
-    async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError>;
-    /// The newest global event id given out so far (0 before the first event); with
-    /// a tenant, the newest of that tenant's events.
-    async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError>;
-    /// Claims up to `limit` running waits due within `lookahead` that are unowned or
-    /// whose owner's lease has run out (epoch + 1). The claimed waits are leased for
-    /// `ttl` at least; what the claimer already holds is renewed by `renew` only.
-    async fn claim(
-        &self,
-        owner: Uuid,
-        ttl: Duration,
-        lookahead: Duration,
-        limit: i64,
-    ) -> Result<Vec<Claimed>, StoreError>;
-    /// Records that a poll of each of these waits (id, epoch) begins, the first
-    /// since its claim: it adds one to the wait's `claims`, which a completed poll's
-    /// write sets back to 0 ([`MAX_CLAIMS`]). Fenced by owner and epoch; returns
-    /// the ids still the owner's.
-    async fn mark_polling(&self, owner: Uuid, ids: &[(Uuid, i64)])
-    -> Result<Vec<Uuid>, StoreError>;
-    /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
-    /// no longer this owner's.
-    async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
-        Ok(self
-            .record_many(owner, std::slice::from_ref(progress))
-            .await?
-            .first()
-            .copied()
-            .unwrap_or(false))
-    }
-    /// [`Store::record`] for many waits in one transaction: one answer per entry, in
-    /// order. A wait may appear once.
-    async fn record_many(
-        &self,
-        owner: Uuid,
-        progress: &[Progress],
-    ) -> Result<Vec<bool>, StoreError>;
-    /// Renews the owner's lease on everything it holds and writes the checkpoints
-    /// `held` carries; returns the ids of `held` still the owner's, under the same
-    /// epoch. (Postgres keeps one lease per replica; SQLite, with one process, one
-    /// per row.)
-    async fn renew(
-        &self,
-        owner: Uuid,
-        ttl: Duration,
-        held: &[Checkpoint],
-    ) -> Result<Vec<Uuid>, StoreError>;
-    /// Writes the last checkpoints and gives the leases up.
-    async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError>;
-    /// Periodic housekeeping, called by the worker pool on every lease renewal
-    /// (Postgres: sequence any event whose writer died before sequencing it).
-    async fn maintain(&self) -> Result<(), StoreError>;
-    /// Running waits in the store; with a tenant, only that tenant's.
-    async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError>;
-}
-
-/// The configured store. Cloning is shallow.
-#[derive(Clone, Debug)]
-pub enum AnyStore {
-    Postgres(PgStore),
-    Sqlite(SqliteStore),
-}
-
-impl AnyStore {
-    /// Seals target header values at rest under `cipher`'s key.
-    pub fn with_cipher(self, cipher: secrets::Cipher) -> AnyStore {
-        let cipher = std::sync::Arc::new(cipher);
-        match self {
-            AnyStore::Postgres(mut s) => {
-                s.cipher = cipher;
-                AnyStore::Postgres(s)
-            }
-            AnyStore::Sqlite(mut s) => {
-                s.cipher = cipher;
-                AnyStore::Sqlite(s)
-            }
-        }
-    }
-
-    /// Opens the store a URL names: `postgres://…`, `sqlite://PATH`, `sqlite::memory:`.
-    /// The bus is where a SQLite store publishes its events (Postgres uses NOTIFY, and
-    /// [`bus::Bus::listen`] feeds the bus instead).
-    pub fn open(url: &str, max_connections: u32, bus: bus::Bus) -> Result<AnyStore, StoreError> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            PgStore::connect(url, max_connections).map(AnyStore::Postgres)
-        } else if url.starts_with("sqlite:") {
-            SqliteStore::open(url, bus).map(AnyStore::Sqlite)
-        } else {
-            let scheme: String = url
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .chars()
-                .take(20)
-                .collect();
-            Err(StoreError::Other(format!(
-                "the database URL has the scheme \"{scheme}\"; use postgres://…, sqlite://PATH or sqlite::memory:"
-            )))
-        }
-    }
-}
-
-macro_rules! dispatch {
-    ($self:ident, $method:ident ( $($arg:expr),* )) => {
-        match $self {
-            AnyStore::Postgres(s) => s.$method($($arg),*).await,
-            AnyStore::Sqlite(s) => s.$method($($arg),*).await,
-        }
-    };
-}
-
-impl Store for AnyStore {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        dispatch!(self, migrate())
-    }
-    async fn ping(&self) -> Result<(), StoreError> {
-        dispatch!(self, ping())
-    }
-    async fn close(&self) {
-        dispatch!(self, close())
-    }
-    async fn create_within(
+    pub async fn create_within(
         &self,
         tenant: &str,
         spec: &Spec,
@@ -570,87 +695,364 @@ impl Store for AnyStore {
         idempotency: Option<(&str, &str)>,
         max_active: Option<i64>,
     ) -> Result<Created, StoreError> {
-        dispatch!(
-            self,
-            create_within(tenant, spec, now, idempotency, max_active)
-        )
+        if let Some((key, hash)) = idempotency
+            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+        {
+            return Ok(Created {
+                wait: found,
+                existing: true,
+            });
+        }
+        let nw = NewWait::prepare(spec, now, &self.cipher)?;
+        let admission = match max_active {
+            Some(max) if !self.far_under_limit(tenant, max) => Admission::Count { max },
+            _ => Admission::Free,
+        };
+        match sql!(self.insert_wait(tenant, now, &nw, idempotency, admission))? {
+            Inserted::Yes { counted } => {
+                if let Some(n) = counted {
+                    self.counted(tenant, n);
+                }
+                Ok(Created {
+                    wait: nw.wait(now),
+                    existing: false,
+                })
+            }
+            Inserted::Full(n) => {
+                self.counted(tenant, n);
+                Err(StoreError::TooManyActive(n))
+            }
+            Inserted::KeyTaken => {
+                let (key, hash) = idempotency.expect("a key was taken, so one was given");
+                match self.find_idempotent(tenant, key, hash).await? {
+                    Some(found) => Ok(Created {
+                        wait: found,
+                        existing: true,
+                    }),
+                    None => Err(StoreError::Decode {
+                        what: "idempotency key",
+                        why: "the key was taken, then vanished".into(),
+                    }),
+                }
+            }
+        }
     }
-    async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
-        dispatch!(self, get(tenant, id))
+
+    async fn find_idempotent(
+        &self,
+        tenant: &str,
+        key: &str,
+        hash: &str,
+    ) -> Result<Option<Wait>, StoreError> {
+        match sql!(self.find_idempotent(tenant, key))? {
+            None => Ok(None),
+            Some((h, _)) if h != hash => Err(StoreError::IdempotencyConflict),
+            Some((_, id)) => self.get(tenant, id).await,
+        }
     }
-    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
-        dispatch!(self, list(tenant, filter))
+
+    fn far_under_limit(&self, tenant: &str, max: i64) -> bool {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.far_under(tenant, max, Instant::now())
     }
-    async fn cancel(
+
+    fn counted(&self, tenant: &str, n: i64) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.counted(tenant, n, Instant::now());
+    }
+
+    pub async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
+        sql!(self.get(tenant, id))?
+            .map(WaitRow::into_wait)
+            .transpose()
+    }
+
+    /// A page of a tenant's waits, newest first.
+    pub async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
+        sql!(self.list(tenant, filter))?
+            .into_iter()
+            .map(WaitRow::into_wait)
+            .collect()
+    }
+
+    /// Cancels a running wait, ending it exactly once; an ended wait is returned as it
+    /// is. `None` when the tenant has no such wait.
+    pub async fn cancel(
         &self,
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
     ) -> Result<Option<Canceled>, StoreError> {
-        dispatch!(self, cancel(tenant, id, now))
+        let canceled = |state: Option<String>| {
+            EventBody::end(
+                Status::Canceled,
+                Ending {
+                    reason: CANCEL_REASON.into(),
+                    state,
+                    error_detail: None,
+                    last_error: None,
+                },
+            )
+            .to_parts()
+        };
+        let ended = sql!(self.cancel(tenant, id, now, CANCEL_REASON, &canceled))?;
+        Ok(self
+            .get(tenant, id)
+            .await?
+            .map(|wait| Canceled { wait, ended }))
     }
-    async fn events(
+
+    /// A wait's events with `seq > after`, oldest first. Every committed event is
+    /// there; on Postgres one committed a moment ago may not have its global cursor
+    /// yet (`id` is `None` until the sequencer gives it one).
+    pub async fn events(
         &self,
         tenant: &str,
         wait_id: Uuid,
         after: i32,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        dispatch!(self, events(tenant, wait_id, after, limit))
+        sql!(self.events(tenant, wait_id, after, limit))?
+            .into_iter()
+            .map(EventRow::into_event)
+            .collect()
     }
-    async fn global_events(
+
+    /// The tenant's sequenced events with global `id > after`, of waits carrying all
+    /// `labels`.
+    pub async fn global_events(
         &self,
         tenant: &str,
         after: i64,
         labels: &BTreeMap<String, String>,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        dispatch!(self, global_events(tenant, after, labels, limit))
+        sql!(self.global_events(tenant, after, labels, limit))?
+            .into_iter()
+            .map(EventRow::into_event)
+            .collect()
     }
-    async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
-        dispatch!(self, feed(after, limit))
+
+    /// Events of every tenant with global id `> after`, oldest first (the replica's
+    /// feed; see [`FeedEvent`]).
+    pub async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
+        sql!(self.feed(after, limit))?
+            .into_iter()
+            .map(|r| {
+                Ok(FeedEvent {
+                    event: r.event.into_event()?,
+                    tenant: r.tenant,
+                    labels: serde_json::from_value(r.labels.0).unwrap_or_default(),
+                })
+            })
+            .collect()
     }
-    async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
-        dispatch!(self, last_event_id(tenant))
+
+    /// The newest global event id given out so far (0 before the first event); with
+    /// a tenant, the newest of that tenant's events.
+    pub async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        sql!(self.last_event_id(tenant))
     }
-    async fn claim(
+
+    /// Claims up to `limit` running waits due within `lookahead` that are unowned or
+    /// whose owner's lease has run out (epoch + 1). A row this version cannot read is
+    /// ended in `error` rather than spun on.
+    pub async fn claim(
         &self,
         owner: Uuid,
         ttl: Duration,
         lookahead: Duration,
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
-        dispatch!(self, claim(owner, ttl, lookahead, limit))
+        let rows = sql!(self.claim(owner, ttl, lookahead, limit))?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            match self.decode_claim(&row) {
+                Ok((spec, engine)) => claimed.push(Claimed {
+                    id: row.id,
+                    epoch: row.epoch,
+                    claims: row.claims,
+                    next_poll_at: row.next_poll_at.map_or(engine.deadline, |t| t.0),
+                    spec,
+                    engine,
+                }),
+                Err(why) => {
+                    tracing::error!(wait_id = %row.id, error = %why, "cannot decode a claimed wait; ending it in error");
+                    let _ = self
+                        .record(owner, &Progress::undecodable(row.id, row.epoch, why))
+                        .await;
+                }
+            }
+        }
+        Ok(claimed)
     }
-    async fn renew(
-        &self,
-        owner: Uuid,
-        ttl: Duration,
-        held: &[Checkpoint],
-    ) -> Result<Vec<Uuid>, StoreError> {
-        dispatch!(self, renew(owner, ttl, held))
+
+    /// A claimed row's stored parts back into a spec (headers restored) and engine state.
+    fn decode_claim(&self, row: &ClaimRow) -> Result<(Spec, EngineState), String> {
+        let mut spec: Spec =
+            serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
+        spec.target.headers = self.cipher.open(&row.headers.0)?;
+        let engine: EngineState = serde_json::from_value(row.engine.0.clone())
+            .map_err(|e| format!("engine state: {e}"))?;
+        Ok((spec, engine))
     }
-    async fn record_many(
-        &self,
-        owner: Uuid,
-        progress: &[Progress],
-    ) -> Result<Vec<bool>, StoreError> {
-        dispatch!(self, record_many(owner, progress))
-    }
-    async fn mark_polling(
+
+    /// Records that a poll of each of these waits (id, epoch) begins, the first
+    /// since its claim: it adds one to the wait's `claims`, which a completed poll's
+    /// write sets back to 0 ([`MAX_CLAIMS`]). Fenced by owner and epoch; returns
+    /// the ids still the owner's.
+    pub async fn mark_polling(
         &self,
         owner: Uuid,
         ids: &[(Uuid, i64)],
     ) -> Result<Vec<Uuid>, StoreError> {
-        dispatch!(self, mark_polling(owner, ids))
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        sql!(self.mark_polling(owner, ids))
     }
-    async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
-        dispatch!(self, release(owner, held))
+
+    /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
+    /// no longer this owner's.
+    pub async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
+        Ok(self
+            .record_many(owner, std::slice::from_ref(progress))
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
     }
-    async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
-        dispatch!(self, count_running(tenant))
+
+    /// [`Store::record`] for many waits in one transaction: one answer per entry, in
+    /// order. A wait may appear once. The written rows' polls-begun counts go back
+    /// to 0.
+    pub async fn record_many(
+        &self,
+        owner: Uuid,
+        progress: &[Progress],
+    ) -> Result<Vec<bool>, StoreError> {
+        if progress.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = progress
+            .iter()
+            .map(Progress::row)
+            .collect::<Result<Vec<_>, _>>()?;
+        sql!(self.record(owner, Utc::now(), &rows))
     }
-    async fn maintain(&self) -> Result<(), StoreError> {
-        dispatch!(self, maintain())
+
+    /// Renews the owner's lease on everything it holds and writes the checkpoints
+    /// `held` carries; says which of `held` are still the owner's, under the same
+    /// epoch, and which waits the owner owns that `held` does not name. (Postgres
+    /// keeps one lease per replica; SQLite, with one process, one per row.)
+    pub async fn renew(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        held: &[Checkpoint],
+    ) -> Result<Renewal, StoreError> {
+        let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
+        let owned: std::collections::HashMap<Uuid, i64> =
+            sql!(self.renew(owner, ttl, &rows))?.into_iter().collect();
+        let named: std::collections::HashSet<Uuid> = held.iter().map(|c| c.id).collect();
+        Ok(Renewal {
+            kept: held
+                .iter()
+                .filter(|c| owned.get(&c.id) == Some(&c.epoch))
+                .map(|c| c.id)
+                .collect(),
+            strays: owned
+                .into_iter()
+                .filter(|(id, _)| !named.contains(id))
+                .collect(),
+        })
+    }
+
+    /// Writes the last checkpoints and gives the leases up, so another replica can
+    /// take them over at once; tells the other replicas there is work.
+    pub async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
+        let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
+        sql!(self.release(owner, &rows))
+    }
+
+    /// Periodic housekeeping, called on every lease renewal (Postgres: forget
+    /// replicas gone for a day that own nothing).
+    pub async fn maintain(&self) -> Result<(), StoreError> {
+        sql!(self.maintain())
+    }
+
+    /// Running waits in the store; with a tenant, only that tenant's.
+    pub async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
+        sql!(self.count_running(tenant))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_tenant_count_is_read_again_by_one_create_while_the_others_go_on() {
+        let t0 = Instant::now();
+        let mut c = TenantCounts::default();
+        assert!(!c.far_under("t", 10_000, t0), "never counted: count");
+        c.counted("t", 100, t0);
+        assert!(c.far_under("t", 10_000, t0 + COUNT_FRESH / 2));
+        // Near the limit, every create counts, fresh or not.
+        assert!(!c.far_under("t", 100 + CACHED_MARGIN, t0));
+        let stale = t0 + COUNT_FRESH;
+        assert!(
+            !c.far_under("t", 10_000, stale),
+            "the first to see it stale counts"
+        );
+        assert!(
+            c.far_under("t", 10_000, stale),
+            "the others go on meanwhile"
+        );
+        assert!(c.far_under("t", 10_000, t0 + COUNT_FRESH * 3 / 2));
+        // The recount never came back (it failed): after twice the window, another
+        // create counts.
+        assert!(!c.far_under("t", 10_000, t0 + 2 * COUNT_FRESH));
+        c.counted("t", 200, t0 + 2 * COUNT_FRESH);
+        assert!(c.far_under("t", 10_000, t0 + 2 * COUNT_FRESH));
+        assert!(!c.far_under("other", 10_000, t0), "tenants apart");
+    }
+
+    #[test]
+    fn a_progress_that_ends_writes_its_terminal_event_last_and_no_next_poll() {
+        let engine = EngineState {
+            deadline: Utc::now(),
+            polls: 4,
+            retries: 1,
+            budget_used: 0,
+            poll_interval_ms: 1000,
+            retry_delay_ms: 1000,
+            transition_seen: true,
+            hits: 1,
+            state: Some("on".into()),
+            last_error: Some("e".into()),
+        };
+        let p = Progress {
+            id: Uuid::now_v7(),
+            epoch: 2,
+            engine,
+            next_poll_at: Some(Utc::now()),
+            events: vec![EventBody::State {
+                from: Some("off".into()),
+                to: "on".into(),
+            }],
+            end: Some(Ended {
+                status: Status::Succeeded,
+                reason: "the target reached \"on\"".into(),
+                error_detail: None,
+            }),
+        };
+        let row = p.row().unwrap();
+        assert_eq!(row.status, "succeeded");
+        assert!(row.ended && row.next_poll_at.is_none());
+        let kinds: Vec<&str> = row.events.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, ["state", "succeeded"]);
+        assert_eq!(row.events[1].1["state"], "on");
+        assert_eq!(row.events[1].1["last_error"], "e");
     }
 }

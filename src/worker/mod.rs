@@ -23,18 +23,16 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::json;
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::bus::{Bus, BusMsg};
 use crate::engine::{self, Context, Decision, EngineState, Event, Observation, Spec};
 use crate::metrics::Metrics;
+use crate::model::{EventBody, Status};
 use crate::probe::Prober;
-use crate::store::bus::{Bus, BusMsg};
-use crate::store::{
-    AnyStore, Checkpoint, Claimed, MAX_CLAIMS, NewEvent, Progress, Store, StoreError,
-};
+use crate::store::{Checkpoint, Claimed, Ended, MAX_CLAIMS, Progress, Renewal, Store, StoreError};
 
 /// A probe still in flight at its wait's deadline is cut this long after it, so
 /// the poll the engine schedules at the deadline itself still gets an answer, and
@@ -75,7 +73,7 @@ impl Default for WorkerConfig {
 }
 
 pub struct Worker {
-    pub store: AnyStore,
+    pub store: Store,
     pub prober: Prober,
     pub bus: Bus,
     pub cfg: WorkerConfig,
@@ -151,7 +149,7 @@ enum Msg {
     Recorded {
         /// (id, generation, the status it ended with) of every wait in the batch,
         /// and what became of its write.
-        batch: Vec<(Uuid, u64, Option<String>, Written)>,
+        batch: Vec<(Uuid, u64, Option<Status>, Written)>,
     },
     /// First polls since their claim, recorded as begun (or not).
     Marked {
@@ -163,7 +161,10 @@ enum Msg {
         /// (id, epoch) of every wait the renewal covered.
         sent: Vec<(Uuid, i64)>,
         checkpointed: Vec<Uuid>,
-        result: Result<Vec<Uuid>, StoreError>,
+        /// Whether a claim was on its way when the renewal started: its waits may
+        /// show as owned and not yet held.
+        claiming: bool,
+        result: Result<Renewal, StoreError>,
         /// Waits let go that could not be given back: try again next time.
         unreleased: Vec<Checkpoint>,
     },
@@ -194,6 +195,10 @@ struct Loop {
     paused: bool,
     /// Renewals started: every third also writes checkpoints.
     renewals: u64,
+    /// Waits the last renewal found owned by this replica but not held (a claim
+    /// whose answer was lost), with their epochs: given back when the next one
+    /// finds them still so.
+    strays: HashMap<Uuid, i64>,
 }
 
 impl Worker {
@@ -211,6 +216,7 @@ impl Worker {
             lease_until: Instant::now(),
             paused: false,
             renewals: 0,
+            strays: HashMap::new(),
             w: w.clone(),
             held: HashMap::new(),
             timers: BinaryHeap::new(),
@@ -303,16 +309,6 @@ fn instant_at(t: DateTime<Utc>) -> Instant {
     Instant::now() + (t - now).to_std().unwrap_or(Duration::ZERO)
 }
 
-fn outcome_label(obs: &Observation) -> &'static str {
-    match obs {
-        Observation::State { .. } => "state",
-        Observation::Missing { .. } => "missing",
-        Observation::NotFound { .. } => "not_found",
-        Observation::Transient { .. } => "transient",
-        Observation::Permanent { .. } => "permanent",
-    }
-}
-
 impl Loop {
     /// True when the lease may run out before a poll started now could be written:
     /// another replica may take these waits, and polling them could double polls.
@@ -399,6 +395,7 @@ impl Loop {
             .collect();
         let sent: Vec<(Uuid, i64)> = held.iter().map(|c| (c.id, c.epoch)).collect();
         let let_go = std::mem::take(&mut self.let_go);
+        let claiming = self.claiming;
         let w = self.w.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -427,25 +424,51 @@ impl Loop {
                 started,
                 sent,
                 checkpointed,
+                claiming,
                 result: r,
                 unreleased,
             });
         });
     }
 
+    /// A claim whose answer was lost (the connection broke after its commit) leaves
+    /// waits this replica owns in the store but does not hold: nobody polls them,
+    /// and its live lease keeps every other replica off them. Found by two renewals
+    /// in a row (a claim's answer takes milliseconds, not a third of a lease), they
+    /// are given back, fenced by epoch, and claimed again like any other.
+    fn give_back_strays(&mut self, strays: Vec<(Uuid, i64)>) {
+        let mut now = HashMap::with_capacity(strays.len());
+        for (id, epoch) in strays {
+            if self.held.contains_key(&id) {
+                continue;
+            }
+            if self.strays.get(&id) == Some(&epoch) {
+                tracing::warn!(wait_id = %id, "a wait this replica owns but does not hold (a claim's answer was lost); giving it back");
+                self.let_go.push(Checkpoint {
+                    id,
+                    epoch,
+                    engine: None,
+                    next_poll_at: None,
+                });
+                self.claim_again = true;
+            } else {
+                now.insert(id, epoch);
+            }
+        }
+        self.strays = now;
+    }
+
     fn bus(&mut self, msg: Result<BusMsg, broadcast::error::RecvError>) {
         match msg {
             Ok(BusMsg::Notice(n)) => {
-                if n.flag == 'c' {
-                    self.claim_again = true;
-                } else if n.is_terminal() {
+                if n.is_terminal() {
                     // Ended elsewhere (a cancel, another replica): stop polling it.
                     if self.held.remove(&n.wait_id).is_some() {
                         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
                     }
                 }
             }
-            Ok(BusMsg::Released) | Ok(BusMsg::Resync) => self.claim_again = true,
+            Ok(BusMsg::Work) | Ok(BusMsg::Resync) => self.claim_again = true,
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 // Missed notices: the next renewal finds any wait we lost.
                 self.claim_again = true;
@@ -557,7 +580,7 @@ impl Loop {
                 },
             };
             w.metrics.probe_latency.observe(started.elapsed());
-            w.metrics.poll(outcome_label(&obs));
+            w.metrics.poll(&obs);
             let _ = tx.send(Msg::Probed {
                 id,
                 generation: g,
@@ -708,6 +731,7 @@ impl Loop {
                 started,
                 sent,
                 checkpointed,
+                claiming,
                 result,
                 unreleased,
             } => {
@@ -721,8 +745,11 @@ impl Loop {
                     "lease renewal"
                 );
                 match result {
-                    Ok(kept) => {
+                    Ok(Renewal { kept, strays }) => {
                         self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
+                        if !claiming {
+                            self.give_back_strays(strays);
+                        }
                         let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
                         for (id, epoch) in sent {
                             if kept.contains(&id) {
@@ -779,12 +806,16 @@ impl Loop {
             jitter: fastrand::f64() * 2.0 - 1.0,
         };
         let step = engine::step(&h.spec, &mut h.engine, obs, cx);
-        let events: Vec<NewEvent> = step.events.iter().map(event_record).collect();
+        let events: Vec<EventBody> = step.events.iter().map(event_body).collect();
         let (next, end) = match step.decision {
             Decision::PollAt(t) => (Some(t), None),
             Decision::End(o) => (
                 None,
-                Some((o.end.as_str().to_string(), o.reason, o.error_detail)),
+                Some(Ended {
+                    status: o.end.into(),
+                    reason: o.reason,
+                    error_detail: o.error_detail,
+                }),
             ),
         };
         if let Some(t) = next {
@@ -833,20 +864,20 @@ impl Loop {
                     .into_iter()
                     .zip(generations)
                     .zip(written)
-                    .map(|((p, g), written)| (p.id, g, p.end.map(|(status, _, _)| status), written))
+                    .map(|((p, g), written)| (p.id, g, p.end.map(|e| e.status), written))
                     .collect();
                 let _ = tx.send(Msg::Recorded { batch });
             });
         }
     }
 
-    fn recorded(&mut self, id: Uuid, generation: u64, end: Option<String>, written: Written) {
+    fn recorded(&mut self, id: Uuid, generation: u64, end: Option<Status>, written: Written) {
         // Counted here, once the end is in the store: never twice, never for an end
         // that another replica or a cancel got to first, and even when the wait's
         // own terminal notice came back first and it is no longer held.
         match (&written, &end) {
-            (Written::Yes, Some(status)) => self.w.metrics.ended(status),
-            (Written::Abandoned, _) => self.w.metrics.ended("error"),
+            (Written::Yes, Some(status)) => self.w.metrics.ended(*status),
+            (Written::Abandoned, _) => self.w.metrics.ended(Status::Error),
             _ => {}
         }
         let Some(h) = self.held.get_mut(&id) else {
@@ -893,8 +924,8 @@ async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
                 .map(|ok| if ok { Written::Yes } else { Written::NotOwned })
                 .collect();
         }
-        Err(StoreError::Unavailable(e)) => {
-            return vec![Written::Failed(e); progress.len()];
+        Err(e @ StoreError::Unavailable(_)) => {
+            return vec![Written::Failed(e.to_string()); progress.len()];
         }
         Err(e) => e,
     };
@@ -911,8 +942,8 @@ async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
                 out.push(Written::NotOwned);
                 continue;
             }
-            Err(StoreError::Unavailable(e)) => {
-                out.push(Written::Failed(e));
+            Err(e @ StoreError::Unavailable(_)) => {
+                out.push(Written::Failed(e.to_string()));
                 continue;
             }
             Err(e) => e,
@@ -934,19 +965,20 @@ async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
     out
 }
 
-fn event_record(e: &Event) -> NewEvent {
+fn event_body(e: &Event) -> EventBody {
     match e {
-        Event::State { from, to } => NewEvent {
-            kind: "state".into(),
-            data: json!({ "from": from, "to": to }),
+        Event::State { from, to } => EventBody::State {
+            from: from.clone(),
+            to: to.clone(),
         },
         Event::Retry {
             error,
             attempt,
             delay,
-        } => NewEvent {
-            kind: "retry".into(),
-            data: json!({ "error": error, "attempt": attempt, "delay": engine::duration::format(*delay) }),
+        } => EventBody::Retry {
+            error: error.clone(),
+            attempt: *attempt,
+            delay: engine::duration::format(*delay),
         },
     }
 }

@@ -19,8 +19,9 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::store::bus::{Bus, BusMsg};
-use crate::store::{AnyStore, Event, Store};
+use crate::bus::{Bus, BusMsg};
+use crate::model::Event;
+use crate::store::Store;
 
 /// Events read per query.
 const PAGE: i64 = 1000;
@@ -82,7 +83,7 @@ impl Feed {
     /// follows, and publishes it.
     pub async fn run(
         self,
-        store: AnyStore,
+        store: Store,
         bus: Bus,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
@@ -110,7 +111,7 @@ impl Feed {
                 _ = safety.tick() => None,
                 m = rx.recv() => match m {
                     Ok(BusMsg::Notice(n)) => Some(n.gid),
-                    Ok(BusMsg::Released) => continue,
+                    Ok(BusMsg::Work) => continue,
                     Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => None,
                     Err(RecvError::Closed) => return,
                 },
@@ -136,8 +137,13 @@ impl Feed {
                 let page = match store.feed(last, PAGE).await {
                     Ok(p) => p,
                     Err(e) => {
-                        tracing::debug!(error = %e, "the event feed cannot read; the next notice tries again");
-                        break;
+                        // Try again shortly rather than wait for the next notice: the
+                        // events announced so far may be the last for a while.
+                        tracing::debug!(error = %e, "the event feed cannot read; trying again");
+                        tokio::select! {
+                            _ = &mut shutdown => return,
+                            _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                        }
                     }
                 };
                 let Some(upto) = page.last().and_then(|e| e.event.id) else {

@@ -1,0 +1,367 @@
+//! waitd's vocabulary: what a wait is, how it can stand, and what its history
+//! records. The API serves these types, the client reads them back, the store maps
+//! them to rows, the worker writes them, and the OpenAPI document is derived from
+//! them; a status or an event kind is spelled once, here, in its serde (and SQL)
+//! form.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::engine;
+
+/// How a wait stands. Every status but `running` is an end, and an end is final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Still being polled.
+    Running,
+    /// The target reached a `want` state (or was gone, with `not_found: "success"`).
+    Succeeded,
+    /// The target reported a `fail` state.
+    Failed,
+    /// The deadline passed first.
+    TimedOut,
+    /// A client canceled it.
+    Canceled,
+    /// waitd could not tell: a permanent HTTP error, retries exhausted, a body it
+    /// could not read…
+    Error,
+}
+
+impl Status {
+    pub const ALL: [Status; 6] = [
+        Status::Running,
+        Status::Succeeded,
+        Status::Failed,
+        Status::TimedOut,
+        Status::Canceled,
+        Status::Error,
+    ];
+
+    /// The ends, in the order metrics list them.
+    pub const ENDS: [Status; 5] = [
+        Status::Succeeded,
+        Status::Failed,
+        Status::TimedOut,
+        Status::Error,
+        Status::Canceled,
+    ];
+
+    /// The serde (and SQL) spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::TimedOut => "timed_out",
+            Status::Canceled => "canceled",
+            Status::Error => "error",
+        }
+    }
+
+    pub fn is_end(self) -> bool {
+        self != Status::Running
+    }
+
+    /// `running, succeeded, …`: for sentences that list the choices.
+    pub fn list() -> String {
+        Status::ALL.map(Status::as_str).join(", ")
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Status {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Status, UnknownStatus> {
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.chars().take(64).collect()))
+    }
+}
+
+/// A status text that is none of [`Status::ALL`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "\"{0}\" is not a status; a status is one of running, succeeded, failed, timed_out, canceled, error"
+)]
+pub struct UnknownStatus(pub String);
+
+impl From<engine::End> for Status {
+    fn from(e: engine::End) -> Status {
+        match e {
+            engine::End::Succeeded => Status::Succeeded,
+            engine::End::Failed => Status::Failed,
+            engine::End::TimedOut => Status::TimedOut,
+            engine::End::Error => Status::Error,
+        }
+    }
+}
+
+/// A wait as clients see it (`GET /waits/{id}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Wait {
+    pub id: Uuid,
+    pub status: Status,
+    /// The last observed state (several values joined by ", "); null before the first good poll.
+    pub state: Option<String>,
+    /// One human sentence once the wait has ended.
+    pub reason: Option<String>,
+    /// From the spec's `error` path, when the wait failed.
+    #[schema(value_type = Option<Object>)]
+    pub error_detail: Option<Value>,
+    /// The last transient or probe error.
+    pub last_error: Option<String>,
+    pub polls: i32,
+    pub retries: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    pub next_poll_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub labels: BTreeMap<String, String>,
+    /// The normalised request; every header value reads "<redacted>".
+    #[schema(value_type = Object)]
+    pub spec: Value,
+}
+
+impl Wait {
+    pub fn is_running(&self) -> bool {
+        self.status == Status::Running
+    }
+}
+
+/// A page of waits, newest first.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WaitPage {
+    pub items: Vec<Wait>,
+    /// Pass as `cursor` for the next page; null on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// A page of events, oldest first.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EventPage {
+    pub items: Vec<Event>,
+    /// Pass as `after` for the next page; null when there is no more now.
+    pub next_cursor: Option<String>,
+}
+
+/// One entry of a wait's history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Event {
+    /// The global cursor (`GET /events`). Events are served only once they have
+    /// one, so it is never null in a response.
+    pub id: Option<i64>,
+    /// Position in this wait's history, from 1.
+    pub seq: i32,
+    pub wait_id: Uuid,
+    pub at: DateTime<Utc>,
+    /// The kind, and the kind's own fields, flattened into the event object.
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+impl Event {
+    pub fn kind(&self) -> &'static str {
+        self.body.kind()
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        self.body.ending().is_some()
+    }
+}
+
+/// What an event records, by kind (`kind` in JSON; `event:` in a stream).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventBody {
+    /// The wait was created.
+    Created {
+        /// When it times out.
+        deadline: DateTime<Utc>,
+    },
+    /// The observed state changed.
+    State {
+        /// The state before (null at the first observation).
+        from: Option<String>,
+        to: String,
+    },
+    /// A transient error or an unexpected observation: the wait polls again after
+    /// `delay`.
+    Retry {
+        error: String,
+        /// Consecutive retries since the last healthy observation, from 1.
+        attempt: u32,
+        /// A duration such as `2s`.
+        delay: String,
+    },
+    Succeeded(Ending),
+    Failed(Ending),
+    TimedOut(Ending),
+    Canceled(Ending),
+    Error(Ending),
+}
+
+/// The fields of a terminal event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Ending {
+    /// One human sentence.
+    pub reason: String,
+    /// The last observed state.
+    pub state: Option<String>,
+    /// From the spec's `error` path, when the wait failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub error_detail: Option<Value>,
+    /// The last transient or probe error, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl EventBody {
+    /// The terminal event of an end.
+    pub fn end(status: Status, ending: Ending) -> EventBody {
+        match status {
+            Status::Succeeded => EventBody::Succeeded(ending),
+            Status::Failed => EventBody::Failed(ending),
+            Status::TimedOut => EventBody::TimedOut(ending),
+            Status::Canceled => EventBody::Canceled(ending),
+            // `running` ends nothing; an end the store cannot name is an error.
+            Status::Error | Status::Running => EventBody::Error(ending),
+        }
+    }
+
+    /// The serde (and SQL) spelling of the kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::Created { .. } => "created",
+            EventBody::State { .. } => "state",
+            EventBody::Retry { .. } => "retry",
+            EventBody::Succeeded(_) => "succeeded",
+            EventBody::Failed(_) => "failed",
+            EventBody::TimedOut(_) => "timed_out",
+            EventBody::Canceled(_) => "canceled",
+            EventBody::Error(_) => "error",
+        }
+    }
+
+    /// The end this event records, if it is terminal.
+    pub fn ending(&self) -> Option<(Status, &Ending)> {
+        match self {
+            EventBody::Succeeded(e) => Some((Status::Succeeded, e)),
+            EventBody::Failed(e) => Some((Status::Failed, e)),
+            EventBody::TimedOut(e) => Some((Status::TimedOut, e)),
+            EventBody::Canceled(e) => Some((Status::Canceled, e)),
+            EventBody::Error(e) => Some((Status::Error, e)),
+            _ => None,
+        }
+    }
+
+    /// The stored form: the kind, and the kind's fields as a JSON object.
+    pub fn to_parts(&self) -> (&'static str, Value) {
+        let mut v =
+            serde_json::to_value(self).unwrap_or_else(|_| Value::Object(Default::default()));
+        if let Some(o) = v.as_object_mut() {
+            o.remove("kind");
+        }
+        (self.kind(), v)
+    }
+
+    /// Back from the stored form.
+    pub fn from_parts(kind: &str, data: Value) -> Result<EventBody, serde_json::Error> {
+        let mut data = match data {
+            Value::Object(o) => o,
+            _ => Default::default(),
+        };
+        data.insert("kind".into(), Value::String(kind.to_string()));
+        serde_json::from_value(Value::Object(data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_read_back_as_they_are_written_and_nothing_else() {
+        for s in Status::ALL {
+            assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
+            assert_eq!(
+                serde_json::to_value(s).unwrap(),
+                Value::String(s.as_str().into())
+            );
+        }
+        assert!("done".parse::<Status>().is_err());
+        assert_eq!(
+            Status::list(),
+            "running, succeeded, failed, timed_out, canceled, error"
+        );
+    }
+
+    #[test]
+    fn an_event_body_round_trips_through_its_stored_form_and_keeps_its_json_shape() {
+        let bodies = [
+            EventBody::Created {
+                deadline: DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678Z")
+                    .unwrap()
+                    .with_timezone(&Utc),
+            },
+            EventBody::State {
+                from: None,
+                to: "on".into(),
+            },
+            EventBody::Retry {
+                error: "the target answered 503".into(),
+                attempt: 2,
+                delay: "2s".into(),
+            },
+            EventBody::end(
+                Status::Failed,
+                Ending {
+                    reason: "r".into(),
+                    state: Some("x".into()),
+                    error_detail: Some(serde_json::json!({"code": 1})),
+                    last_error: None,
+                },
+            ),
+        ];
+        for b in bodies {
+            let (kind, data) = b.to_parts();
+            assert!(data.get("kind").is_none());
+            assert_eq!(EventBody::from_parts(kind, data).unwrap(), b);
+        }
+        let e = Event {
+            id: Some(7),
+            seq: 3,
+            wait_id: Uuid::nil(),
+            at: Utc::now(),
+            body: EventBody::end(
+                Status::Canceled,
+                Ending {
+                    reason: "canceled by a client".into(),
+                    state: None,
+                    error_detail: None,
+                    last_error: None,
+                },
+            ),
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["kind"], "canceled");
+        assert_eq!(v["reason"], "canceled by a client");
+        assert!(v.get("error_detail").is_none(), "{v}");
+        assert_eq!(serde_json::from_value::<Event>(v).unwrap(), e);
+    }
+}
