@@ -710,15 +710,13 @@ fn fill(
 /// Percent-encodes everything but RFC 3986's unreserved characters, so the value is
 /// one path segment (or one query value) whatever it contains.
 fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+    const RESERVED: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    utf8_percent_encode(s, RESERVED).to_string()
 }
 
 /// Escapes a value for a single-quoted JSONPath string literal (RFC 9535).

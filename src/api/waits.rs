@@ -281,7 +281,7 @@ pub async fn create(
     s.guard.check_url(&url).map_err(ApiError::unprocessable)?;
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
-        hex(&Sha256::digest(body.to_string().as_bytes()))
+        hex::encode(Sha256::digest(body.to_string().as_bytes()))
     });
     let idem = key.as_deref().zip(hash.as_deref());
     let created = s
@@ -318,10 +318,6 @@ pub async fn create(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(res)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Read a wait

@@ -354,27 +354,7 @@ impl Errors {
 
 /// True when `a` and `b` differ by one edit or one swap of neighbours: a likely typo.
 pub fn close(a: &str, b: &str) -> bool {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    if a.len().abs_diff(b.len()) > 1 {
-        return false;
-    }
-    if a.len() == b.len() {
-        let diffs: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
-        return diffs.len() == 1
-            || (diffs.len() == 2
-                && diffs[1] == diffs[0] + 1
-                && a[diffs[0]] == b[diffs[1]]
-                && a[diffs[1]] == b[diffs[0]]);
-    }
-    let (long, short) = if a.len() > b.len() {
-        (&a, &b)
-    } else {
-        (&b, &a)
-    };
-    let i = (0..short.len())
-        .find(|&i| long[i] != short[i])
-        .unwrap_or(short.len());
-    long[i + 1..] == short[i..]
+    strsim::osa_distance(a, b) == 1
 }
 
 fn join(prefix: &str, name: &str) -> String {

@@ -57,41 +57,14 @@ enum Rule {
     Net(Net),
 }
 
-/// An address range; `addr` has its host bits cleared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Net {
-    addr: IpAddr,
-    prefix: u8,
-}
+/// An address range (host bits cleared), as `ipnet` keeps it.
+type Net = ipnet::IpNet;
 
-impl Net {
-    fn new(addr: IpAddr, prefix: u8) -> Net {
-        let addr = match addr {
-            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask32(prefix))),
-            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask128(prefix))),
-        };
-        Net { addr, prefix }
-    }
-
-    fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                (u32::from(n) ^ u32::from(a)) & mask32(self.prefix) == 0
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                (u128::from(n) ^ u128::from(a)) & mask128(self.prefix) == 0
-            }
-            _ => false,
-        }
-    }
-}
-
-fn mask32(prefix: u8) -> u32 {
-    u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
-}
-
-fn mask128(prefix: u8) -> u128 {
-    u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0)
+fn net(addr: IpAddr, prefix: u8) -> Net {
+    // `prefix` was checked against the address family by the caller.
+    Net::new(addr, prefix)
+        .map(|n| n.trunc())
+        .unwrap_or_else(|_| Net::from(addr))
 }
 
 /// A host name as compared: lowercase, without the trailing dot of a fully
@@ -133,7 +106,7 @@ impl Guard {
             IpAddr::V4(_) => None,
         };
         self.allow.iter().any(|rule| match rule {
-            Rule::Net(net) => net.contains(ip) || carried.is_some_and(|v4| net.contains(v4)),
+            Rule::Net(n) => n.contains(&ip) || carried.is_some_and(|v4| n.contains(&v4)),
             _ => false,
         })
     }
@@ -229,12 +202,12 @@ fn parse_rule(entry: &str) -> Result<Rule, String> {
                 if addr.is_ipv4() { 4 } else { 6 }
             ));
         }
-        return Ok(Rule::Net(Net::new(addr, prefix)));
+        return Ok(Rule::Net(net(addr, prefix)));
     }
     let bare = e.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
         let prefix = if ip.is_ipv4() { 32 } else { 128 };
-        return Ok(Rule::Net(Net::new(ip, prefix)));
+        return Ok(Rule::Net(net(ip, prefix)));
     }
     let not_a_host = || {
         format!(
@@ -259,8 +232,8 @@ fn parse_rule(entry: &str) -> Result<Rule, String> {
         Ok(Host::Domain(d)) if !d.contains('*') && !d.is_empty() => {
             Ok(Rule::Host(normalize_host(&d)))
         }
-        Ok(Host::Ipv4(ip)) => Ok(Rule::Net(Net::new(IpAddr::V4(ip), 32))),
-        Ok(Host::Ipv6(ip)) => Ok(Rule::Net(Net::new(IpAddr::V6(ip), 128))),
+        Ok(Host::Ipv4(ip)) => Ok(Rule::Net(net(IpAddr::V4(ip), 32))),
+        Ok(Host::Ipv6(ip)) => Ok(Rule::Net(net(IpAddr::V6(ip), 128))),
         _ => Err(not_a_host()),
     }
 }
