@@ -4,7 +4,7 @@
 // 401 means yes), ask for it if so, then load the list and follow the live stream.
 //
 // Data flow:
-//   1. findHeadEventId(): the last global event id now (H).
+//   1. GET /events?after=latest: the caller's newest event id now (H).
 //   2. GET /waits (status, labels, limit=500): the first page, newest first.
 //   3. GET /events?follow=true&label=… with Last-Event-ID: H: every event after H,
 //      live. Events are queued and applied in order, in batches (one batch per
@@ -24,7 +24,7 @@ import {
 } from './common.js';
 import {
   api, token, authHeaders, onUnauthorized, reportUnauthorized, readProblem, queryString,
-  findHeadEventId, ApiError,
+  latestEventId, ApiError,
 } from './api.js';
 import { EventStream, backoffDelay } from './sse.js';
 import { WaitList } from './list.js';
@@ -57,6 +57,7 @@ const S = {
   authMode: null, // 'anonymous' | 'token'
   askingToken: null, // the promise of the token form while it is shown
   retryTimer: 0,
+  lastReset: 0, // when a 409 last made the page load everything again
 };
 
 // ---------------------------------------------------------------------------
@@ -230,7 +231,7 @@ async function reload() {
   hook.ready = false;
   updateFooter();
   try {
-    const head = await findHeadEventId(S.filters.labels);
+    const head = await latestEventId();
     if (gen !== S.gen) return;
     const page = await api.listWaits({ ...currentQuery(), limit: PAGE });
     if (gen !== S.gen) return;
@@ -428,7 +429,9 @@ function startStream(gen, head) {
     },
     onUnauthorized: (problem) => reportUnauthorized(problem),
     onFatal: (err) => {
-      if (gen === S.gen) showBanner('stream', `The live stream stopped: ${err.message}`, { label: 'Reload', run: () => reload() });
+      if (gen !== S.gen) return;
+      if (err.status === 409) return historyReset(gen);
+      showBanner('stream', `The live stream stopped: ${err.message}`, { label: 'Reload', run: () => reload() });
     },
   });
   S.stream.start();
@@ -436,23 +439,25 @@ function startStream(gen, head) {
 
 /**
  * After a reconnect: the stream resumed from Last-Event-ID, so no event was lost, but
- * polls were not refreshed meanwhile, and a waitd that lost its history (an in-memory
- * store restarted) would silently never send ids up to our cursor again. waitd does
- * not say so (see the report), so compare our cursor with its current end, and load
- * everything again if the end is now behind us.
+ * polls are not events: read the rows on screen again.
  */
-async function afterReconnect(gen) {
-  refreshVisible();
-  try {
-    const head = await findHeadEventId(S.filters.labels);
-    const ours = Number(S.stream && S.stream.lastEventId);
-    if (gen === S.gen && Number.isFinite(ours) && head < ours) {
-      showBanner('reset', 'waitd’s event history restarted (its store was reset); the list was loaded again.');
-      reload();
-    }
-  } catch {
-    /* the next reconnect checks again */
-  }
+function afterReconnect(gen) {
+  if (gen === S.gen) refreshVisible();
+}
+
+/**
+ * waitd answered 409 to our Last-Event-ID: the cursor is past every event it has (its
+ * in-memory store was reset, or this is another server). What the page shows may be
+ * gone: load the list again and follow from waitd's newest event (reload() reads it
+ * with after=latest before the list). A second reset within seconds waits a little,
+ * so a server that keeps answering 409 is not asked in a tight loop.
+ */
+function historyReset(gen) {
+  showBanner('reset', 'waitd’s event history restarted (its store was reset, or this is another server); the list was loaded again.');
+  const wait = Date.now() - S.lastReset < 5000 ? 2000 : 0;
+  S.lastReset = Date.now();
+  clearTimeout(S.retryTimer);
+  S.retryTimer = setTimeout(() => { if (gen === S.gen) reload(); }, wait);
 }
 
 function stopStream() {
