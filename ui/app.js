@@ -14,7 +14,9 @@
 //      the Map (O(1)) and its row if that row is on screen; a wait that no longer
 //      matches the status filter leaves the list. Events of waits not loaded are
 //      ignored. window.__waitd counts what has been applied, for tests.
-//   4. Every 10 s, one GET /waits page for the rows on screen keeps polls fresh.
+//   4. Polls and retries are not events: one GET /waits page for the rows on screen
+//      reads them again every 10 s, and about a second after events changed a row
+//      on screen (at most one such read a second, whatever the rate of events).
 //
 // Routes (location.hash): "#/" the list, "#/waits/<uuid>" a wait's detail,
 // "#/new" the new-wait form.
@@ -32,6 +34,8 @@ import { DetailPanel, CreatePanel } from './panels.js';
 
 const PAGE = 500;
 const REFRESH_MS = 10000;
+/** How long after an event changed a row on screen its counters are read again. */
+const REFRESH_SOON_MS = 1000;
 
 /** For automated tests: what the page has applied so far. */
 const hook = {
@@ -58,6 +62,7 @@ const S = {
   askingToken: null, // the promise of the token form while it is shown
   retryTimer: 0,
   lastReset: 0, // when a 409 last made the page load everything again
+  refreshSoon: 0, // the timer of the read that follows events on screen
 };
 
 // ---------------------------------------------------------------------------
@@ -318,6 +323,15 @@ async function refreshVisible() {
   hook.waitsLoaded = list.size;
 }
 
+/** Reads the rows on screen again shortly, once for any number of calls meanwhile. */
+function refreshSoon() {
+  if (S.refreshSoon) return;
+  S.refreshSoon = setTimeout(() => {
+    S.refreshSoon = 0;
+    refreshVisible();
+  }, REFRESH_SOON_MS);
+}
+
 function updateFooter() {
   const n = list.size;
   hook.waitsLoaded = n;
@@ -486,8 +500,10 @@ async function pump() {
         if (gen !== S.gen) return;
         list.prepend(fresh);
       }
-      for (const ev of batch) applyOne(ev);
+      let shown = false;
+      for (const ev of batch) shown = applyOne(ev) || shown;
       list.flush();
+      if (shown) refreshSoon();
       const last = Number(batch[batch.length - 1].id);
       if (Number.isFinite(last)) hook.lastEventId = last;
       hook.eventsApplied += batch.length;
@@ -528,14 +544,15 @@ async function fetchNewest(ids, gen) {
   return found;
 }
 
+/** Applies one event; true when it changed a row that is on screen. */
 function applyOne(ev) {
   detail.applyEvent(ev);
-  if (!list.has(ev.wait_id)) return; // not loaded: ignored
+  if (!list.has(ev.wait_id)) return false; // not loaded: ignored
   const w = list.get(ev.wait_id);
-  if (applyEvent(w, ev)) {
-    list.changed(w.id);
-    if (S.filters.status && w.status !== S.filters.status) list.remove(w.id);
-  }
+  if (!applyEvent(w, ev)) return false;
+  list.changed(w.id);
+  if (S.filters.status && w.status !== S.filters.status) list.remove(w.id);
+  return list.isShown(w.id);
 }
 
 // ---------------------------------------------------------------------------
