@@ -164,7 +164,7 @@ export async function request(method, path, opts = {}) {
 
 /** The API routes the dashboard uses. */
 export const api = {
-  /** GET /waits — {items, next_cursor}; filters: {status, labels: ["k:v"], limit, cursor}. */
+  /** GET /waits — {items, next_cursor}; filters: {status, labels: ["k:v"], limit, cursor}. next_cursor only when another page exists. */
   listWaits({ status, labels, limit, cursor } = {}, opts = {}) {
     return request('GET', '/waits', { ...opts, query: { status, label: labels || [], limit, cursor } });
   },
@@ -176,7 +176,7 @@ export const api = {
   cancelWait(id, opts = {}) {
     return request('POST', `/waits/${encodeURIComponent(id)}/cancel`, opts);
   },
-  /** GET /events (JSON page) — {items, next_cursor}, ids greater than `after`. */
+  /** GET /events (JSON page) — {items, next_cursor}, ids greater than `after`; next_cursor only when another page exists. */
   globalEvents({ after, labels } = {}, opts = {}) {
     return request('GET', '/events', { ...opts, query: { after, label: labels || [] } });
   },
@@ -192,53 +192,13 @@ export const api = {
 };
 
 /**
- * The greatest global event id the caller can see right now (0 when none), found
- * with a few JSON pages of GET /events: a page that is not full ends the feed, so an
- * exponential probe and then a binary search on `after` find the end in O(log n)
- * requests. The first probe starts at a known lower bound: the last event of the
- * newest wait matching the labels (that event is in this feed, so the end is at or
- * after it), which usually makes the search one or two requests. (The API has no
- * "latest event id" read; see the report.) The dashboard loads its list after this,
- * then follows the stream from here, so no event that happens after the list was
- * read is missed, and the history is not replayed.
+ * The caller's newest event id now (0 when there is none): GET /events?after=latest
+ * as JSON is an empty page whose next_cursor is that id. The dashboard reads it
+ * before the list, then follows the stream from it, so no event that happens after
+ * the list was read is missed, and the history is not replayed.
  */
-export async function findHeadEventId(labels, opts = {}) {
-  const PAGE = 500; // waitd's fixed page size for events
-  let known = 0; // an event id known to be in this feed (0: none)
-  try {
-    const newest = await api.listWaits({ labels, limit: 1 }, opts);
-    const w = newest.items && newest.items[0];
-    if (w) {
-      const evs = await request('GET', `/waits/${encodeURIComponent(w.id)}/events`, opts);
-      const items = evs.items || [];
-      if (items.length) known = Number(items[items.length - 1].id) || 0;
-    }
-  } catch (e) {
-    if (e.status === 401 || e.name === 'AbortError') throw e;
-    known = 0; // fall back to searching from the start
-  }
-  let lo = known; // the end is at or after `lo`
-  let hi = Infinity; // nothing comes after `hi`
-  let p = known;
-  let step = PAGE * 2; // the exponential probe's stride, doubling
-  for (let i = 0; i < 64; i++) {
-    const page = await api.globalEvents({ after: p, labels }, opts);
-    const items = page.items || [];
-    if (items.length > 0 && (items.length < PAGE || !page.next_cursor)) {
-      return Number(items[items.length - 1].id) || 0;
-    }
-    if (items.length === 0) {
-      if (p <= lo) return lo;
-      hi = p;
-    } else {
-      lo = Number(items[items.length - 1].id) || p + PAGE;
-    }
-    if (hi === Infinity) {
-      p = lo + step;
-      step *= 2;
-    }
-    else if (hi <= lo) return lo;
-    else p = Math.floor((lo + hi) / 2); // in [lo, hi)
-  }
-  return lo;
+export async function latestEventId(opts = {}) {
+  const page = await request('GET', '/events', { ...opts, query: { after: 'latest' } });
+  const id = Number(page && page.next_cursor);
+  return Number.isFinite(id) && id > 0 ? id : 0;
 }

@@ -4,7 +4,7 @@
 // 401 means yes), ask for it if so, then load the list and follow the live stream.
 //
 // Data flow:
-//   1. findHeadEventId(): the last global event id now (H).
+//   1. GET /events?after=latest: the caller's newest event id now (H).
 //   2. GET /waits (status, labels, limit=500): the first page, newest first.
 //   3. GET /events?follow=true&label=… with Last-Event-ID: H: every event after H,
 //      live. Events are queued and applied in order, in batches (one batch per
@@ -14,7 +14,9 @@
 //      the Map (O(1)) and its row if that row is on screen; a wait that no longer
 //      matches the status filter leaves the list. Events of waits not loaded are
 //      ignored. window.__waitd counts what has been applied, for tests.
-//   4. Every 10 s, one GET /waits page for the rows on screen keeps polls fresh.
+//   4. Polls and retries are not events: one GET /waits page for the rows on screen
+//      reads them again every 10 s, and about a second after events changed a row
+//      on screen (at most one such read a second, whatever the rate of events).
 //
 // Routes (location.hash): "#/" the list, "#/waits/<uuid>" a wait's detail,
 // "#/new" the new-wait form.
@@ -24,7 +26,7 @@ import {
 } from './common.js';
 import {
   api, token, authHeaders, onUnauthorized, reportUnauthorized, readProblem, queryString,
-  findHeadEventId, ApiError,
+  latestEventId, ApiError,
 } from './api.js';
 import { EventStream, backoffDelay } from './sse.js';
 import { WaitList } from './list.js';
@@ -32,6 +34,8 @@ import { DetailPanel, CreatePanel } from './panels.js';
 
 const PAGE = 500;
 const REFRESH_MS = 10000;
+/** How long after an event changed a row on screen its counters are read again. */
+const REFRESH_SOON_MS = 1000;
 
 /** For automated tests: what the page has applied so far. */
 const hook = {
@@ -57,6 +61,8 @@ const S = {
   authMode: null, // 'anonymous' | 'token'
   askingToken: null, // the promise of the token form while it is shown
   retryTimer: 0,
+  lastReset: 0, // when a 409 last made the page load everything again
+  refreshSoon: 0, // the timer of the read that follows events on screen
 };
 
 // ---------------------------------------------------------------------------
@@ -230,7 +236,7 @@ async function reload() {
   hook.ready = false;
   updateFooter();
   try {
-    const head = await findHeadEventId(S.filters.labels);
+    const head = await latestEventId();
     if (gen !== S.gen) return;
     const page = await api.listWaits({ ...currentQuery(), limit: PAGE });
     if (gen !== S.gen) return;
@@ -315,6 +321,15 @@ async function refreshVisible() {
   }
   list.flush();
   hook.waitsLoaded = list.size;
+}
+
+/** Reads the rows on screen again shortly, once for any number of calls meanwhile. */
+function refreshSoon() {
+  if (S.refreshSoon) return;
+  S.refreshSoon = setTimeout(() => {
+    S.refreshSoon = 0;
+    refreshVisible();
+  }, REFRESH_SOON_MS);
 }
 
 function updateFooter() {
@@ -428,7 +443,9 @@ function startStream(gen, head) {
     },
     onUnauthorized: (problem) => reportUnauthorized(problem),
     onFatal: (err) => {
-      if (gen === S.gen) showBanner('stream', `The live stream stopped: ${err.message}`, { label: 'Reload', run: () => reload() });
+      if (gen !== S.gen) return;
+      if (err.status === 409) return historyReset(gen);
+      showBanner('stream', `The live stream stopped: ${err.message}`, { label: 'Reload', run: () => reload() });
     },
   });
   S.stream.start();
@@ -436,23 +453,25 @@ function startStream(gen, head) {
 
 /**
  * After a reconnect: the stream resumed from Last-Event-ID, so no event was lost, but
- * polls were not refreshed meanwhile, and a waitd that lost its history (an in-memory
- * store restarted) would silently never send ids up to our cursor again. waitd does
- * not say so (see the report), so compare our cursor with its current end, and load
- * everything again if the end is now behind us.
+ * polls are not events: read the rows on screen again.
  */
-async function afterReconnect(gen) {
-  refreshVisible();
-  try {
-    const head = await findHeadEventId(S.filters.labels);
-    const ours = Number(S.stream && S.stream.lastEventId);
-    if (gen === S.gen && Number.isFinite(ours) && head < ours) {
-      showBanner('reset', 'waitd’s event history restarted (its store was reset); the list was loaded again.');
-      reload();
-    }
-  } catch {
-    /* the next reconnect checks again */
-  }
+function afterReconnect(gen) {
+  if (gen === S.gen) refreshVisible();
+}
+
+/**
+ * waitd answered 409 to our Last-Event-ID: the cursor is past every event it has (its
+ * in-memory store was reset, or this is another server). What the page shows may be
+ * gone: load the list again and follow from waitd's newest event (reload() reads it
+ * with after=latest before the list). A second reset within seconds waits a little,
+ * so a server that keeps answering 409 is not asked in a tight loop.
+ */
+function historyReset(gen) {
+  showBanner('reset', 'waitd’s event history restarted (its store was reset, or this is another server); the list was loaded again.');
+  const wait = Date.now() - S.lastReset < 5000 ? 2000 : 0;
+  S.lastReset = Date.now();
+  clearTimeout(S.retryTimer);
+  S.retryTimer = setTimeout(() => { if (gen === S.gen) reload(); }, wait);
 }
 
 function stopStream() {
@@ -481,8 +500,10 @@ async function pump() {
         if (gen !== S.gen) return;
         list.prepend(fresh);
       }
-      for (const ev of batch) applyOne(ev);
+      let shown = false;
+      for (const ev of batch) shown = applyOne(ev) || shown;
       list.flush();
+      if (shown) refreshSoon();
       const last = Number(batch[batch.length - 1].id);
       if (Number.isFinite(last)) hook.lastEventId = last;
       hook.eventsApplied += batch.length;
@@ -523,14 +544,15 @@ async function fetchNewest(ids, gen) {
   return found;
 }
 
+/** Applies one event; true when it changed a row that is on screen. */
 function applyOne(ev) {
   detail.applyEvent(ev);
-  if (!list.has(ev.wait_id)) return; // not loaded: ignored
+  if (!list.has(ev.wait_id)) return false; // not loaded: ignored
   const w = list.get(ev.wait_id);
-  if (applyEvent(w, ev)) {
-    list.changed(w.id);
-    if (S.filters.status && w.status !== S.filters.status) list.remove(w.id);
-  }
+  if (!applyEvent(w, ev)) return false;
+  list.changed(w.id);
+  if (S.filters.status && w.status !== S.filters.status) list.remove(w.id);
+  return list.isShown(w.id);
 }
 
 // ---------------------------------------------------------------------------

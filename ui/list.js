@@ -128,6 +128,11 @@ export class WaitList {
     return true;
   }
 
+  /** Whether the wait's row is in the DOM (on screen or just around it). */
+  isShown(id) {
+    return this.rendered.has(id);
+  }
+
   /** The wait's data changed: refresh its row if it is on screen. O(1). */
   changed(id) {
     const row = this.rendered.get(id);

@@ -119,6 +119,8 @@ export function backoffDelay(n) {
  *     onState: (state, info) => …,                 // 'connected'|'reconnecting'|'offline'
  *     onUnauthorized: (problem) => …,              // a 401: the stream stops
  *     onFatal: (apiError) => …,                    // a 4xx that retrying cannot fix
+ *                                                  // (409: Last-Event-ID is past every
+ *                                                  // event the server has)
  *     isFinished: () => bool,                      // a wait's stream: ended for good
  *     readProblem: async (res) => ApiError,
  *   })
