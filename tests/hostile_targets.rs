@@ -379,10 +379,12 @@ async fn a_wait_whose_polls_keep_killing_their_replica_is_ended_after_three_on_b
         r.ready(Duration::from_secs(15)).await;
         let mut spec = hostile_spec(&url, "/data/attributes/status");
         spec["timeout"] = json!("2m");
+        // Counted before the create: the first poll may reach the target before the
+        // create's answer reaches this test.
+        let hits_before = up.hits("/hang");
         let id = create(&r, spec).await;
         // Three times: the poll is in flight (the target holds it), and the replica
         // dies — as if the answer had killed it.
-        let hits_before = up.hits("/hang");
         for round in 1..=3 {
             let seen = common::eventually(Duration::from_secs(10), || async {
                 up.hits("/hang") >= hits_before + round

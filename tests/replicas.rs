@@ -1031,11 +1031,22 @@ async fn a_postgres_restart_mid_flight_answers_503_then_resumes_every_replica_an
         f1.attempts()
     );
     // The global follower: every event exactly once.
-    assert!(
-        f2_all,
-        "the global follower saw {} of {total_events} events",
-        f2.seen().len()
-    );
+    if !f2_all {
+        let seen: std::collections::HashSet<String> =
+            f2.seen().iter().map(|e| e.id.clone()).collect();
+        let missing: Vec<(i64, String)> = histories(&pg)
+            .await
+            .values()
+            .flatten()
+            .filter(|e| !seen.contains(&e.id.to_string()))
+            .map(|e| (e.id, e.kind.clone()))
+            .collect();
+        panic!(
+            "the global follower saw {} of {total_events} events; missing {missing:?}; last seen {:?}",
+            f2.seen().len(),
+            f2.seen().last().map(|e| (&e.id, &e.kind))
+        );
+    }
     let got: Vec<i64> = f2.seen().iter().map(|e| e.id.parse().unwrap()).collect();
     // Read again: an event gets its global cursor a moment after its commit, and the
     // follower has now seen them all.

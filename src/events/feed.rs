@@ -120,14 +120,26 @@ impl Feed {
                 // Nobody follows: whoever subscribes later reads history that
                 // already holds these events, so they need not be read now.
                 match news {
-                    Some(gid) => last = last.max(gid),
+                    Some(gid) => {
+                        last = last.max(gid);
+                        continue;
+                    }
                     None => {
-                        if let Ok(n) = store.last_event_id(None).await {
+                        // Where the events stand now; but the read may take long
+                        // (the store is away), and a follower that subscribed
+                        // meanwhile may have read its history before the newest of
+                        // these were numbered: then they are its to get from here.
+                        if let Ok(n) = store.last_event_id(None).await
+                            && self.tx.receiver_count() == 0
+                        {
                             last = last.max(n);
+                            continue;
+                        }
+                        if self.tx.receiver_count() == 0 {
+                            continue;
                         }
                     }
                 }
-                continue;
             }
             if news.is_some_and(|gid| gid <= last) {
                 continue;
