@@ -8,8 +8,9 @@ use clap::{Args, ValueEnum};
 
 use crate::engine::duration;
 
+/// A setting's duration; spaces around it (from an env file, say) are forgiven.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    duration::parse(s)
+    duration::parse(s.trim())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

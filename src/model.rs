@@ -119,8 +119,8 @@ pub struct Wait {
     pub state: Option<String>,
     /// One human sentence once the wait has ended.
     pub reason: Option<String>,
-    /// From the spec's `error` path, when the wait failed.
-    #[schema(value_type = Option<Object>)]
+    /// From the spec's `error` path, when the wait failed: any JSON value.
+    #[schema(value_type = Option<Value>)]
     pub error_detail: Option<Value>,
     /// The last transient or probe error.
     pub last_error: Option<String>,
@@ -131,9 +131,10 @@ pub struct Wait {
     pub deadline: DateTime<Utc>,
     pub next_poll_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    #[schema(value_type = crate::engine::schema::Labels)]
     pub labels: BTreeMap<String, String>,
     /// The normalised request; every header value reads "<redacted>".
-    #[schema(value_type = Object)]
+    #[schema(value_type = crate::engine::Spec)]
     pub spec: Value,
 }
 
@@ -208,10 +209,15 @@ pub enum EventBody {
         /// A duration such as `2s`.
         delay: String,
     },
+    /// The wait ended `succeeded`.
     Succeeded(Ending),
+    /// The wait ended `failed`: the target reported a `fail` state.
     Failed(Ending),
+    /// The wait ended `timed_out`: the deadline came first.
     TimedOut(Ending),
+    /// The wait ended `canceled` by a client.
     Canceled(Ending),
+    /// The wait ended in `error`: waitd could not tell.
     Error(Ending),
 }
 
@@ -222,9 +228,9 @@ pub struct Ending {
     pub reason: String,
     /// The last observed state.
     pub state: Option<String>,
-    /// From the spec's `error` path, when the wait failed.
+    /// From the spec's `error` path, when the wait failed: any JSON value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub error_detail: Option<Value>,
     /// The last transient or probe error, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -243,6 +249,18 @@ impl EventBody {
             Status::Error | Status::Running => EventBody::Error(ending),
         }
     }
+
+    /// Every kind, as [`EventBody::kind`] spells it (the SSE `event:` names).
+    pub const KINDS: [&'static str; 8] = [
+        "created",
+        "state",
+        "retry",
+        "succeeded",
+        "failed",
+        "timed_out",
+        "canceled",
+        "error",
+    ];
 
     /// The serde (and SQL) spelling of the kind.
     pub fn kind(&self) -> &'static str {
@@ -338,6 +356,18 @@ mod tests {
                 },
             ),
         ];
+        let ending = Ending {
+            reason: "r".into(),
+            state: None,
+            error_detail: None,
+            last_error: None,
+        };
+        let mut kinds: Vec<&str> = bodies[..3].iter().map(EventBody::kind).collect();
+        kinds.extend(Status::ENDS.map(|st| EventBody::end(st, ending.clone()).kind()));
+        kinds.sort();
+        let mut listed = EventBody::KINDS.to_vec();
+        listed.sort();
+        assert_eq!(kinds, listed, "KINDS lists every kind, as kind() spells it");
         for b in bodies {
             let (kind, data) = b.to_parts();
             assert!(data.get("kind").is_none());

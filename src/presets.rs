@@ -362,10 +362,17 @@ impl Registry {
         let Some(obj) = request.as_object() else {
             return Ok(Cow::Borrowed(request));
         };
-        let preset_v = obj.get("preset");
-        let params_v = obj.get("params");
+        // A null is "not given", as for every other field.
+        let preset_v = obj.get("preset").filter(|v| !v.is_null());
+        let params_v = obj.get("params").filter(|v| !v.is_null());
         if preset_v.is_none() && params_v.is_none() {
-            return Ok(Cow::Borrowed(request));
+            if !obj.contains_key("preset") && !obj.contains_key("params") {
+                return Ok(Cow::Borrowed(request));
+            }
+            let mut plain = obj.clone();
+            plain.remove("preset");
+            plain.remove("params");
+            return Ok(Cow::Owned(Value::Object(plain)));
         }
         let err = |field: &str, message: String| {
             vec![FieldError {
@@ -374,7 +381,7 @@ impl Registry {
             }]
         };
         let preset = match preset_v {
-            None | Some(Value::Null) => {
+            None => {
                 return Err(err(
                     "params",
                     "is given without a preset; name one with \"preset\" (GET /presets lists them), or leave params out".into(),
@@ -404,7 +411,7 @@ impl Registry {
             }
         };
         let given = match params_v {
-            None | Some(Value::Null) => Map::new(),
+            None => Map::new(),
             Some(Value::Object(m)) => m.clone(),
             Some(_) => {
                 return Err(err(

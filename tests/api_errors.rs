@@ -549,13 +549,30 @@ async fn a_bad_wait_parameter_is_a_400_problem() {
         400,
     )
     .await;
+    // A hold longer than anything can last is "as long as it takes" (the grammar
+    // the document gives), not an error: here, on a wait that does not exist.
     problem(
+        app.client.get(app.url(&format!(
+            "/waits/0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21?wait={}h",
+            "9".repeat(40)
+        ))),
+        404,
+    )
+    .await;
+    // A hold given twice is ambiguous.
+    let p = problem(
         app.client
-            .post(app.url(&format!("/waits?wait={}h", "9".repeat(40))))
-            .json(&valid()),
+            .get(app.url("/waits/0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21?wait=1s&wait=2s")),
         400,
     )
     .await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("\"wait\" is given more than once"),
+        "{p}"
+    );
     teardown(db, app).await;
 }
 

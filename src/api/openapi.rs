@@ -1,91 +1,22 @@
-//! The OpenAPI 3.1 document, generated from the handlers' annotations. The committed
-//! copy at `openapi/openapi.json` is checked against it by a test.
+//! The OpenAPI 3.1 document. Its operations come from the handlers' annotations as
+//! the router registers them ([`super::api_routes`]), its schemas from the types the
+//! code serves and reads (the request's from [`Spec`], the events' from
+//! [`EventBody`]); this module adds what no handler says: the request body's
+//! "preset, or target, state and want", the shape of the SSE frames, bearer auth,
+//! the answers every authenticated route can give, and the links between
+//! operations. The committed copy at `openapi/openapi.json` is checked against it
+//! by a test.
 
-use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
-use serde::Serialize;
-use utoipa::OpenApi;
+use serde_json::json;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, Schema, Type};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
-use crate::api::error::{Problem, ProblemField};
-use crate::api::events::EventPage;
-use crate::api::presets::PresetList;
-use crate::api::waits::WaitPage;
-use crate::model::{Ending, Event, EventBody, Status, Wait};
-use crate::presets::{Param, ParamKind, Preset, PresetSummary};
-
-/// The request body of `POST /waits`. Unknown fields are rejected.
-#[derive(Serialize, utoipa::ToSchema)]
-#[allow(dead_code)] // documentation only: requests are parsed by `Spec::from_request`
-pub struct CreateWait {
-    /// A named waiter definition (`GET /presets` lists them) whose fields this request starts from; the request's own fields override them (objects merge key by key, arrays are replaced). An unknown preset is a 422.
-    pub preset: Option<String>,
-    /// Values for the preset's `{param}` placeholders, by name; `base_url` points a preset at another host. A missing or unknown parameter is a 422 naming `params.<name>`.
-    pub params: Option<BTreeMap<String, String>>,
-    /// What to poll. Required unless a preset gives it.
-    pub target: Option<TargetSchema>,
-    /// Where the state lives in the target's JSON body: a JSON Pointer (`/data/attributes/status`) or a JSONPath (`$.items[*].status`). Required unless a preset gives it.
-    pub state: Option<String>,
-    /// States that mean done (strings, numbers or booleans, compared as JSON text). With several values at `state`, all must be in `want`. Required unless a preset gives it.
-    pub want: Option<Vec<String>>,
-    /// States that end the wait as `failed` at once; any value in `fail` is enough.
-    pub fail: Option<Vec<String>>,
-    /// The healthy in-progress states; when given, any other state is retried against the retry budget.
-    pub pending: Option<Vec<String>>,
-    /// Pointer or JSONPath to a failure detail object, returned as `error_detail`.
-    pub error: Option<String>,
-    /// A `want` state counts only after a state outside `want` and `fail` was seen. Default false.
-    pub require_transition: Option<bool>,
-    /// How many successive `want` observations success needs (1–100). Default 1.
-    pub consecutive: Option<u32>,
-    /// What a 404 or 410 means: `error` (default), `retry`, `success`.
-    pub not_found: Option<String>,
-    /// Compare states case-insensitively. Default false.
-    pub ignore_case: Option<bool>,
-    /// Duration such as `10m`, at most the server's maximum (default 24h). Default 10m.
-    pub timeout: Option<String>,
-    pub poll: Option<PollSchema>,
-    pub retry: Option<RetrySchema>,
-    /// String labels for listing and filtering (at most 32).
-    pub labels: Option<BTreeMap<String, String>>,
-}
-
-/// What to poll.
-#[derive(Serialize, utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct TargetSchema {
-    /// An http or https URL (at most 2048 bytes; no credentials in it).
-    pub url: String,
-    /// Request headers (at most 32). Values are secrets: write-only, shown as `<redacted>`.
-    pub headers: Option<BTreeMap<String, String>>,
-}
-
-/// Delay between healthy polls: starts at `initial`, multiplied by `factor`, capped at `max`, never below the server's floor, spread by ±`jitter`.
-#[derive(Serialize, utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct PollSchema {
-    /// Default `2s`.
-    pub initial: Option<String>,
-    /// 1–10, default 1.5; 1 is a fixed interval.
-    pub factor: Option<f64>,
-    /// Default `15s`.
-    pub max: Option<String>,
-    /// A fraction in [0, 1), default 0.1.
-    pub jitter: Option<f64>,
-    /// Wait before the first poll. Default `0s`.
-    pub delay: Option<String>,
-}
-
-/// After a transient error or an unexpected observation the next poll waits `delay`, doubling per consecutive retry up to `max_delay`.
-#[derive(Serialize, utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct RetrySchema {
-    /// Default `1s`.
-    pub delay: Option<String>,
-    /// Default `30s`.
-    pub max_delay: Option<String>,
-    /// Consecutive retries allowed (0–10000), default 10; null retries until the deadline.
-    pub max_retries: Option<u32>,
-}
+use crate::engine::Spec;
+use crate::model::{EventBody, Status};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -94,36 +25,160 @@ pub struct RetrySchema {
         description = "An HTTP service that waits for you: it polls a URL until a JSON state is reached and reports it by GET, by a blocking GET, and by server-sent events.",
         license(name = "Apache-2.0"),
     ),
-    paths(
-        super::waits::create,
-        super::waits::get_one,
-        super::waits::list,
-        super::waits::cancel,
-        super::events::wait_events,
-        super::events::all_events,
-        super::presets::list,
-        super::presets::get_one,
-    ),
-    components(schemas(Wait, Status, Event, EventBody, Ending, WaitPage, EventPage, Problem, ProblemField, CreateWait, TargetSchema, PollSchema, RetrySchema, PresetList, Preset, PresetSummary, Param, ParamKind)),
-    modifiers(&Security),
+    components(schemas(Status)),
     tags(
         (name = "waits", description = "Create, read, list, block on and cancel waits"),
         (name = "events", description = "A wait's history, and live streams"),
         (name = "presets", description = "Named waiter definitions a create request can start from"),
+        (name = "operations", description = "Liveness, readiness, metrics and this document; no token needed"),
     )
 )]
 pub struct ApiDoc;
 
-/// Bearer tokens on every route of the API (health, readiness, metrics and this
-/// document stay open), and the responses every authenticated route can give.
+/// The request body of `POST /waits`: the fields of a [`Spec`] (unknown ones are
+/// refused), plus `preset` and `params`. It names a preset, or gives `target`,
+/// `state` and `want` itself.
+pub struct CreateWait;
+
+impl PartialSchema for CreateWait {
+    fn schema() -> RefOr<Schema> {
+        let RefOr::T(Schema::Object(mut fields)) = Spec::schema() else {
+            unreachable!("a struct's schema is an object")
+        };
+        // In a request every field may be left to its default or to the preset;
+        // which must be there is said below.
+        let needed: Vec<String> = std::mem::take(&mut fields.required);
+        fields.properties.insert(
+            "preset".into(),
+            ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                    Type::String,
+                    Type::Null,
+                ]))
+                .description(Some(
+                    "A named waiter definition (`GET /presets` lists them) whose fields this request starts from; the request's own fields override them (objects merge key by key, arrays are replaced). An unknown preset is a 422.",
+                ))
+                .into(),
+        );
+        fields.properties.insert(
+            "params".into(),
+            ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                    Type::Object,
+                    Type::Null,
+                ]))
+                .additional_properties(Some(ObjectBuilder::new().schema_type(
+                    utoipa::openapi::schema::SchemaType::from_iter([
+                        Type::String,
+                        Type::Number,
+                        Type::Boolean,
+                    ]),
+                )))
+                .description(Some(
+                    "Values for the preset's `{param}` placeholders, by name; `base_url` points a preset at another host. Only with `preset`; a missing or unknown parameter is a 422 naming `params.<name>`.",
+                ))
+                .into(),
+        );
+        fields.description = Some(
+            "A wait to create: name a `preset`, or give `target`, `state` and `want` (and whatever else differs from the defaults). Unknown fields are refused.".into(),
+        );
+        fields.examples = vec![json!({
+            "target": {"url": "https://api.example.com/servers/1"},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "fail": ["failed_deployment"],
+            "timeout": "30m",
+            "labels": {"pipeline": "1234"}
+        })];
+        // Without a preset: the fields a wait needs, and no params.
+        let mut by_itself =
+            ObjectBuilder::new().property("params", ObjectBuilder::new().schema_type(Type::Null));
+        for name in needed {
+            by_itself = by_itself.required(name);
+        }
+        let either = AnyOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .required("preset")
+                    .property("preset", ObjectBuilder::new().schema_type(Type::String)),
+            )
+            .item(by_itself);
+        AllOfBuilder::new().item(fields).item(either).into()
+    }
+}
+
+impl ToSchema for CreateWait {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((Spec::name().into(), Spec::schema()));
+        <Spec as ToSchema>::schemas(schemas);
+    }
+}
+
+/// The frame of an SSE stream: `event` is the event's kind, `id` the stream's
+/// cursor, `data` the event as JSON.
+fn frame_schema(id: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .property(
+            "event",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(EventBody::KINDS)),
+        )
+        .required("event")
+        .property(
+            "id",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[0-9]+$"))
+                .description(Some(id)),
+        )
+        .required("id")
+        .property(
+            "data",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .content_media_type("application/json")
+                .description(Some("The event, as `GET …/events` pages give it"))
+                .extensions(Some(Extensions::from_iter([(
+                    "contentSchema",
+                    json!({"$ref": "#/components/schemas/Event"}),
+                )]))),
+        )
+        .required("data")
+        .into()
+}
+
+/// A frame of a wait's stream (`GET /waits/{id}/events`).
+pub struct WaitFrame;
+
+impl PartialSchema for WaitFrame {
+    fn schema() -> RefOr<Schema> {
+        frame_schema("The event's `seq`: send it as Last-Event-ID to resume after it")
+    }
+}
+
+impl ToSchema for WaitFrame {}
+
+/// A frame of the stream of all events (`GET /events`).
+pub struct FeedFrame;
+
+impl PartialSchema for FeedFrame {
+    fn schema() -> RefOr<Schema> {
+        frame_schema("The event's global `id`: send it as Last-Event-ID to resume after it")
+    }
+}
+
+impl ToSchema for FeedFrame {}
+
+/// Bearer tokens on every route but the operational ones (which say so with an
+/// empty `security`), and the answers every authenticated route can give.
 struct Security;
 
-impl utoipa::Modify for Security {
+impl Modify for Security {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{
             HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
         };
-        use utoipa::openapi::{ContentBuilder, RefOr, ResponseBuilder};
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
@@ -133,38 +188,39 @@ impl utoipa::Modify for Security {
             "bearer",
             Vec::<String>::new(),
         )]);
-        let problem = || {
-            ContentBuilder::new()
-                .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
-                .build()
-        };
         for item in doc.paths.paths.values_mut() {
             for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+                let open = op.security.as_ref().is_some_and(|s| {
+                    s.iter()
+                        .all(|r| serde_json::to_value(r).is_ok_and(|v| v == json!({})))
+                });
                 let responses = &mut op.responses.responses;
+                responses
+                    .entry("414".into())
+                    .or_insert_with(|| problem("The request URI is over 16 KiB", false));
+                if open {
+                    continue;
+                }
                 responses.entry("401".into()).or_insert_with(|| {
-                    RefOr::T(
-                        ResponseBuilder::new()
-                            .description(
-                                "Missing or invalid API token (when tokens are configured)",
-                            )
-                            .content("application/problem+json", problem())
-                            .build(),
+                    problem(
+                        "Missing or invalid API token (when tokens are configured)",
+                        false,
                     )
                 });
+                // Every route that reads the store (the presets are in memory).
+                if !op
+                    .tags
+                    .as_ref()
+                    .is_some_and(|t| t.iter().any(|t| t == "presets"))
+                {
+                    responses.entry("503".into()).or_insert_with(|| {
+                        problem("The store is unreachable: repeat after Retry-After", true)
+                    });
+                }
                 responses.entry("429".into()).or_insert_with(|| {
-                    RefOr::T(
-                        ResponseBuilder::new()
-                            .description("Over this token's request rate; see Retry-After")
-                            .content("application/problem+json", problem())
-                            .build(),
-                    )
-                });
-                responses.entry("503".into()).or_insert_with(|| {
-                    RefOr::T(
-                        ResponseBuilder::new()
-                            .description("The store is unreachable; try again shortly")
-                            .content("application/problem+json", problem())
-                            .build(),
+                    problem(
+                        "Over this token's request rate, or too many open streams and held requests: repeat after Retry-After",
+                        true,
                     )
                 });
             }
@@ -172,13 +228,204 @@ impl utoipa::Modify for Security {
     }
 }
 
-/// The document as pretty JSON, with a trailing newline.
-pub fn document() -> String {
-    let mut doc = ApiDoc::openapi();
+/// A problem+json response, with `Retry-After` when `retry` is true.
+fn problem(description: &str, retry: bool) -> RefOr<utoipa::openapi::Response> {
+    use utoipa::openapi::header::HeaderBuilder;
+    use utoipa::openapi::{ContentBuilder, ResponseBuilder};
+    let mut r = ResponseBuilder::new().description(description).content(
+        "application/problem+json",
+        ContentBuilder::new()
+            .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+            .build(),
+    );
+    if retry {
+        r = r.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(1.0)),
+                )
+                .description(Some("Seconds to wait before repeating"))
+                .build(),
+        );
+    }
+    RefOr::T(r.build())
+}
+
+/// The links a client (or schemathesis' stateful phase) follows from a created
+/// wait. Written as extensions: utoipa 5 spells the Link object's fields in
+/// snake_case, and OpenAPI's are camelCase.
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let link = |op: &str| {
+            RefOr::T(
+                utoipa::openapi::link::LinkBuilder::new()
+                    .parameter("id", "$response.body#/id")
+                    .extensions(Some(Extensions::from_iter([("operationId", op)])))
+                    .build(),
+            )
+        };
+        let Some(op) = doc
+            .paths
+            .paths
+            .get_mut("/waits")
+            .and_then(|i| i.post.as_mut())
+        else {
+            return;
+        };
+        for status in ["201", "202"] {
+            if let Some(RefOr::T(resp)) = op.responses.responses.get_mut(status) {
+                resp.links.insert("GetWait".into(), link("get_wait"));
+                resp.links.insert("CancelWait".into(), link("cancel_wait"));
+                resp.links
+                    .insert("ListWaitEvents".into(), link("list_wait_events"));
+            }
+        }
+    }
+}
+
+/// The whole document, from the routes as the router registers them.
+fn build() -> serde_json::Value {
+    let (_, mut doc) = super::api_routes()
+        .merge(super::ops_routes())
+        .split_for_parts();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
-    let mut s = doc
-        .to_pretty_json()
-        .expect("the OpenAPI document serialises");
-    s.push('\n');
-    s
+    Security.modify(&mut doc);
+    Links.modify(&mut doc);
+    let mut doc = serde_json::to_value(&doc).expect("the OpenAPI document serialises");
+    events_as_union(&mut doc);
+    doc
+}
+
+/// The document as pretty JSON, with a trailing newline; built once.
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut s = serde_json::to_string_pretty(&build()).expect("JSON serialises");
+        s.push('\n');
+        s
+    })
+}
+
+/// Spells the event out as the union it is on the wire: one object per kind
+/// (`EventCreated`, `EventState`, …), each with the fields every event has, its
+/// `kind`, and the kind's own fields, told apart by `kind`. The derive gives the
+/// same thing as `allOf` over a tagged `oneOf` (and the terminal kinds as `allOf`
+/// over `Ending`), which says the same but which client generators cannot read.
+fn events_as_union(doc: &mut serde_json::Value) {
+    use serde_json::{Map, Value};
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let (Some(body), Some(event), Some(ending)) = (
+        schemas.remove("EventBody"),
+        schemas.remove("Event"),
+        schemas.remove("Ending"),
+    ) else {
+        unreachable!("Event, EventBody and Ending are in the document");
+    };
+    let common = event["allOf"]
+        .as_array()
+        .and_then(|parts| parts.iter().find(|p| p.get("properties").is_some()))
+        .cloned()
+        .unwrap_or_default();
+    // Adds `part`'s properties and required names to `into`.
+    fn merge(into: &mut Value, part: &Value) {
+        if let (Some(to), Some(from)) = (
+            into["properties"].as_object_mut(),
+            part["properties"].as_object(),
+        ) {
+            to.extend(from.clone());
+        }
+        if let (Some(to), Some(from)) =
+            (into["required"].as_array_mut(), part["required"].as_array())
+        {
+            to.extend(
+                from.iter()
+                    .filter(|r| !to.contains(r))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            );
+        }
+    }
+    let mut refs = Vec::new();
+    let mut mapping = Map::new();
+    for variant in body["oneOf"].as_array().into_iter().flatten() {
+        let mut merged = json!({"type": "object", "properties": {}, "required": []});
+        merge(&mut merged, &common);
+        let parts = variant["allOf"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![variant.clone()]);
+        for part in &parts {
+            let part = if part.get("$ref").is_some() {
+                &ending
+            } else {
+                part
+            };
+            merge(&mut merged, part);
+        }
+        let description = variant
+            .get("description")
+            .or_else(|| ending.get("description"))
+            .cloned();
+        if let Some(d) = description {
+            merged["description"] = d;
+        }
+        let kind = merged["properties"]["kind"]["enum"][0]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = format!(
+            "Event{}",
+            kind.split('_')
+                .map(|w| w[..1].to_uppercase() + &w[1..])
+                .collect::<String>()
+        );
+        let reference = format!("#/components/schemas/{name}");
+        refs.push(json!({"$ref": reference}));
+        mapping.insert(kind, Value::String(reference));
+        schemas.insert(name, merged);
+    }
+    schemas.insert(
+        "Event".into(),
+        json!({
+            "description": event.get("description").cloned().unwrap_or_default(),
+            "oneOf": refs,
+            "discriminator": {"propertyName": "kind", "mapping": mapping},
+        }),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_schema_has_the_fields_the_validator_reads_and_no_others() {
+        let body = serde_json::to_value(CreateWait::schema()).unwrap();
+        let mut names: Vec<&str> = body["allOf"][0]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        names.sort();
+        let mut expected: Vec<&str> = crate::engine::spec::FIELDS.to_vec();
+        expected.extend(["preset", "params"]);
+        expected.sort();
+        assert_eq!(names, expected);
+        assert_eq!(body["allOf"][0]["additionalProperties"], json!(false));
+        assert_eq!(
+            body["allOf"][1]["anyOf"][1]["required"],
+            json!(["target", "state", "want"])
+        );
+    }
 }

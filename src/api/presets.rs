@@ -9,8 +9,9 @@ use axum::response::Response;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{AppState, Tenant, json_response};
-use crate::api::error::{ApiError, ApiResult};
+use super::auth::Tenant;
+use super::error::{ApiError, ApiResult, Problem};
+use super::{AppState, json_response};
 use crate::presets::{Preset, PresetSummary};
 
 /// Every preset of this server.
@@ -26,12 +27,12 @@ pub struct PresetList {
 /// description, and parameters with their defaults. A parameter without a default is
 /// required.
 #[utoipa::path(
-    get, path = "/presets", tag = "presets",
+    get, path = "/presets", tag = "presets", operation_id = "list_presets",
     responses(
         (status = 200, description = "The presets", body = PresetList),
     )
 )]
-pub async fn list(State(s): State<AppState>, Tenant(_): Tenant) -> ApiResult<Response> {
+pub async fn list_presets(State(s): State<AppState>, Tenant(_): Tenant) -> ApiResult<Response> {
     let items = s.presets.iter().map(Preset::summary).collect();
     Ok(json_response(StatusCode::OK, PresetList { items }))
 }
@@ -42,14 +43,14 @@ pub async fn list(State(s): State<AppState>, Tenant(_): Tenant) -> ApiResult<Res
 /// from the create request's `params`, and the create request's own fields override
 /// the preset's (objects merge key by key; arrays are replaced).
 #[utoipa::path(
-    get, path = "/presets/{name}", tag = "presets",
+    get, path = "/presets/{name}", tag = "presets", operation_id = "get_preset",
     params(("name" = String, Path, description = "The preset's name, e.g. `latitude.server`")),
     responses(
         (status = 200, description = "The preset", body = Preset),
-        (status = 404, description = "No such preset", body = crate::api::error::Problem),
+        (status = 404, description = "No such preset", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn get_one(
+pub async fn get_preset(
     State(s): State<AppState>,
     Tenant(_): Tenant,
     name: Result<Path<String>, axum::extract::rejection::PathRejection>,

@@ -1,9 +1,8 @@
 //! `/waits`: create, read, list, cancel, and the blocking forms of create and read.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
@@ -12,77 +11,45 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{AppState, JsonBody, Tenant, blocked_status, json_response, parse_block};
-use crate::api::error::{ApiError, ApiResult};
+use super::auth::Tenant;
+use super::error::{ApiError, ApiResult, Problem};
+use super::extract::{
+    ApiQuery, Hold, HoldQuery, IdempotencyHeader, JsonBody, ListQuery, NoQuery, WaitId,
+    idempotency_key,
+};
+use super::openapi::CreateWait;
+use super::{AppState, json_response};
 use crate::bus::BusMsg;
 use crate::engine::Spec;
-use crate::model::Status;
-use crate::store::{ListFilter, Wait};
+use crate::model::{Status, Wait, WaitPage};
 
 /// After a wait's deadline, how long a blocked request still waits for the worker to
-/// record the end before answering 202.
+/// record the end before answering 503.
 const DEADLINE_GRACE: Duration = Duration::from_secs(10);
-
-pub(crate) fn query_pairs(q: &Option<String>) -> Vec<(String, String)> {
-    q.as_deref()
-        .map(|q| {
-            url::form_urlencoded::parse(q.as_bytes())
-                .into_owned()
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn only(pairs: &[(String, String)], allowed: &[&str]) -> ApiResult<()> {
-    for (k, _) in pairs {
-        if !allowed.contains(&k.as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "unknown query parameter \"{}\"; this route takes {}",
-                k.chars().take(64).collect::<String>(),
-                allowed.join(", ")
-            )));
-        }
-    }
-    Ok(())
-}
-
-pub(crate) fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-}
-
-/// The `{id}` of a wait route. Anything that is not a UUID (including text that is
-/// not even UTF-8) is a wait that does not exist: a 404 problem, like any other.
-pub(crate) struct WaitId(pub Uuid);
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for WaitId {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<WaitId, ApiError> {
-        let raw = Path::<String>::from_request_parts(parts, state).await.ok();
-        let text = raw.as_ref().map(|p| p.0.as_str()).unwrap_or("");
-        Uuid::parse_str(text).map(WaitId).map_err(|_| {
-            ApiError::not_found(format!(
-                "there is no wait \"{}\"; wait ids are UUIDs such as 0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21",
-                text.chars().take(64).collect::<String>()
-            ))
-        })
-    }
-}
 
 fn no_such_wait(id: Uuid) -> ApiError {
     ApiError::not_found(format!("there is no wait {id}"))
 }
 
+/// The status code of a blocked request, by how the wait stands.
+pub fn blocked_status(status: Status, created: bool) -> StatusCode {
+    match status {
+        Status::Succeeded if created => StatusCode::CREATED,
+        Status::Succeeded => StatusCode::OK,
+        Status::Failed => StatusCode::UNPROCESSABLE_ENTITY,
+        // Not 504 and 502: curl --retry, retrying clients and proxies repeat 408,
+        // 429 and 5xx, and would ask an ended wait again and again. No common client
+        // retries these.
+        Status::TimedOut => StatusCode::PRECONDITION_FAILED,
+        Status::Canceled => StatusCode::CONFLICT,
+        Status::Error => StatusCode::FAILED_DEPENDENCY,
+        Status::Running => StatusCode::ACCEPTED,
+    }
+}
+
 /// Why a blocked request stopped holding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Held {
+enum Held {
     /// The wait ended.
     Ended,
     /// The `?wait=<duration>` given ran out.
@@ -94,31 +61,32 @@ pub(crate) enum Held {
     PastDeadline,
 }
 
-/// Holds until the wait ends, `limit` passes, or the server stops; returns the wait
+async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
+    s.store
+        .get(tenant, id)
+        .await?
+        .ok_or_else(|| no_such_wait(id))
+}
+
+/// Holds until the wait ends, `hold` runs out, or the server stops; returns the wait
 /// as it then stands (read again, not as it was when the request began) and why
 /// the hold ended. Costs no database polling: it re-reads only when the bus says
 /// this wait ended (or that notices may have been missed).
-async fn block(
-    s: &AppState,
-    tenant: &str,
-    id: Uuid,
-    limit: Option<Duration>,
-) -> ApiResult<(Wait, Held)> {
+async fn block(s: &AppState, tenant: &str, id: Uuid, hold: Hold) -> ApiResult<(Wait, Held)> {
     let _slot = s.streams.acquire(tenant)?;
     let mut rx = s.bus.subscribe_wait(id);
     // Read after subscribing, so an end between the two is not missed.
-    let mut wait = s
-        .store
-        .get(tenant, id)
-        .await?
-        .ok_or_else(|| no_such_wait(id))?;
+    let mut wait = read(s, tenant, id).await?;
     let by_deadline = {
         let left = (wait.deadline - Utc::now()).to_std().unwrap_or_default();
         Instant::now() + left + DEADLINE_GRACE
     };
-    let (until, at_until) = match limit {
-        Some(d) if Instant::now() + d < by_deadline => (Instant::now() + d, Held::TimeLimit),
-        _ => (by_deadline, Held::PastDeadline),
+    let (until, at_until) = match hold {
+        Hold::For(d) => match Instant::now().checked_add(d) {
+            Some(t) if t < by_deadline => (t, Held::TimeLimit),
+            _ => (by_deadline, Held::PastDeadline),
+        },
+        Hold::UntilEnd => (by_deadline, Held::PastDeadline),
     };
     let mut stopping = s.stopping.clone();
     let mut why = Held::Ended;
@@ -150,25 +118,25 @@ async fn block(
             },
         };
         if reread {
-            wait = s
-                .store
-                .get(tenant, id)
-                .await?
-                .ok_or_else(|| no_such_wait(id))?;
+            wait = read(s, tenant, id).await?;
         }
     }
     if wait.is_running() {
         // The answer shows the wait as it is now: its polls, retries, last error.
-        wait = s
-            .store
-            .get(tenant, id)
-            .await?
-            .ok_or_else(|| no_such_wait(id))?;
+        wait = read(s, tenant, id).await?;
         if !wait.is_running() {
             why = Held::Ended;
         }
     }
     Ok((wait, why))
+}
+
+fn with_location(mut res: Response, id: Uuid) -> Response {
+    res.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(&format!("/waits/{id}")).expect("a uuid path is a valid header"),
+    );
+    res
 }
 
 /// The answer to a blocked request. An ended wait is answered with the status its
@@ -179,60 +147,33 @@ async fn block(
 /// --retry` asks again (a POST with the same `Idempotency-Key` blocks on the same
 /// wait).
 fn blocked_response(wait: &Wait, why: Held, created: bool) -> Response {
-    let mut res = match why {
-        Held::Ended | Held::TimeLimit => {
-            json_response(blocked_status(wait.status, created), wait)
-        }
-        Held::Stopping => ApiError {
+    let unavailable = |title, detail| {
+        ApiError {
             retry_after: Some(2),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Server stopping",
-                format!(
-                    "this waitd is shutting down, so it stopped holding the request; wait {} is still running: repeat the request (for a POST, with the same Idempotency-Key, which blocks on the same wait)",
-                    wait.id
-                ),
-            )
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, title, detail)
         }
-        .into_response(),
-        Held::PastDeadline => ApiError {
-            retry_after: Some(2),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Wait not ended",
-                format!(
-                    "wait {} is still running although its deadline passed at {}: no replica has ended it yet; repeat the request shortly",
-                    wait.id,
-                    wait.deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-                ),
-            )
-        }
-        .into_response(),
+        .into_response()
     };
-    res.headers_mut().insert(
-        header::LOCATION,
-        HeaderValue::from_str(&format!("/waits/{}", wait.id))
-            .expect("a uuid path is a valid header"),
-    );
-    res
-}
-
-fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
-    match headers.get("idempotency-key") {
-        None => Ok(None),
-        Some(v) => {
-            let k = v
-                .to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= 255)
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "Idempotency-Key must be 1 to 255 visible ASCII characters",
-                    )
-                })?;
-            Ok(Some(k.to_string()))
-        }
-    }
+    let res = match why {
+        Held::Ended | Held::TimeLimit => json_response(blocked_status(wait.status, created), wait),
+        Held::Stopping => unavailable(
+            "Server stopping",
+            format!(
+                "this waitd is shutting down, so it stopped holding the request; wait {} is still running: repeat the request (for a POST, with the same Idempotency-Key, which blocks on the same wait)",
+                wait.id
+            ),
+        ),
+        Held::PastDeadline => unavailable(
+            "Wait not ended",
+            format!(
+                "wait {} is still running although its deadline passed at {}: no replica has ended it yet; repeat the request shortly",
+                wait.id,
+                wait.deadline
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            ),
+        ),
+    };
+    with_location(res, wait.id)
 }
 
 /// Create a wait
@@ -244,35 +185,40 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 /// its deadline, is a 503 with `Retry-After`: repeat it with the same
 /// `Idempotency-Key`.
 #[utoipa::path(
-    post, path = "/waits", tag = "waits",
-    request_body(content = crate::api::openapi::CreateWait, content_type = "application/json"),
+    post, path = "/waits", tag = "waits", operation_id = "create_wait",
+    request_body(content = CreateWait, content_type = "application/json"),
     params(
-        ("wait" = Option<String>, Query, description = "Hold the response: a duration such as `30s`, or `true` until the wait ends."),
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried POST return the first wait; the same key with another body is a 409."),
+        HoldQuery,
+        IdempotencyHeader,
     ),
     responses(
-        (status = 201, description = "Created (or, blocked, succeeded)", body = Wait),
-        (status = 202, description = "Blocked and still running", body = Wait),
-        (status = 400, description = "Invalid request", body = crate::api::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Idempotency key reused, or blocked and canceled", body = crate::api::error::Problem),
-        (status = 413, description = "Body over 64 KiB", body = crate::api::error::Problem),
-        (status = 415, description = "Not JSON", body = crate::api::error::Problem),
-        (status = 422, description = "Unknown preset or bad preset params, target refused by the SSRF guard, or blocked and failed", body = crate::api::error::Problem),
-        (status = 412, description = "Blocked and timed out", body = Wait),
-        (status = 424, description = "Blocked and ended in error", body = Wait),
-        (status = 503, description = "Store unavailable, or blocked and cut by the server stopping (see Retry-After)", body = crate::api::error::Problem),
+        (status = 201, description = "Created (or, held, succeeded)", body = Wait,
+         headers(("Location" = String, description = "The wait's URL"),
+                 ("Idempotent-Replayed" = String, description = "`true` when an earlier request with this Idempotency-Key created the wait"))),
+        (status = 202, description = "Held, and still running when the duration passed", body = Wait,
+         headers(("Location" = String, description = "The wait's URL"))),
+        (status = 400, description = "Invalid request: the body, a field (see `errors`), the query or the Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Held and canceled (the wait), or the Idempotency-Key was used with another body (a problem)",
+         content((Wait = "application/json"), (Problem = "application/problem+json"))),
+        (status = 412, description = "Held and timed out", body = Wait),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Held and failed (the wait), or an unknown preset, bad preset params, or a target the SSRF guard refuses (a problem)",
+         content((Wait = "application/json"), (Problem = "application/problem+json"))),
+        (status = 424, description = "Held and ended in error", body = Wait),
+        (status = 503, description = "The store is unreachable, or a held request was cut by the server stopping or outlived the wait's deadline: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
     )
 )]
-pub async fn create(
+pub async fn create_wait(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
+    ApiQuery(q): ApiQuery<HoldQuery>,
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let pairs = query_pairs(&q);
-    only(&pairs, &["wait"])?;
-    let block_for = parse_block(param(&pairs, "wait"))?;
+    let hold = q.hold()?;
     let key = idempotency_key(&headers)?;
     let request = super::presets::expand(&s, &body)?;
     let spec = Spec::from_request(&request, &s.limits).map_err(ApiError::validation)?;
@@ -294,24 +240,16 @@ pub async fn create(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %created.wait.id, "wait created");
     }
-    let mut res = match block_for {
-        Some(limit) => {
-            let (wait, why) = if created.wait.is_running() {
-                block(&s, &tenant, created.wait.id, limit).await?
-            } else {
-                (created.wait, Held::Ended)
-            };
+    let mut res = match hold {
+        Some(hold) if created.wait.is_running() => {
+            let (wait, why) = block(&s, &tenant, created.wait.id, hold).await?;
             blocked_response(&wait, why, true)
         }
-        None => {
-            let mut res = json_response(StatusCode::CREATED, &created.wait);
-            res.headers_mut().insert(
-                header::LOCATION,
-                HeaderValue::from_str(&format!("/waits/{}", created.wait.id))
-                    .expect("a uuid path is a valid header"),
-            );
-            res
-        }
+        Some(_) => blocked_response(&created.wait, Held::Ended, true),
+        None => with_location(
+            json_response(StatusCode::CREATED, &created.wait),
+            created.wait.id,
+        ),
     };
     if created.existing {
         res.headers_mut()
@@ -327,97 +265,57 @@ pub async fn create(
 /// duration passes (202). Cut by the server stopping, or with `?wait=true` on a
 /// wait still running past its deadline: 503 with `Retry-After`.
 #[utoipa::path(
-    get, path = "/waits/{id}", tag = "waits",
+    get, path = "/waits/{id}", tag = "waits", operation_id = "get_wait",
     params(
         ("id" = Uuid, Path, description = "The wait's id"),
-        ("wait" = Option<String>, Query, description = "Hold the response: a duration such as `30s`, or `true` until the wait ends."),
+        HoldQuery,
     ),
     responses(
-        (status = 200, description = "The wait (or, blocked, succeeded)", body = Wait),
-        (status = 202, description = "Blocked and still running", body = Wait),
-        (status = 404, description = "No such wait", body = crate::api::error::Problem),
-        (status = 409, description = "Blocked and canceled", body = Wait),
-        (status = 412, description = "Blocked and timed out", body = Wait),
-        (status = 422, description = "Blocked and failed", body = Wait),
-        (status = 424, description = "Blocked and ended in error", body = Wait),
-        (status = 503, description = "Store unavailable, or blocked and cut by the server stopping (see Retry-After)", body = crate::api::error::Problem),
+        (status = 200, description = "The wait (or, held, succeeded)", body = Wait),
+        (status = 202, description = "Held, and still running when the duration passed", body = Wait),
+        (status = 400, description = "A bad `wait` or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such wait", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Held and canceled", body = Wait),
+        (status = 412, description = "Held and timed out", body = Wait),
+        (status = 422, description = "Held and failed", body = Wait),
+        (status = 424, description = "Held and ended in error", body = Wait),
+        (status = 503, description = "The store is unreachable, or a held request was cut by the server stopping or outlived the wait's deadline: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
     )
 )]
-pub async fn get_one(
+pub async fn get_wait(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
     WaitId(id): WaitId,
-    RawQuery(q): RawQuery,
+    ApiQuery(q): ApiQuery<HoldQuery>,
 ) -> ApiResult<Response> {
-    let pairs = query_pairs(&q);
-    only(&pairs, &["wait"])?;
-    let block_for = parse_block(param(&pairs, "wait"))?;
-    match block_for {
-        None => {
-            let wait = s
-                .store
-                .get(&tenant, id)
-                .await?
-                .ok_or_else(|| no_such_wait(id))?;
-            Ok(json_response(StatusCode::OK, &wait))
-        }
-        Some(limit) => {
-            let (wait, why) = block(&s, &tenant, id, limit).await?;
+    match q.hold()? {
+        None => Ok(json_response(StatusCode::OK, read(&s, &tenant, id).await?)),
+        Some(hold) => {
+            let (wait, why) = block(&s, &tenant, id, hold).await?;
             Ok(blocked_response(&wait, why, false))
         }
     }
 }
-
-pub use crate::model::WaitPage;
 
 /// List waits
 ///
 /// Newest first, filtered by `status` and by labels (`label=key:value`, repeatable;
 /// all must match).
 #[utoipa::path(
-    get, path = "/waits", tag = "waits",
-    params(
-        ("status" = Option<String>, Query, description = "running | succeeded | failed | timed_out | canceled | error"),
-        ("label" = Option<Vec<String>>, Query, description = "`key:value`; repeat for several"),
-        ("limit" = Option<i64>, Query, description = "1 to 500, default 50"),
-        ("cursor" = Option<String>, Query, description = "From `next_cursor` of the previous page"),
-    ),
+    get, path = "/waits", tag = "waits", operation_id = "list_waits",
+    params(ListQuery),
     responses(
         (status = 200, description = "A page of waits", body = WaitPage),
-        (status = 400, description = "Bad filter", body = crate::api::error::Problem),
+        (status = 400, description = "A bad filter, limit or cursor, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn list(
+pub async fn list_waits(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Response> {
-    let pairs = query_pairs(&q);
-    only(&pairs, &["status", "label", "limit", "cursor"])?;
-    let mut filter = ListFilter {
-        limit: 50,
-        ..Default::default()
-    };
-    if let Some(st) = param(&pairs, "status") {
-        filter.status = Some(st.parse::<Status>().map_err(|_| {
-            ApiError::bad_request(format!("status must be one of {}", Status::list()))
-        })?);
-    }
-    filter.labels = parse_labels(&pairs, &s.limits)?;
-    if let Some(l) = param(&pairs, "limit") {
-        filter.limit = l
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=500).contains(n))
-            .ok_or_else(|| ApiError::bad_request("limit must be a whole number from 1 to 500"))?;
-    }
-    if let Some(c) = param(&pairs, "cursor") {
-        filter.before = Some(Uuid::parse_str(c).map_err(|_| {
-            ApiError::bad_request(
-                "cursor is not one this server gave out; pass next_cursor as it came",
-            )
-        })?);
-    }
+    let mut filter = q.filter(&s.limits)?;
     // One more than asked for: a cursor is given only when another page exists.
     let limit = filter.limit;
     filter.limit += 1;
@@ -433,69 +331,24 @@ pub async fn list(
     ))
 }
 
-/// The `label=key:value` filters of a list or a feed. A key that no wait can carry,
-/// a value that none can hold, or more filters than a wait has labels, match
-/// nothing: each is a 400 with a sentence, never a query.
-pub(crate) fn parse_labels(
-    pairs: &[(String, String)],
-    limits: &crate::engine::Limits,
-) -> ApiResult<BTreeMap<String, String>> {
-    let mut labels = BTreeMap::new();
-    for (k, v) in pairs {
-        if k != "label" {
-            continue;
-        }
-        let (lk, lv) = v.split_once(':').ok_or_else(|| {
-            ApiError::bad_request("label must be written key:value, e.g. label=pipeline:1234")
-        })?;
-        let shown: String = lk.chars().take(64).collect();
-        if !crate::engine::spec::is_label_name(lk) {
-            return Err(ApiError::bad_request(format!(
-                "label \"{}\" {}",
-                shown.escape_debug(),
-                crate::engine::spec::LABEL_NAME_RULE
-            )));
-        }
-        if lv.len() > limits.max_label_len || lv.chars().any(char::is_control) {
-            return Err(ApiError::bad_request(format!(
-                "the value of label {shown} is longer than {} bytes or has a control character, so no wait can carry it",
-                limits.max_label_len
-            )));
-        }
-        labels.insert(lk.to_string(), lv.to_string());
-        if labels.len() > limits.max_labels {
-            return Err(ApiError::bad_request(format!(
-                "more than {} label filters; a wait has at most {} labels",
-                limits.max_labels, limits.max_labels
-            )));
-        }
-    }
-    Ok(labels)
-}
-
 /// Cancel a wait
 ///
 /// Ends a running wait as `canceled`; an ended wait is returned unchanged.
 #[utoipa::path(
-    post, path = "/waits/{id}/cancel", tag = "waits",
-    params(("id" = Uuid, Path, description = "The wait's id")),
+    post, path = "/waits/{id}/cancel", tag = "waits", operation_id = "cancel_wait",
+    params(("id" = Uuid, Path, description = "The wait's id"), NoQuery),
     responses(
-        (status = 200, description = "The wait, canceled (or as it ended)", body = Wait),
-        (status = 404, description = "No such wait", body = crate::api::error::Problem),
+        (status = 200, description = "The wait, canceled (or as it had ended)", body = Wait),
+        (status = 400, description = "A query parameter was given", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such wait", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn cancel(
+pub async fn cancel_wait(
     State(s): State<AppState>,
     Tenant(tenant): Tenant,
     WaitId(id): WaitId,
-    RawQuery(q): RawQuery,
+    ApiQuery(NoQuery {}): ApiQuery<NoQuery>,
 ) -> ApiResult<Response> {
-    if let Some((k, _)) = query_pairs(&q).first() {
-        return Err(ApiError::bad_request(format!(
-            "unknown query parameter \"{}\"; cancel takes none",
-            k.chars().take(64).collect::<String>()
-        )));
-    }
     let canceled = s
         .store
         .cancel(&tenant, id, Utc::now())
@@ -505,5 +358,5 @@ pub async fn cancel(
         s.metrics.ended(Status::Canceled);
         tracing::info!(wait_id = %id, "wait canceled");
     }
-    Ok(json_response(StatusCode::OK, &canceled.wait).into_response())
+    Ok(json_response(StatusCode::OK, &canceled.wait))
 }

@@ -6,12 +6,26 @@
 
 use std::time::Duration;
 
-/// Parses `"1h30m"`, `"250ms"`, `"0s"`. Units: `ms`, `s`, `m`, `h`, `d`.
+/// Parses `"1h30m"`, `"250ms"`, `"0s"`. Units: `ms`, `s`, `m`, `h`, `d`. Nothing
+/// else, not even spaces around it: the grammar is exactly
+/// [`super::schema::DURATION_PATTERN`], which the OpenAPI document gives.
 pub fn parse(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
+    parse_within(text, false)
+}
+
+/// Like [`parse`], but a duration too long to count (past 584 million years) is
+/// [`Duration::MAX`] rather than an error: for "hold at most this long", where any
+/// such length means "as long as it takes".
+pub fn parse_saturating(text: &str) -> Result<Duration, String> {
+    parse_within(text, true)
+}
+
+fn parse_within(text: &str, saturate: bool) -> Result<Duration, String> {
+    let s = text;
     if s.is_empty() {
         return Err("is empty; write a duration such as \"30s\", \"5m\" or \"1h30m\"".into());
     }
+    let too_long = || format!("\"{}\" is too long a duration", truncate(text));
     let mut total: u128 = 0;
     let mut rest = s;
     while !rest.is_empty() {
@@ -22,9 +36,11 @@ pub fn parse(text: &str) -> Result<Duration, String> {
                 truncate(text)
             ));
         }
-        let number: u128 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("\"{}\" is too long a duration", truncate(text)))?;
+        let number: u128 = match rest[..digits].parse() {
+            Ok(n) => n,
+            Err(_) if saturate => u128::MAX,
+            Err(_) => return Err(too_long()),
+        };
         rest = &rest[digits..];
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
         let unit = &rest[..unit_len];
@@ -49,13 +65,13 @@ pub fn parse(text: &str) -> Result<Duration, String> {
                 ));
             }
         };
-        total = number
-            .checked_mul(millis_per)
-            .and_then(|v| total.checked_add(v))
-            .filter(|v| *v <= u128::from(u64::MAX))
-            .ok_or_else(|| format!("\"{}\" is too long a duration", truncate(text)))?;
+        total = number.saturating_mul(millis_per).saturating_add(total);
     }
-    Ok(Duration::from_millis(total as u64))
+    match u64::try_from(total) {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) if saturate => Ok(Duration::MAX),
+        Err(_) => Err(too_long()),
+    }
 }
 
 /// Formats a duration the way [`parse`] reads it: `"1h30m"`, `"2s"`, `"1500ms"`.
@@ -105,6 +121,22 @@ pub mod serde_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_past_what_can_be_counted_saturates_only_when_asked() {
+        let huge = "99999999999999999999999999999999999999999d";
+        assert!(parse(huge).unwrap_err().contains("too long"));
+        assert_eq!(parse_saturating(huge), Ok(Duration::MAX));
+        assert!(
+            parse_saturating("5y").is_err(),
+            "an unknown unit is still an error"
+        );
+        assert_eq!(parse_saturating("1h30m"), Ok(Duration::from_secs(5400)));
+        assert!(
+            parse(" 30s").is_err(),
+            "no spaces: the grammar is the schema's"
+        );
+    }
 
     #[test]
     fn the_usual_forms_parse() {

@@ -12,6 +12,7 @@ pub mod bound;
 pub mod duration;
 pub mod jsonpath;
 pub mod path;
+pub mod schema;
 pub mod spec;
 
 use std::time::Duration;

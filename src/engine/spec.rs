@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::duration;
 use super::path::ValuePath;
+use super::schema;
 
 /// What the operator allows; the API passes its settings in.
 #[derive(Clone, Debug)]
@@ -57,10 +58,11 @@ pub struct FieldError {
 }
 
 /// What an HTTP 404 or 410 from the target means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NotFound {
     /// The wait ends in `error` (the default).
+    #[default]
     Error,
     /// Not created yet: retried against the retry budget.
     Retry,
@@ -68,60 +70,167 @@ pub enum NotFound {
     Success,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// What to poll.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Target {
+    /// An http or https URL (at most 2048 bytes; no credentials in it).
+    #[schema(value_type = schema::TargetUrl)]
     pub url: String,
-    /// Header values are secrets: [`Spec::redacted`] hides them on every read path.
+    /// Request headers (at most 32). Values are secrets: every read shows them as
+    /// `<redacted>` ([`Spec::redacted`]).
     #[serde(default)]
+    #[schema(value_type = Option<schema::Headers>)]
     pub headers: BTreeMap<String, String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Delay between healthy polls: starts at `initial`, multiplied by `factor`, capped
+/// at `max`, never below the server's floor, spread by ±`jitter`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Poll {
+    /// Default `2s`.
     #[serde(with = "duration::serde_text")]
+    #[schema(value_type = Option<schema::DurationText>)]
     pub initial: Duration,
+    /// 1 to 10, default 1.5; 1 is a fixed interval.
+    #[schema(value_type = Option<f64>, minimum = 1, maximum = 10)]
     pub factor: f64,
+    /// Default `15s`.
     #[serde(with = "duration::serde_text")]
+    #[schema(value_type = Option<schema::DurationText>)]
     pub max: Duration,
+    /// A fraction in [0, 1), default 0.1.
+    #[schema(value_type = Option<f64>, minimum = 0, exclusive_maximum = 1)]
     pub jitter: f64,
+    /// Wait before the first poll. Default `0s`.
     #[serde(with = "duration::serde_text")]
+    #[schema(value_type = Option<schema::DurationText>)]
     pub delay: Duration,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// After a transient error or an unexpected observation the next poll waits
+/// `delay`, doubling per consecutive retry up to `max_delay`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Retry {
+    /// Default `1s`.
     #[serde(with = "duration::serde_text")]
+    #[schema(value_type = Option<schema::DurationText>)]
     pub delay: Duration,
+    /// Default `30s`.
     #[serde(with = "duration::serde_text")]
+    #[schema(value_type = Option<schema::DurationText>)]
     pub max_delay: Duration,
-    /// `None`: retry until the deadline.
+    /// Consecutive retries allowed (0 to 10000), default 10; null retries until the
+    /// deadline.
+    #[schema(value_type = Option<u32>, minimum = 0, maximum = 10000)]
     pub max_retries: Option<u32>,
 }
 
 /// A validated wait request, normalised: every default filled in. Its serialised form
-/// is a valid request that means the same thing.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// is a valid request that means the same thing, and its schema (derived here) is
+/// the request's: `POST /waits` takes these fields (plus `preset` and `params`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Spec {
+    /// What to poll. Required unless a preset gives it.
     pub target: Target,
+    /// Where the state lives in the target's JSON body: a JSON Pointer
+    /// (`/data/attributes/status`), a JSONPath (`$.items[*].status`), or `@status`
+    /// for the HTTP status code. Required unless a preset gives it.
+    #[schema(value_type = schema::PathText)]
     pub state: ValuePath,
+    /// States that mean done (strings, numbers or booleans, compared as JSON text).
+    /// With several values at `state`, all must be in `want`. Required unless a
+    /// preset gives it.
+    #[schema(value_type = Vec<schema::StateValue>, min_items = 1, max_items = 64)]
     pub want: Vec<String>,
+    /// States that end the wait as `failed` at once; any value in `fail` is enough.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<schema::StateValue>>, max_items = 64)]
     pub fail: Vec<String>,
-    /// `None` when not given: then every state outside `want` and `fail` is progress.
+    /// The healthy in-progress states; when given, any other state is retried
+    /// against the retry budget. `None` when not given: then every state outside
+    /// `want` and `fail` is progress.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<schema::StateValue>>, max_items = 64)]
     pub pending: Option<Vec<String>>,
+    /// Pointer or JSONPath to a failure detail object, returned as `error_detail`.
     #[serde(default)]
+    #[schema(value_type = Option<schema::PathText>)]
     pub error: Option<ValuePath>,
-    pub require_transition: bool,
-    pub consecutive: u32,
-    pub not_found: NotFound,
-    pub ignore_case: bool,
-    #[serde(with = "duration::serde_text")]
-    pub timeout: Duration,
-    pub poll: Poll,
-    pub retry: Retry,
+    /// A `want` state counts only after a state outside `want` and `fail` was seen.
+    /// Default false.
     #[serde(default)]
+    #[schema(value_type = Option<bool>)]
+    pub require_transition: bool,
+    /// How many successive `want` observations success needs (1 to 100). Default 1.
+    #[serde(default = "one")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100)]
+    pub consecutive: u32,
+    /// What a 404 or 410 means. Default `error`.
+    #[serde(default)]
+    #[schema(nullable)]
+    pub not_found: NotFound,
+    /// Compare states case-insensitively. Default false.
+    #[serde(default)]
+    #[schema(value_type = Option<bool>)]
+    pub ignore_case: bool,
+    /// A duration such as `10m`, at most the server's maximum (default 24h).
+    /// Default `10m`.
+    #[serde(with = "duration::serde_text", default = "default_timeout")]
+    #[schema(value_type = Option<schema::DurationText>)]
+    pub timeout: Duration,
+    #[serde(default)]
+    #[schema(nullable)]
+    pub poll: Poll,
+    #[serde(default)]
+    #[schema(nullable)]
+    pub retry: Retry,
+    /// String labels for listing and filtering (at most 32).
+    #[serde(default)]
+    #[schema(value_type = Option<schema::Labels>)]
     pub labels: BTreeMap<String, String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_timeout() -> Duration {
+    DEFAULT_TIMEOUT
+}
+
+/// The most successive `want` observations a request may ask for.
+pub const MAX_CONSECUTIVE: u32 = 100;
+/// The most retries a request may allow.
+pub const MAX_RETRIES: u32 = 10_000;
+/// The largest poll interval growth factor.
+pub const MAX_FACTOR: f64 = 10.0;
+
+impl Default for Poll {
+    /// The defaults of a request that gives no `poll`, before the server's floor.
+    fn default() -> Poll {
+        Poll {
+            initial: Duration::from_secs(2),
+            factor: 1.5,
+            max: Duration::from_secs(15),
+            jitter: 0.1,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+impl Default for Retry {
+    /// The defaults of a request that gives no `retry`, before the server's floor.
+    fn default() -> Retry {
+        Retry {
+            delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+            max_retries: Some(10),
+        }
+    }
 }
 
 pub const REDACTED: &str = "<redacted>";
@@ -132,7 +241,8 @@ const NUL_REFUSED: &str =
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
-const TOP_FIELDS: &[&str] = &[
+/// The fields of a request (and of [`Spec`]); any other is refused.
+pub const FIELDS: &[&str] = &[
     "target",
     "state",
     "want",
@@ -174,7 +284,7 @@ impl Spec {
             );
             return Err(errs.0);
         };
-        errs.unknown(obj, "", TOP_FIELDS);
+        errs.unknown(obj, "", FIELDS);
 
         let target = parse_target(obj.get("target"), limits, &mut errs);
         let state = match obj.get("state") {
@@ -218,8 +328,8 @@ impl Spec {
         let ignore_case = parse_bool(obj, "ignore_case", &mut errs).unwrap_or(false);
         let consecutive = match opt(obj, "consecutive") {
             None => 1,
-            Some(v) => match v.as_u64() {
-                Some(n @ 1..=100) => n as u32,
+            Some(v) => match whole_number(v) {
+                Some(n) if (1..=u64::from(MAX_CONSECUTIVE)).contains(&n) => n as u32,
                 _ => {
                     errs.push("consecutive", "must be a whole number from 1 to 100");
                     1
@@ -367,6 +477,15 @@ fn join(prefix: &str, name: &str) -> String {
 
 fn opt<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
+}
+
+/// A whole number, written as `3` or `3.0` (JSON does not tell them apart).
+fn whole_number(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= u32::MAX as f64)
+            .map(|x| x as u64)
+    })
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -711,13 +830,9 @@ fn parse_poll(
     errs: &mut Errors,
 ) -> Option<Poll> {
     let floor = limits.min_poll_interval;
-    let mut poll = Poll {
-        initial: Duration::from_secs(2).max(floor),
-        factor: 1.5,
-        max: Duration::from_secs(15).max(floor),
-        jitter: 0.1,
-        delay: Duration::ZERO,
-    };
+    let mut poll = Poll::default();
+    poll.initial = poll.initial.max(floor);
+    poll.max = poll.max.max(floor);
     let obj = match v {
         None => return Some(poll),
         Some(Value::Object(o)) => o,
@@ -762,7 +877,7 @@ fn parse_poll(
     }
     if let Some(f) = opt(obj, "factor") {
         match f.as_f64() {
-            Some(x) if x.is_finite() && (1.0..=10.0).contains(&x) => poll.factor = x,
+            Some(x) if x.is_finite() && (1.0..=MAX_FACTOR).contains(&x) => poll.factor = x,
             _ => errs.push(
                 "poll.factor",
                 "must be a number from 1 (a fixed interval) to 10",
@@ -814,11 +929,9 @@ fn check_interval(field: &str, d: Duration, limits: &Limits, errs: &mut Errors) 
 
 fn parse_retry(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<Retry> {
     let floor = limits.min_poll_interval;
-    let mut retry = Retry {
-        delay: Duration::from_secs(1).max(floor),
-        max_delay: Duration::from_secs(30).max(floor),
-        max_retries: Some(10),
-    };
+    let mut retry = Retry::default();
+    retry.delay = retry.delay.max(floor);
+    retry.max_delay = retry.max_delay.max(floor);
     let obj = match v {
         None => return Some(retry),
         Some(Value::Object(o)) => o,
@@ -858,8 +971,8 @@ fn parse_retry(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<
     match obj.get("max_retries") {
         None => {}
         Some(Value::Null) => retry.max_retries = None,
-        Some(v) => match v.as_u64() {
-            Some(n) if n <= 10_000 => retry.max_retries = Some(n as u32),
+        Some(v) => match whole_number(v) {
+            Some(n) if n <= u64::from(MAX_RETRIES) => retry.max_retries = Some(n as u32),
             _ => errs.push(
                 "retry.max_retries",
                 "must be a whole number from 0 to 10000, or null to retry until the deadline",

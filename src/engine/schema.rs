@@ -1,0 +1,143 @@
+//! The JSON Schema of the request's value types, for the types in [`super::spec`]
+//! to derive theirs from (`#[schema(value_type = …)]`). The bounds are read from
+//! the same [`Limits`] defaults and grammar the validator applies, so the OpenAPI
+//! document cannot drift from what a request is checked against. What a schema
+//! cannot say (a timeout over the server's `--max-timeout`, `want` and `fail`
+//! overlapping, a poll interval under the floor) the validator answers with a 400.
+
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::{PartialSchema, ToSchema};
+
+use super::Limits;
+
+/// What the duration grammar ([`super::duration::parse`]) reads: whole numbers, each
+/// with a unit.
+pub const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h|d))+$";
+
+/// The label names a wait can carry ([`super::spec::is_label_name`]).
+pub const LABEL_NAME_PATTERN: &str = "^[A-Za-z0-9._/-]{1,63}$";
+
+/// Header names (RFC 9110 tokens, at most 64 bytes).
+pub const HEADER_NAME_PATTERN: &str = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$";
+
+/// What `target.url` starts with.
+pub const URL_PATTERN: &str = "^[Hh][Tt][Tt][Pp][Ss]?://";
+
+fn limits() -> Limits {
+    Limits::default()
+}
+
+macro_rules! schema_type {
+    ($(#[$doc:meta])* $ty:ident, $name:literal, $body:expr) => {
+        $(#[$doc])*
+        pub struct $ty;
+
+        impl PartialSchema for $ty {
+            fn schema() -> RefOr<Schema> {
+                $body.into()
+            }
+        }
+
+        impl ToSchema for $ty {
+            fn name() -> std::borrow::Cow<'static, str> {
+                $name.into()
+            }
+        }
+    };
+}
+
+schema_type!(
+    /// A duration such as `30s` or `1h30m`.
+    DurationText,
+    "Duration",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(DURATION_PATTERN))
+        .description(Some(
+            "Whole numbers, each with a unit (ms, s, m, h, d): `250ms`, `30s`, `1h30m`"
+        ))
+        .examples(["30s"])
+);
+
+schema_type!(
+    /// A JSON Pointer, a JSONPath, or `@status`.
+    PathText,
+    "ValuePath",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(limits().max_path_len))
+        .description(Some(
+            "A JSON Pointer (`/data/attributes/status`), a JSONPath (`$.items[*].status`), or `@status` (the HTTP status code)"
+        ))
+        .examples(["/data/attributes/status"])
+);
+
+schema_type!(
+    /// One state of a set: a string, number or boolean, compared as its JSON text.
+    StateValue,
+    "StateValue",
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([
+            Type::String,
+            Type::Number,
+            Type::Boolean,
+        ]))
+        .max_length(Some(limits().max_value_len))
+        .description(Some(
+            "A state: a string, number or boolean, compared as its JSON text"
+        ))
+);
+
+/// An object of at most `most` string values (of at most `value_len` bytes) whose
+/// names match `names`.
+fn string_map(most: usize, names: &str, value_len: usize) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .max_properties(Some(most))
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(names)),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(value_len)),
+        ))
+}
+
+schema_type!(
+    /// `labels`: names as [`LABEL_NAME_PATTERN`], string values.
+    Labels,
+    "Labels",
+    string_map(
+        limits().max_labels,
+        LABEL_NAME_PATTERN,
+        limits().max_label_len
+    )
+    .examples([serde_json::json!({"pipeline": "1234"})])
+);
+
+schema_type!(
+    /// `target.headers`: sent with every poll; values are never shown back.
+    Headers,
+    "Headers",
+    string_map(
+        limits().max_headers,
+        HEADER_NAME_PATTERN,
+        limits().max_header_len
+    )
+);
+
+schema_type!(
+    /// `target.url`: http or https.
+    TargetUrl,
+    "TargetUrl",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(limits().max_url_len))
+        .pattern(Some(URL_PATTERN))
+        .examples(["https://api.example.com/servers/1"])
+);
