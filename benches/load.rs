@@ -242,7 +242,7 @@ async fn limit(base: &str, concurrency: usize, seconds: u64) -> (f64, f64) {
 struct Waitd {
     base: String,
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), String>>,
+    task: tokio::task::JoinHandle<Result<(), waitd::StartError>>,
 }
 
 async fn start_waitd(db: &Db, concurrency: usize, extra: &[&str]) -> Waitd {

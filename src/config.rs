@@ -8,6 +8,18 @@ use clap::{Args, ValueEnum};
 
 use crate::engine::duration;
 
+/// A setting that cannot be used as given; the sentence names it and says what
+/// to write instead.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingError(pub String);
+
+impl From<String> for SettingError {
+    fn from(s: String) -> SettingError {
+        SettingError(s)
+    }
+}
+
 /// A setting's duration; spaces around it (from an env file, say) are forgiven.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     duration::parse(s.trim())
@@ -108,6 +120,11 @@ pub struct Config {
     /// Most probes in flight to one target host.
     #[arg(long, env = "WAITD_PER_HOST_CONCURRENCY", default_value_t = 16)]
     pub per_host_concurrency: usize,
+
+    /// Sent as the `Waitd-Replica` header with every probe, so a target's logs tell
+    /// which replica polled (and tests can, too); no such header when unset.
+    #[arg(long, env = "WAITD_PROBE_IDENTITY")]
+    pub probe_identity: Option<String>,
 
     /// Database connections this replica may open.
     #[arg(long, env = "WAITD_DB_CONNECTIONS", default_value_t = 16)]

@@ -22,19 +22,47 @@ pub mod worker;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-pub use config::Config;
+pub use config::{Config, SettingError};
+
+/// Why waitd did not start: each is a sentence for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting cannot be used as given.
+    #[error(transparent)]
+    Setting(#[from] SettingError),
+    /// No tokens on an address others can reach.
+    #[error(
+        "refusing to serve anonymously on {0}: configure API tokens (WAITD_TOKENS or --tokens-file), listen on a loopback address, or pass --allow-anonymous"
+    )]
+    Anonymous(SocketAddr),
+    /// The database is not there as configured (Postgres says why).
+    #[error("{0}")]
+    Database(String),
+    /// The store could not be opened or prepared.
+    #[error("cannot prepare the database: {0}")]
+    Store(#[from] store::StoreError),
+    /// The listening socket.
+    #[error("cannot listen: {0}")]
+    Listen(#[from] std::io::Error),
+}
 
 /// Reads the API tokens: `tenant:token` pairs from the settings and the tokens file.
-pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, String> {
+pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, SettingError> {
     let mut lines: Vec<String> = config.tokens.clone();
     if let Some(path) = &config.tokens_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the tokens file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            SettingError(format!(
+                "cannot read the tokens file {}: {e}",
+                path.display()
+            ))
+        })?;
         lines.extend(text.lines().map(str::to_string));
     }
     let mut tokens = HashMap::new();
@@ -47,76 +75,155 @@ pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, String> {
             .split_once(':')
             .filter(|(t, k)| !t.is_empty() && k.len() >= 16)
             .ok_or_else(|| {
-                format!(
+                SettingError(format!(
                     "API token entry {} is not tenant:token with a token of at least 16 characters",
                     i + 1
-                )
+                ))
             })?;
         if tokens
             .insert(token.to_string(), tenant.to_string())
             .is_some()
         {
-            return Err(format!("API token entry {} repeats a token", i + 1));
+            return Err(SettingError(format!(
+                "API token entry {} repeats a token",
+                i + 1
+            )));
         }
     }
     Ok(tokens)
 }
 
 /// `host=ip` pairs of `--resolve`.
-fn parse_resolve(entries: &[String]) -> Result<Vec<(String, std::net::SocketAddr)>, String> {
+fn parse_resolve(entries: &[String]) -> Result<Vec<(String, SocketAddr)>, SettingError> {
     entries
         .iter()
         .filter(|e| !e.trim().is_empty())
         .map(|e| {
             let (host, ip) = e
                 .split_once('=')
-                .ok_or_else(|| format!("--resolve entry \"{e}\" is not host=ip"))?;
-            let ip: std::net::IpAddr = ip
-                .trim()
-                .parse()
-                .map_err(|_| format!("--resolve entry \"{e}\" has no valid IP address after ="))?;
-            Ok((
-                host.trim().to_ascii_lowercase(),
-                std::net::SocketAddr::new(ip, 0),
-            ))
+                .ok_or_else(|| SettingError(format!("--resolve entry \"{e}\" is not host=ip")))?;
+            let ip: std::net::IpAddr = ip.trim().parse().map_err(|_| {
+                SettingError(format!(
+                    "--resolve entry \"{e}\" has no valid IP address after ="
+                ))
+            })?;
+            Ok((host.trim().to_ascii_lowercase(), SocketAddr::new(ip, 0)))
         })
         .collect()
 }
 
-/// Runs waitd on `listener` until `shutdown` resolves: applies migrations, starts the
-/// event listener, the worker pool and the API. On shutdown: blocked requests and
-/// streams end, the worker finishes in-flight probes and releases its leases, and
-/// this returns.
-pub async fn serve(
-    listener: TcpListener,
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    // No URL: the embedded SQLite file in the working directory.
+/// A running waitd without its listener: the router, and the tasks behind it (the
+/// event pipeline, the worker pool). [`serve`] puts it behind a socket; a test can
+/// call the router directly (`tower::ServiceExt::oneshot`).
+pub struct App {
+    /// Every route, with its state.
+    pub router: axum::Router,
+    /// The store the app runs on.
+    pub store: store::Store,
+    stop: watch::Sender<bool>,
+    worker: Option<JoinHandle<()>>,
+    events: events::Events,
+    max_connections: usize,
+    header_timeout: std::time::Duration,
+}
+
+impl App {
+    /// Checks the settings, opens and migrates the store, and starts the event
+    /// pipeline and (unless `--no-worker`) the worker pool. `addr` is where it will
+    /// be reached, for the anonymous-use check and the start-up line.
+    pub async fn start(config: Config, addr: SocketAddr) -> Result<App, StartError> {
+        let tokens = load_tokens(&config)?;
+        let cors_origins = parse_origins(&config.cors_origins)?;
+        if tokens.is_empty() {
+            if !addr.ip().is_loopback() && !config.allow_anonymous {
+                return Err(StartError::Anonymous(addr));
+            }
+            tracing::warn!(%addr, "no API tokens configured: serving anonymously");
+        }
+        let limits = engine::Limits {
+            min_poll_interval: config.min_poll_interval,
+            max_timeout: config.max_timeout,
+            ..Default::default()
+        };
+        let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
+        let guard = probe::guard::Guard::new(&config.allow_targets)?;
+        let bus = bus::Bus::new();
+        let store = open_store(&config, bus.clone()).await?;
+        let prober = probe::Prober::new(probe::ProbeConfig {
+            timeout: config.probe_timeout,
+            max_body: config.max_body,
+            guard: guard.clone(),
+            resolve_overrides: parse_resolve(&config.resolve)?,
+            per_host_concurrency: config.per_host_concurrency.max(1),
+            identity: config.probe_identity.clone(),
+        })?;
+
+        let (stop, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let metrics = Arc::new(metrics::Metrics::default());
+        // The sequencer and the LISTEN adapter (Postgres), and the feed.
+        let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
+        let worker = (!config.no_worker).then(|| {
+            let w = worker_for(&config, &store, prober, &bus, &metrics);
+            tokio::spawn(w.run(stopped(stop_rx.clone())))
+        });
+        let fd_limit = server::raise_fd_limit();
+        let max_connections = server::connection_cap(config.max_connections, fd_limit);
+        log_start(&config, &store, addr, &tokens, max_connections, fd_limit);
+        let state = api::AppState {
+            store: store.clone(),
+            bus,
+            limits: Arc::new(limits),
+            presets: Arc::new(presets),
+            metrics,
+            guard: Arc::new(guard),
+            tokens: Arc::new(tokens),
+            max_active_waits: config.max_active_waits,
+            rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
+            stopping: stop_rx,
+            feed: events.feed.clone(),
+            streams: api::streams::StreamLimits::new(
+                config.max_streams,
+                config.max_streams_per_tenant,
+            ),
+            body_timeout: config.body_timeout,
+            cors_origins: Arc::new(cors_origins),
+            replays: Arc::new(tokio::sync::Semaphore::new(
+                (config.db_connections as usize / 4).max(1),
+            )),
+        };
+        Ok(App {
+            router: api::router(state),
+            store,
+            stop,
+            worker,
+            events,
+            max_connections,
+            header_timeout: config.header_timeout,
+        })
+    }
+
+    /// Stops it: blocked requests and streams end, the worker finishes in-flight
+    /// probes and releases its leases, the event tasks end, the store closes.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.worker {
+            let _ = t.await;
+        }
+        self.events.stopped().await;
+        self.store.close().await;
+    }
+}
+
+/// The store `config` names (no URL: the embedded SQLite file in the working
+/// directory), checked and migrated, with its cipher.
+async fn open_store(config: &Config, bus: bus::Bus) -> Result<store::Store, StartError> {
     let url = config
         .database_url
         .clone()
         .unwrap_or_else(|| "sqlite://waitd.db".to_string());
-    let tokens = load_tokens(&config)?;
-    let cors_origins = parse_origins(&config.cors_origins)?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    if tokens.is_empty() {
-        if !addr.ip().is_loopback() && !config.allow_anonymous {
-            return Err(format!(
-                "refusing to serve anonymously on {addr}: configure API tokens (WAITD_TOKENS or --tokens-file), \
-                 listen on a loopback address, or pass --allow-anonymous"
-            ));
-        }
-        tracing::warn!(%addr, "no API tokens configured: serving anonymously");
-    }
-    let limits = engine::Limits {
-        min_poll_interval: config.min_poll_interval,
-        max_timeout: config.max_timeout,
-        ..Default::default()
-    };
-    let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
-    let guard = probe::guard::Guard::new(&config.allow_targets)?;
-    let bus = bus::Bus::new();
     let cipher = store::secrets::Cipher::new(
         config.secret_key.as_deref(),
         config.secret_key_previous.as_deref(),
@@ -124,69 +231,58 @@ pub async fn serve(
     if !cipher.is_enabled() {
         tracing::info!("no WAITD_SECRET_KEY: target header values are stored unencrypted");
     }
-    let store = store::Store::open(&url, config.db_connections, bus.clone())
-        .map_err(|e| format!("cannot open the database: {e}"))?
-        .with_cipher(cipher);
+    let store = store::Store::open(&url, config.db_connections, bus)?.with_cipher(cipher);
     if let Some(pg) = store.postgres()
         && let Some(why) = pg.diagnose().await
     {
-        return Err(why);
+        return Err(StartError::Database(why));
     }
-    store
-        .migrate()
-        .await
-        .map_err(|e| format!("cannot prepare the database: {e}"))?;
-    let prober = probe::Prober::new(probe::ProbeConfig {
-        timeout: config.probe_timeout,
-        max_body: config.max_body,
-        guard: guard.clone(),
-        resolve_overrides: parse_resolve(&config.resolve)?,
-        per_host_concurrency: config.per_host_concurrency.max(1),
-    })?;
+    store.migrate().await?;
+    Ok(store)
+}
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+fn worker_for(
+    config: &Config,
+    store: &store::Store,
+    prober: probe::Prober,
+    bus: &bus::Bus,
+    metrics: &Arc<metrics::Metrics>,
+) -> worker::Worker {
+    let owner = uuid::Uuid::now_v7();
+    let _ = metrics.owner.set(owner);
+    worker::Worker {
+        store: store.clone(),
+        prober,
+        bus: bus.clone(),
+        cfg: worker::WorkerConfig {
+            lease_ttl: config.lease_ttl,
+            floor: config.min_poll_interval,
+            capacity: config.capacity,
+            concurrency: config.concurrency,
+            // Leave half the pool to the API.
+            max_writes: (config.db_connections as usize / 2).max(1),
+            // A dead replica's waits are claimable once its lease expires; sweep
+            // often enough that takeover follows the TTL closely.
+            claim_interval: (config.lease_ttl / 10).clamp(
+                std::time::Duration::from_millis(100),
+                std::time::Duration::from_secs(1),
+            ),
+            ..Default::default()
+        },
+        metrics: metrics.clone(),
+        owner,
+    }
+}
 
-    let metrics = Arc::new(metrics::Metrics::default());
-    // The sequencer and the LISTEN adapter (Postgres), and the feed.
-    let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
-
-    let worker_task = (!config.no_worker).then(|| {
-        let owner = uuid::Uuid::now_v7();
-        let _ = metrics.owner.set(owner);
-        let worker = worker::Worker {
-            store: store.clone(),
-            prober,
-            bus: bus.clone(),
-            cfg: worker::WorkerConfig {
-                lease_ttl: config.lease_ttl,
-                floor: config.min_poll_interval,
-                capacity: config.capacity,
-                concurrency: config.concurrency,
-                // Leave half the pool to the API.
-                max_writes: (config.db_connections as usize / 2).max(1),
-                // A dead replica's waits are claimable once its lease expires; sweep
-                // often enough that takeover follows the TTL closely.
-                claim_interval: (config.lease_ttl / 10).clamp(
-                    std::time::Duration::from_millis(100),
-                    std::time::Duration::from_secs(1),
-                ),
-                ..Default::default()
-            },
-            metrics: metrics.clone(),
-            owner,
-        };
-        tokio::spawn(worker.run(stopped(stop_rx.clone())))
-    });
-
-    let fd_limit = server::raise_fd_limit();
-    let max_connections = server::connection_cap(config.max_connections, fd_limit);
+/// The start-up line: what this replica runs on and with.
+fn log_start(
+    config: &Config,
+    store: &store::Store,
+    addr: SocketAddr,
+    tokens: &HashMap<String, String>,
+    max_connections: usize,
+    fd_limit: Option<u64>,
+) {
     tracing::info!(
         store = %store.describe(),
         %addr,
@@ -217,45 +313,45 @@ pub async fn serve(
         open_files = fd_limit.unwrap_or(0),
         "waitd starting"
     );
-    let state = api::AppState {
-        store: store.clone(),
-        bus,
-        limits: Arc::new(limits),
-        presets: Arc::new(presets),
-        metrics,
-        guard: Arc::new(guard),
-        tokens: Arc::new(tokens),
-        max_active_waits: config.max_active_waits,
-        rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
-        stopping: stop_rx.clone(),
-        feed: events.feed.clone(),
-        streams: api::streams::StreamLimits::new(config.max_streams, config.max_streams_per_tenant),
-        body_timeout: config.body_timeout,
-        cors_origins: Arc::new(cors_origins),
-        replays: Arc::new(tokio::sync::Semaphore::new(
-            (config.db_connections as usize / 4).max(1),
-        )),
-    };
+}
+
+/// Runs waitd on `listener` until `shutdown` resolves ([`App::start`], then the
+/// HTTP server). On shutdown: blocked requests and streams end, the worker
+/// finishes in-flight probes and releases its leases, and this returns.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let addr = listener.local_addr()?;
+    let app = App::start(config, addr).await?;
+    let (down_tx, down_rx) = watch::channel(false);
+    let stop = app.stop.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+        let _ = down_tx.send(true);
+    });
     tracing::info!(%addr, "waitd listening");
+    let down = async move {
+        let mut rx = down_rx;
+        let _ = rx.wait_for(|s| *s).await;
+    };
     server::run(
         listener,
-        api::router(state),
-        max_connections,
-        config.header_timeout,
-        stopped(stop_rx.clone()),
+        app.router.clone(),
+        app.max_connections,
+        app.header_timeout,
+        down,
     )
     .await;
-    if let Some(t) = worker_task {
-        let _ = t.await;
-    }
-    events.stopped().await;
-    store.close().await;
+    app.stop().await;
     Ok(())
 }
 
 /// The `--cors-origins` entries: each exactly `scheme://host[:port]`, as a browser
 /// sends it in `Origin` (no path, no wildcard).
-fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, String> {
+fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, SettingError> {
     entries
         .iter()
         .map(|e| e.trim())
@@ -273,5 +369,6 @@ fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, Str
             axum::http::HeaderValue::from_str(&origin)
                 .map_err(|_| format!("--cors-origins entry \"{e}\" is not a valid header value"))
         })
-        .collect()
+        .collect::<Result<_, String>>()
+        .map_err(SettingError)
 }

@@ -77,7 +77,9 @@ fn main() -> ExitCode {
                 let listener = tokio::net::TcpListener::bind(config.listen)
                     .await
                     .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-                waitd::serve(listener, *config, shutdown_signal()).await
+                waitd::serve(listener, *config, shutdown_signal())
+                    .await
+                    .map_err(|e| e.to_string())
             }
             Command::Migrate { database_url } => {
                 init_logging(LogFormat::Text);

@@ -305,7 +305,14 @@ impl Registry {
     /// equals a built-in one replaces it). Each file from `dir` is also validated as a
     /// request against `limits` with sample parameters. Any problem is an error
     /// naming the file.
-    pub fn load(dir: Option<&Path>, limits: &Limits) -> Result<Registry, String> {
+    pub fn load(
+        dir: Option<&Path>,
+        limits: &Limits,
+    ) -> Result<Registry, crate::config::SettingError> {
+        Registry::load_dir(dir, limits).map_err(crate::config::SettingError)
+    }
+
+    fn load_dir(dir: Option<&Path>, limits: &Limits) -> Result<Registry, String> {
         let mut reg = Registry::builtin();
         let Some(dir) = dir else {
             return Ok(reg);

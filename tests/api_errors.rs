@@ -608,6 +608,25 @@ async fn a_bad_list_label_is_a_400_problem() {
 }
 
 #[tokio::test]
+async fn more_label_filters_than_a_wait_can_carry_are_a_400_even_with_one_key() {
+    let (db, app) = setup().await;
+    // 33 filters on one key: the count is of filters given, not of keys.
+    let many: String = (0..33).map(|i| format!("&label=k:{i}")).collect();
+    for path in ["/waits", "/events"] {
+        let p = problem(
+            app.client.get(app.url(&format!("{path}?{}", &many[1..]))),
+            400,
+        )
+        .await;
+        assert!(
+            p["detail"].as_str().unwrap().contains("more than 32"),
+            "{p}"
+        );
+    }
+    teardown(db, app).await;
+}
+
+#[tokio::test]
 async fn an_unknown_query_parameter_is_a_400_problem() {
     let (db, app) = setup().await;
     let id = "0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21";
@@ -631,6 +650,15 @@ async fn an_unknown_query_parameter_is_a_400_problem() {
 async fn bad_event_stream_parameters_are_400_problems() {
     let (db, app) = setup().await;
     problem(app.client.get(app.url("/events?follow=maybe")), 400).await;
+    // A bare `follow` is not a boolean either: the document says true or false.
+    let id = "0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21";
+    problem(app.client.get(app.url("/events?follow=")), 400).await;
+    problem(
+        app.client
+            .get(app.url(&format!("/waits/{id}/events?follow"))),
+        400,
+    )
+    .await;
     problem(app.client.get(app.url("/events?after=-1")), 400).await;
     problem(
         app.client

@@ -575,7 +575,7 @@ async fn open_streams_end_when_the_server_stops() {
     assert!(per_wait.until_end(Duration::from_secs(5)).await.is_empty());
     assert!(global.until_end(Duration::from_secs(5)).await.is_empty());
     let (r, took) = stopping.await.unwrap();
-    assert_eq!(r, Ok(()));
+    assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(5), "stop took {took:?}");
     db.drop_db().await;
 }

@@ -942,7 +942,7 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (r, took) = app.stop().await;
-    assert_eq!(r, Ok(()));
+    assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(3), "stop took {took:?}");
     let (status, h, w) = tokio::time::timeout(Duration::from_secs(5), blocked)
         .await
@@ -988,7 +988,7 @@ async fn graceful_shutdown_lets_an_in_flight_probe_finish_and_still_releases_its
     // The first probe is now in flight (the upstream answers after 700 ms).
     assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/1") >= 1 }).await);
     let (r, took) = app.stop().await;
-    assert_eq!(r, Ok(()));
+    assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(4), "stop took {took:?}");
     assert_eq!(
         db_count(&db, "SELECT count(*) FROM waits WHERE owner IS NOT NULL").await,

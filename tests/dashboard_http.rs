@@ -142,7 +142,10 @@ async fn cors_answers_exactly_the_configured_origins_and_nothing_otherwise() {
         )
         .unwrap();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let e = waitd::serve(l, config, async {}).await.unwrap_err();
+        let e = waitd::serve(l, config, async {})
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--cors-origins"), "{bad}: {e}");
     }
     db.drop_db().await;

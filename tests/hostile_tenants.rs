@@ -112,6 +112,22 @@ async fn label_filters_match_keys_exactly_are_capped_and_never_fail_on_both_stor
         assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
         let (_, page) = app.get("/waits?label=in:v1").await;
         assert_eq!(page["items"], json!([]));
+        // Two values for one label: a wait has one, so none matches; the same
+        // value twice is that one filter.
+        for path in ["/waits?", "/events?after=0&"] {
+            let (status, page) = app.get(&format!("{path}label=inj:v1&label=inj:v2")).await;
+            assert_eq!(status, 200, "{page}");
+            assert_eq!(page["items"], json!([]), "{path}");
+            let (_, page) = app.get(&format!("{path}label=inj:v1&label=inj:v1")).await;
+            assert!(
+                !page["items"].as_array().unwrap().is_empty(),
+                "{path}: {page}"
+            );
+            let (_, page) = app
+                .get(&format!("{path}label=inj:v2&label=inj:v1&label=inj:v2"))
+                .await;
+            assert_eq!(page["items"], json!([]), "{path}");
+        }
         // Many filters: at most as many as a wait can have labels.
         let many: String = (0..33).map(|i| format!("&label=k{i}:v")).collect();
         let (status, _, body) = answer(

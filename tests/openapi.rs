@@ -133,9 +133,10 @@ fn the_request_says_what_is_required_bounded_and_refused() {
     let create = &schemas["CreateWait"];
     let fields = create;
     assert_eq!(fields["additionalProperties"], json!(false));
-    let either = &create["anyOf"];
-    assert_eq!(either[0]["required"], json!(["preset"]));
-    assert_eq!(either[1]["required"], json!(["target", "state", "want"]));
+    assert_eq!(create["if"]["required"], json!(["preset"]));
+    assert_eq!(create["if"]["properties"]["preset"]["type"], "string");
+    assert_eq!(create["else"]["required"], json!(["target", "state", "want"]));
+    assert_eq!(create["else"]["properties"]["params"]["type"], "null");
     let p = &fields["properties"];
     assert_eq!(p["consecutive"]["minimum"], 1);
     // The bounds are the validator's own (schemathesis cannot see a body bound

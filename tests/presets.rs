@@ -893,7 +893,8 @@ async fn a_bad_preset_file_stops_the_server_at_start_up_naming_the_file() {
     )
     .await
     .expect("serve returns at once")
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("broken.json"), "{err}");
     assert!(err.contains("declares no parameter \"id\""), "{err}");
 
@@ -914,7 +915,8 @@ async fn a_bad_preset_file_stops_the_server_at_start_up_naming_the_file() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = waitd::serve(listener, config, std::future::pending())
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("broken.json") && err.contains("want"), "{err}");
     db.drop_db().await;
     let _ = std::fs::remove_dir_all(&dir);

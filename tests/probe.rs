@@ -485,6 +485,32 @@ async fn the_target_headers_reach_the_server_and_never_an_error_text() {
 }
 
 #[tokio::test]
+async fn a_probe_names_its_replica_only_when_one_is_configured() {
+    let (addr, seen) = upstream(Reply::json(200, json!({"status": "on"}))).await;
+    let s = spec(&format!("http://{addr}/"), json!({}));
+    prober(config()).probe(&s).await;
+    prober(ProbeConfig {
+        identity: Some("replica-b".into()),
+        ..config()
+    })
+    .probe(&s)
+    .await;
+    let headers = seen.headers.lock().unwrap().clone();
+    assert!(
+        headers[0].get("waitd-replica").is_none(),
+        "{:?}",
+        headers[0]
+    );
+    assert_eq!(headers[1]["waitd-replica"], "replica-b");
+    let bad = Prober::new(ProbeConfig {
+        identity: Some("two\nlines".into()),
+        ..config()
+    })
+    .expect_err("a header value with a newline is refused at start-up");
+    assert!(bad.to_string().contains("--probe-identity"), "{bad}");
+}
+
+#[tokio::test]
 async fn a_target_accept_header_replaces_the_default() {
     let (addr, seen) = upstream(Reply::json(200, json!({"status": "on"}))).await;
     let s = spec(
@@ -613,7 +639,8 @@ fn every_forbidden_literal_form_is_refused_by_check_url() {
     ] {
         let err = g
             .check_url(&url(target))
-            .expect_err(&format!("{target} was let through"));
+            .expect_err(&format!("{target} was let through"))
+            .to_string();
         assert!(err.contains(words), "{target}: {err}");
         assert!(err.contains("--allow-targets"), "{target}: {err}");
     }
@@ -637,7 +664,8 @@ fn public_targets_pass_check_url() {
 fn only_http_and_https_targets_pass_check_url() {
     let err = Guard::default()
         .check_url(&url("ftp://example.com/"))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("only http and https"), "{err}");
 }
 
@@ -691,7 +719,9 @@ fn allow_list_entries_open_exactly_what_they_name() {
 
 #[test]
 fn a_malformed_allow_list_entry_is_refused_with_a_sentence() {
-    let err = Guard::new(&["https://api.internal/".to_string()]).unwrap_err();
+    let err = Guard::new(&["https://api.internal/".to_string()])
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("https://api.internal/") && err.contains("host name"),
         "{err}"

@@ -1420,7 +1420,7 @@ async fn tokens_come_from_a_tokens_file_and_a_short_token_is_refused_at_start_up
         )
         .await
         .unwrap_or_else(|_| panic!("{tokens:?} was accepted: waitd is serving"));
-        let err = r.expect_err(tokens);
+        let err = r.expect_err(tokens).to_string();
         assert!(err.contains("16"), "{tokens:?}: {err}");
         assert!(
             !err.contains("short-token"),

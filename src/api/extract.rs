@@ -207,8 +207,12 @@ pub fn wants_stream(headers: &HeaderMap, follow: Option<&str>) -> Result<bool, A
         .contains("text/event-stream");
     let follow = match follow {
         None | Some("false") => false,
-        Some("true") | Some("") => true,
-        Some(_) => return Err(ApiError::bad_request("follow must be true or false")),
+        Some("true") => true,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "follow must be true or false, as in follow=true",
+            ));
+        }
     };
     Ok(accept || follow)
 }
@@ -305,6 +309,12 @@ pub struct NoQuery {}
 /// a value that none can hold, or more filters than a wait has labels, match
 /// nothing: each is a 400 with a sentence, never a query.
 pub fn labels(given: &[String], limits: &Limits) -> Result<BTreeMap<String, String>, ApiError> {
+    if given.len() > limits.max_labels {
+        return Err(ApiError::bad_request(format!(
+            "more than {} label filters; a wait has at most {} labels",
+            limits.max_labels, limits.max_labels
+        )));
+    }
     let mut labels = BTreeMap::new();
     for v in given {
         let (lk, lv) = v.split_once(':').ok_or_else(|| {
@@ -323,16 +333,24 @@ pub fn labels(given: &[String], limits: &Limits) -> Result<BTreeMap<String, Stri
                 limits.max_label_len
             )));
         }
-        labels.insert(lk.to_string(), lv.to_string());
-        if labels.len() > limits.max_labels {
-            return Err(ApiError::bad_request(format!(
-                "more than {} label filters; a wait has at most {} labels",
-                limits.max_labels, limits.max_labels
-            )));
+        match labels.get(lk) {
+            // Two values for one label: all filters must match and a wait has one
+            // value per label, so nothing matches. Said with a value no wait can
+            // carry (label values have no control characters), which every store
+            // and the live feed compare like any other.
+            Some(before) if before != lv => {
+                labels.insert(lk.to_string(), UNMATCHABLE.to_string());
+            }
+            _ => {
+                labels.insert(lk.to_string(), lv.to_string());
+            }
         }
     }
     Ok(labels)
 }
+
+/// A label value no wait carries: what a label filtered on two values becomes.
+const UNMATCHABLE: &str = "\u{7}";
 
 /// The header that makes a create safe to repeat.
 #[derive(utoipa::IntoParams)]

@@ -302,15 +302,19 @@ fn build() -> serde_json::Value {
     doc
 }
 
-/// `CreateWait` as one object whose `anyOf` says which fields must be there, rather
-/// than the `allOf` of the two that utoipa's types can hold: the same schema, in the
-/// form test generators read most thoroughly.
+/// `CreateWait` as one object with its fields, whose `if`/`else` says which must be
+/// there (a `preset`; or else `target`, `state` and `want`, and no `params`), rather
+/// than the `allOf` over an `anyOf` that utoipa's types can hold. The same schema, in
+/// the form test generators read most thoroughly and client generators read as one
+/// model (an `anyOf` would become a union of two).
 fn create_wait_as_one_object(doc: &mut serde_json::Value) {
     let Some(create) = doc.pointer_mut("/components/schemas/CreateWait") else {
         return;
     };
     let mut fields = create["allOf"][0].take();
-    fields["anyOf"] = create["allOf"][1]["anyOf"].take();
+    let either = &mut create["allOf"][1]["anyOf"];
+    fields["if"] = either[0].take();
+    fields["else"] = either[1].take();
     *create = fields;
 }
 

@@ -224,7 +224,9 @@ pub async fn create_wait(
     let spec = Spec::from_request(&request, &s.limits).map_err(ApiError::validation)?;
     let url =
         url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    s.guard.check_url(&url).map_err(ApiError::unprocessable)?;
+    s.guard
+        .check_url(&url)
+        .map_err(|refused| ApiError::unprocessable(refused.to_string()))?;
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex::encode(Sha256::digest(body.to_string().as_bytes()))

@@ -29,16 +29,17 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
+use crate::config::SettingError;
 use url::{Host, Url};
 
 /// What to do about a refusal, appended to every refusal sentence.
 const ADVICE: &str = "waitd does not poll loopback, private, link-local or other internal addresses unless the operator allows them with --allow-targets (WAITD_ALLOW_TARGETS)";
 
-/// Whether an error text is one of the guard's refusals (each ends with the same
-/// advice).
-pub fn is_refusal(error: &str) -> bool {
-    error.ends_with(ADVICE)
-}
+/// The guard's refusal of a target: a sentence naming the host and why, and how an
+/// operator opens it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(String);
 
 /// The SSRF guard. The default guard allows nothing extra: every internal address is
 /// refused.
@@ -77,7 +78,7 @@ impl Guard {
     /// Builds the guard from the operator's allow-list entries: host names,
     /// `*.suffix`es, IP addresses and CIDR ranges. Blank entries are skipped; anything
     /// else that is none of these is refused with a sentence naming the entry.
-    pub fn new(entries: &[String]) -> Result<Guard, String> {
+    pub fn new(entries: &[String]) -> Result<Guard, SettingError> {
         let mut allow = Vec::new();
         for entry in entries {
             let e = entry.trim();
@@ -115,24 +116,24 @@ impl Guard {
     /// address literal or a `localhost` name, unless the allow-list opens it. A host
     /// name is otherwise let through here: its addresses are judged when it is
     /// resolved, by [`GuardedResolver`]. The error is a sentence a person can act on.
-    pub fn check_url(&self, url: &Url) -> Result<(), String> {
+    pub fn check_url(&self, url: &Url) -> Result<(), Refused> {
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
+            return Err(Refused(format!(
                 "the target URL uses the scheme \"{}\"; only http and https can be polled",
                 url.scheme()
-            ));
+            )));
         }
         match url.host() {
-            None => Err("the target URL has no host".to_string()),
+            None => Err(Refused("the target URL has no host".to_string())),
             Some(Host::Domain(domain)) => {
                 let host = normalize_host(domain);
                 if self.allows_host(&host) {
                     return Ok(());
                 }
                 if host == "localhost" || host.ends_with(".localhost") {
-                    return Err(format!(
+                    return Err(Refused(format!(
                         "the target host {host} names this machine (localhost); {ADVICE}"
-                    ));
+                    )));
                 }
                 Ok(())
             }
@@ -141,12 +142,12 @@ impl Guard {
         }
     }
 
-    fn check_literal(&self, ip: IpAddr) -> Result<(), String> {
+    fn check_literal(&self, ip: IpAddr) -> Result<(), Refused> {
         if self.allows_ip(ip) {
             return Ok(());
         }
         match forbidden_reason(ip) {
-            Some(reason) => Err(format!("the target host {reason}; {ADVICE}")),
+            Some(reason) => Err(Refused(format!("the target host {reason}; {ADVICE}"))),
             None => Ok(()),
         }
     }
@@ -154,12 +155,12 @@ impl Guard {
     /// Whether waitd may connect to `ip`, an address `host` resolved to: yes when the
     /// allow-list names the host or covers the address, or when the address is not a
     /// forbidden one. The error is a sentence a person can act on.
-    pub fn check_ip(&self, host: &str, ip: IpAddr) -> Result<(), String> {
+    pub fn check_ip(&self, host: &str, ip: IpAddr) -> Result<(), Refused> {
         match self.refusal(host, ip) {
-            Some(reason) => Err(format!(
+            Some(reason) => Err(Refused(format!(
                 "the host {} resolves to {reason}; {ADVICE}",
                 normalize_host(host)
-            )),
+            ))),
             None => Ok(()),
         }
     }
@@ -174,7 +175,11 @@ impl Guard {
     }
 }
 
-fn parse_rule(entry: &str) -> Result<Rule, String> {
+fn parse_rule(entry: &str) -> Result<Rule, SettingError> {
+    parse_rule_text(entry).map_err(SettingError)
+}
+
+fn parse_rule_text(entry: &str) -> Result<Rule, String> {
     let e = entry.to_ascii_lowercase();
     if e.contains("://") {
         return Err(format!(
@@ -560,7 +565,7 @@ mod tests {
             ("*.10.0.0.1", "wildcard"),
             ("a b", "not a host name"),
         ] {
-            let err = Guard::new(&[entry.to_string()]).unwrap_err();
+            let err = Guard::new(&[entry.to_string()]).unwrap_err().to_string();
             assert!(err.contains(entry), "{entry}: {err}");
             assert!(err.contains(words), "{entry}: {err}");
         }
@@ -575,7 +580,10 @@ mod tests {
     #[test]
     fn check_ip_refuses_forbidden_addresses_unless_the_host_or_address_is_allowed() {
         let g = guard(&["trusted.internal", "10.9.0.0/16"]);
-        let err = g.check_ip("evil.test", ip("127.0.0.1")).unwrap_err();
+        let err = g
+            .check_ip("evil.test", ip("127.0.0.1"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("evil.test") && err.contains("loopback"),
             "{err}"

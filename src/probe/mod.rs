@@ -63,7 +63,12 @@ pub struct ProbeConfig {
     /// guard (tests make `evil.test` resolve to 127.0.0.1 with it). Port 0 means the
     /// URL's port.
     pub resolve_overrides: Vec<(String, SocketAddr)>,
+    /// Sent as [`IDENTITY_HEADER`] with every probe (`--probe-identity`).
+    pub identity: Option<String>,
 }
+
+/// The header that names the replica a probe comes from, when it is configured.
+pub const IDENTITY_HEADER: &str = "waitd-replica";
 
 impl Default for ProbeConfig {
     fn default() -> Self {
@@ -73,6 +78,7 @@ impl Default for ProbeConfig {
             guard: Guard::default(),
             per_host_concurrency: 16,
             resolve_overrides: Vec::new(),
+            identity: None,
         }
     }
 }
@@ -178,7 +184,7 @@ impl Prober {
     /// process default if none is), the guarded resolver, no redirects, no proxy, the
     /// per-request timeout, `User-Agent: waitd/<version>` and `Accept:
     /// application/json` (a target header of the same name replaces it).
-    pub fn new(config: ProbeConfig) -> Result<Prober, String> {
+    pub fn new(config: ProbeConfig) -> Result<Prober, crate::config::SettingError> {
         // Another part of the process may have installed a provider first; either
         // way one is installed afterwards, which is all reqwest needs.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -186,6 +192,15 @@ impl Prober {
         let resolver = GuardedResolver::new(guard.clone(), &config.resolve_overrides);
         let mut defaults = HeaderMap::new();
         defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        if let Some(id) = &config.identity {
+            let value = HeaderValue::from_str(id).map_err(|_| {
+                crate::config::SettingError(format!(
+                    "--probe-identity \"{}\" is not a valid header value (printable ASCII only)",
+                    id.escape_debug()
+                ))
+            })?;
+            defaults.insert(HeaderName::from_static(IDENTITY_HEADER), value);
+        }
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
             .default_headers(defaults)
@@ -194,7 +209,12 @@ impl Prober {
             .timeout(config.timeout)
             .dns_resolver(resolver)
             .build()
-            .map_err(|e| format!("could not build the HTTP client: {}", error_chain(&e)))?;
+            .map_err(|e| {
+                crate::config::SettingError(format!(
+                    "could not build the HTTP client for probes: {}",
+                    error_chain(&e)
+                ))
+            })?;
         Ok(Prober {
             inner: Arc::new(Inner {
                 client,
@@ -223,18 +243,18 @@ impl Prober {
     /// cap (or at once when `Content-Length` announces too much).
     pub async fn probe(&self, spec: &Spec) -> Observation {
         match target_url(spec) {
-            Ok(url) => self.probe_url(spec, url).await,
+            Ok(url) => self.probe_url(uuid::Uuid::nil(), spec, url).await,
             Err(error) => Observation::Permanent { error },
         }
     }
 
     /// [`Prober::probe`] with the target URL parsed already ([`target_url`]), for a
     /// wait polled many times.
-    pub async fn probe_url(&self, spec: &Spec, url: url::Url) -> Observation {
+    pub async fn probe_url(&self, wait: uuid::Uuid, spec: &Spec, url: url::Url) -> Observation {
         // Address literals never reach the resolver, so they are judged here; names
         // are judged by the resolver, on the addresses it returns.
-        if let Err(error) = self.inner.guard.check_url(&url) {
-            return Observation::Permanent { error };
+        if let Err(refused) = self.inner.guard.check_url(&url) {
+            return refusal(wait, &url, refused.to_string());
         }
         let mut headers = HeaderMap::new();
         for (name, value) in &spec.target.headers {
@@ -256,7 +276,7 @@ impl Prober {
         }
 
         let _slot = self.host_slot(&url).await;
-        self.get(url, headers, spec).await
+        self.get(wait, url, headers, spec).await
     }
 
     /// How many hosts the per-host limit tracks now: those with a probe in flight.
@@ -268,11 +288,23 @@ impl Prober {
             .len()
     }
 
-    async fn get(&self, url: url::Url, headers: HeaderMap, spec: &Spec) -> Observation {
-        let sent = self.inner.client.get(url).headers(headers).send().await;
+    async fn get(
+        &self,
+        wait: uuid::Uuid,
+        url: url::Url,
+        headers: HeaderMap,
+        spec: &Spec,
+    ) -> Observation {
+        let sent = self
+            .inner
+            .client
+            .get(url.clone())
+            .headers(headers)
+            .send()
+            .await;
         let mut response = match sent {
             Ok(r) => r,
-            Err(e) => return self.request_error(e),
+            Err(e) => return self.request_error(wait, &url, e),
         };
         let status = response.status();
         match classify_status(status.as_u16()) {
@@ -327,7 +359,7 @@ impl Prober {
                     body.extend_from_slice(&chunk);
                 }
                 Ok(None) => break,
-                Err(e) => return self.request_error(e),
+                Err(e) => return self.request_error(wait, &url, e),
             }
         }
         classify_body(&body, spec)
@@ -335,14 +367,12 @@ impl Prober {
 
     /// A failed request or body read: an SSRF refusal is permanent, anything else
     /// (DNS, connection, TLS, timeout, a broken body) transient.
-    fn request_error(&self, e: reqwest::Error) -> Observation {
+    fn request_error(&self, wait: uuid::Uuid, url: &url::Url, e: reqwest::Error) -> Observation {
         let e = e.without_url();
-        if let Some(refusal) = find_source::<ResolveError>(&e)
-            && matches!(refusal, ResolveError::Forbidden { .. })
+        if let Some(refused) = find_source::<ResolveError>(&e)
+            && matches!(refused, ResolveError::Forbidden { .. })
         {
-            return Observation::Permanent {
-                error: refusal.to_string(),
-            };
+            return refusal(wait, url, refused.to_string());
         }
         let error = if e.is_timeout() {
             format!(
@@ -483,6 +513,18 @@ fn format_size(bytes: usize) -> String {
     } else {
         format!("{bytes} bytes")
     }
+}
+
+/// The guard refused the target: a permanent error, and a warning for the operator
+/// (most often the allow-list was narrowed since the wait was created). The log
+/// names the wait and the host, never the query.
+fn refusal(wait: uuid::Uuid, url: &url::Url, error: String) -> Observation {
+    tracing::warn!(
+        wait_id = %wait,
+        host = url.host_str().unwrap_or_default(),
+        "the SSRF guard refuses this wait's target; it ends in error"
+    );
+    Observation::Permanent { error }
 }
 
 /// The first error of type `E` in `err`'s source chain (including `err`).

@@ -52,7 +52,10 @@ impl Key {
 
 impl Cipher {
     /// `current` seals and opens; `previous` only opens (for rotation).
-    pub fn new(current: Option<&str>, previous: Option<&str>) -> Result<Cipher, String> {
+    pub fn new(
+        current: Option<&str>,
+        previous: Option<&str>,
+    ) -> Result<Cipher, crate::config::SettingError> {
         let current = current
             .map(|k| Key::parse(k, "WAITD_SECRET_KEY"))
             .transpose()?;
@@ -60,7 +63,7 @@ impl Cipher {
             .map(|k| Key::parse(k, "WAITD_SECRET_KEY_PREVIOUS"))
             .transpose()?;
         if current.is_none() && previous.is_some() {
-            return Err("WAITD_SECRET_KEY_PREVIOUS needs WAITD_SECRET_KEY: the previous key only reads old values".into());
+            return Err(crate::config::SettingError("WAITD_SECRET_KEY_PREVIOUS needs WAITD_SECRET_KEY: the previous key only reads old values".into()));
         }
         Ok(Cipher { current, previous })
     }
@@ -190,7 +193,7 @@ mod tests {
     #[test]
     fn a_malformed_key_is_refused_with_advice() {
         let err = Cipher::new(Some("short"), None).unwrap_err();
-        assert!(err.contains("64 hex digits"), "{err}");
+        assert!(err.0.contains("64 hex digits"), "{err}");
         assert!(Cipher::new(None, Some(K1)).is_err());
     }
 }

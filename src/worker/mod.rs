@@ -553,21 +553,7 @@ impl Loop {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;
                 match url {
-                    Ok(url) => {
-                        let obs = w.prober.probe_url(&spec, url.clone()).await;
-                        if let Observation::Permanent { error } = &obs
-                            && crate::probe::guard::is_refusal(error)
-                        {
-                            // Most often the allow-list was narrowed since the wait
-                            // was created. The host, never the query.
-                            tracing::warn!(
-                                wait_id = %id,
-                                host = url.host_str().unwrap_or_default(),
-                                "the SSRF guard refuses this wait's target; it ends in error"
-                            );
-                        }
-                        obs
-                    }
+                    Ok(url) => w.prober.probe_url(id, &spec, url).await,
                     Err(error) => Observation::Permanent { error },
                 }
             };

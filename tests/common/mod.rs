@@ -184,7 +184,7 @@ pub struct App {
     pub base: String,
     pub client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), String>>>,
+    task: Option<JoinHandle<Result<(), waitd::StartError>>>,
 }
 
 /// Flags every test app gets: millisecond polling, loopback targets allowed, short leases.
@@ -258,7 +258,7 @@ impl App {
     }
 
     /// Stops the app gracefully; returns what `serve` returned and how long it took.
-    pub async fn stop(mut self) -> (Result<(), String>, Duration) {
+    pub async fn stop(mut self) -> (Result<(), waitd::StartError>, Duration) {
         let started = std::time::Instant::now();
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
