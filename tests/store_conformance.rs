@@ -304,7 +304,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             }],
             end: None,
         };
-        assert!(!store.record(a, &stale).await.unwrap());
+        assert!(!store.record(a, Utc::now(), &stale).await.unwrap());
         let renew = [Checkpoint {
             id: w.id,
             epoch: claimed[0].epoch,
@@ -402,7 +402,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
             };
             let (s1, s2) = (store.clone(), store.clone());
             let (a, b) = tokio::join!(
-                async move { s1.record(me, &success).await.unwrap() },
+                async move { s1.record(me, Utc::now(), &success).await.unwrap() },
                 async move { s2.cancel("t", w.id, Utc::now()).await.unwrap() }
             );
             let events = store.events("t", w.id, 0, 10).await.unwrap();
@@ -465,7 +465,7 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
                 ],
                 end: None,
             };
-            assert!(store.record(me, &p).await.unwrap());
+            assert!(store.record(me, Utc::now(), &p).await.unwrap());
         }
         let e1 = store.events("t", w1.id, 0, 100).await.unwrap();
         assert_eq!(
@@ -624,11 +624,14 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         ];
         // Another replica's write of the same batch lands nowhere.
         assert_eq!(
-            store.record_many(Uuid::now_v7(), &batch).await.unwrap(),
+            store
+                .record_many(Uuid::now_v7(), Utc::now(), &batch)
+                .await
+                .unwrap(),
             vec![false, false, false]
         );
         assert_eq!(
-            store.record_many(a, &batch).await.unwrap(),
+            store.record_many(a, Utc::now(), &batch).await.unwrap(),
             vec![true, false, false]
         );
         let kinds = |id| {
@@ -646,7 +649,10 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         assert_eq!(kinds(held[0].id).await, ["created", "state"]);
         assert_eq!(kinds(held[1].id).await, ["created"]);
         assert_eq!(kinds(held[2].id).await, ["created", "canceled"]);
-        assert_eq!(store.record_many(a, &[]).await.unwrap(), Vec::<bool>::new());
+        assert_eq!(
+            store.record_many(a, Utc::now(), &[]).await.unwrap(),
+            Vec::<bool>::new()
+        );
     });
 }
 

@@ -879,7 +879,11 @@ impl Store {
                 Err(why) => {
                     tracing::error!(wait_id = %row.id, error = %why, "cannot decode a claimed wait; ending it in error");
                     let _ = self
-                        .record(owner, &Progress::undecodable(row.id, row.epoch, why))
+                        .record(
+                            owner,
+                            Utc::now(),
+                            &Progress::undecodable(row.id, row.epoch, why),
+                        )
                         .await;
                 }
             }
@@ -913,10 +917,16 @@ impl Store {
     }
 
     /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
-    /// no longer this owner's.
-    pub async fn record(&self, owner: Uuid, progress: &Progress) -> Result<bool, StoreError> {
+    /// no longer this owner's. `now` (the writer's clock) is when it is written: the
+    /// wait's `updated_at`, and `finished_at` when it ends.
+    pub async fn record(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        progress: &Progress,
+    ) -> Result<bool, StoreError> {
         Ok(self
-            .record_many(owner, std::slice::from_ref(progress))
+            .record_many(owner, now, std::slice::from_ref(progress))
             .await?
             .first()
             .copied()
@@ -929,6 +939,7 @@ impl Store {
     pub async fn record_many(
         &self,
         owner: Uuid,
+        now: DateTime<Utc>,
         progress: &[Progress],
     ) -> Result<Vec<bool>, StoreError> {
         if progress.is_empty() {
@@ -938,7 +949,7 @@ impl Store {
             .iter()
             .map(Progress::row)
             .collect::<Result<Vec<_>, _>>()?;
-        sql!(self.record(owner, Utc::now(), &rows))
+        sql!(self.record(owner, now, &rows))
     }
 
     /// Renews the owner's lease on everything it holds and writes the checkpoints

@@ -14,9 +14,10 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{ConnectOptions, Connection, Sqlite, Transaction};
 use uuid::Uuid;
 
 use super::{
@@ -35,6 +36,19 @@ pub(crate) struct SqliteDialect {
     name: String,
     /// Held open for the life of the store: the lock that keeps a second process out.
     _lock: Option<std::sync::Arc<std::fs::File>>,
+    /// In memory: what keeps the database alive.
+    memory: Option<std::sync::Arc<Keeper>>,
+}
+
+/// An in-memory database lives as long as some connection to it is open. The pool's
+/// one connection is not enough: sqlx closes a connection whose query was cut off
+/// (a request that went away, a timeout) and opens another, which would find an
+/// empty database. So the database is named and shared, and this connection, outside
+/// the pool and idle, keeps it for the life of the store.
+#[derive(Debug)]
+struct Keeper {
+    options: SqliteConnectOptions,
+    conn: tokio::sync::Mutex<Option<SqliteConnection>>,
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -58,8 +72,16 @@ impl SqliteDialect {
             .busy_timeout(Duration::from_secs(5));
         let mut lock = None;
         let name;
+        let mut keeper = None;
         if memory {
-            options = options.in_memory(true);
+            options = options
+                .in_memory(true)
+                .shared_cache(true)
+                .filename(format!("file:waitd-memory-{}", Uuid::now_v7()));
+            keeper = Some(std::sync::Arc::new(Keeper {
+                options: options.clone(),
+                conn: tokio::sync::Mutex::new(None),
+            }));
             name = "SQLite in memory".to_string();
         } else {
             let path = PathBuf::from(rest.split('?').next().unwrap_or(rest));
@@ -117,6 +139,7 @@ impl SqliteDialect {
             bus,
             name,
             _lock: lock,
+            memory: keeper,
         })
     }
 
@@ -131,6 +154,12 @@ impl SqliteDialect {
     }
 
     pub(super) async fn migrate(&self) -> Result<(), StoreError> {
+        if let Some(k) = &self.memory {
+            let mut conn = k.conn.lock().await;
+            if conn.is_none() {
+                *conn = Some(k.options.connect().await?);
+            }
+        }
         sqlx::migrate!("./migrations/sqlite")
             .run(&self.pool)
             .await
@@ -144,6 +173,11 @@ impl SqliteDialect {
 
     pub(super) async fn close(&self) {
         self.pool.close().await;
+        if let Some(k) = &self.memory
+            && let Some(conn) = k.conn.lock().await.take()
+        {
+            let _ = conn.close().await;
+        }
     }
 
     pub(super) async fn find_idempotent(

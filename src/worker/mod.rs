@@ -27,12 +27,15 @@ use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+pub mod clock;
+
 use crate::bus::{Bus, BusMsg};
 use crate::engine::{self, Context, Decision, EngineState, Event, Observation, Spec};
 use crate::metrics::Metrics;
 use crate::model::{EventBody, Status};
 use crate::probe::Prober;
 use crate::store::{Checkpoint, Claimed, Ended, MAX_CLAIMS, Progress, Renewal, Store, StoreError};
+use clock::Clock;
 
 /// A probe still in flight at its wait's deadline is cut this long after it, so
 /// the poll the engine schedules at the deadline itself still gets an answer, and
@@ -172,6 +175,8 @@ enum Msg {
 
 struct Loop {
     w: Arc<Worker>,
+    /// The one clock every time in here is read from.
+    clock: Clock,
     held: HashMap<Uuid, Held>,
     timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Uuid)>>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -209,6 +214,7 @@ impl Worker {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut bus_rx = w.bus.subscribe();
         let mut lp = Loop {
+            clock: Clock::new(),
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
             pending: Vec::new(),
             writing: 0,
@@ -300,13 +306,9 @@ fn checkpoint(id: Uuid, h: &Held, force: bool) -> Checkpoint {
 }
 
 /// A held wait's deadline (now, for one no longer held).
-fn h_deadline(held: &HashMap<Uuid, Held>, id: Uuid) -> DateTime<Utc> {
-    held.get(&id).map_or_else(Utc::now, |h| h.engine.deadline)
-}
-
-fn instant_at(t: DateTime<Utc>) -> Instant {
-    let now = Utc::now();
-    Instant::now() + (t - now).to_std().unwrap_or(Duration::ZERO)
+fn h_deadline(held: &HashMap<Uuid, Held>, id: Uuid, clock: &Clock) -> DateTime<Utc> {
+    held.get(&id)
+        .map_or_else(|| clock.now(), |h| h.engine.deadline)
 }
 
 impl Loop {
@@ -323,7 +325,7 @@ impl Loop {
             return Instant::now() + Duration::from_millis(50);
         }
         match self.timers.peek() {
-            Some(Reverse((t, _, _))) => instant_at(*t),
+            Some(Reverse((t, _, _))) => self.clock.instant_at(*t),
             None => Instant::now() + Duration::from_secs(3600),
         }
     }
@@ -360,6 +362,12 @@ impl Loop {
     }
 
     fn renew(&mut self) {
+        if let Some(step) = self.clock.resync() {
+            tracing::warn!(
+                step_ms = step.num_milliseconds(),
+                "the system clock stepped; schedules and deadlines follow it"
+            );
+        }
         if self.renewing {
             return;
         }
@@ -492,7 +500,7 @@ impl Loop {
             tracing::info!("lease renewed; polling resumed");
             self.paused = false;
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         let mut first_polls = Vec::new();
         while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
             if at > now {
@@ -547,7 +555,8 @@ impl Loop {
         let tx = self.tx.clone();
         // The deadline wins over the probe timeout: a probe still in flight just
         // after it is cut, and the engine ends the wait `timed_out`.
-        let cut = instant_at(h.engine.deadline) + DEADLINE_GRACE;
+        let cut = self.clock.instant_at(h.engine.deadline) + DEADLINE_GRACE;
+        let clock = self.clock;
         tokio::spawn(async move {
             let probe = async {
                 // The prober itself bounds the probes in flight per target host.
@@ -571,7 +580,7 @@ impl Loop {
                 id,
                 generation: g,
                 obs,
-                at: Utc::now(),
+                at: clock.now(),
             });
         });
     }
@@ -700,8 +709,8 @@ impl Loop {
                         // Not this replica's any more, or the store is away: the
                         // renewal finds out which; look again in a second.
                         h.busy = false;
-                        let again = Utc::now() + chrono::TimeDelta::seconds(1);
-                        self.schedule(id, again.min(h_deadline(&self.held, id)));
+                        let again = self.clock.now() + chrono::TimeDelta::seconds(1);
+                        self.schedule(id, again.min(h_deadline(&self.held, id, &self.clock)));
                     }
                 }
             }
@@ -838,9 +847,10 @@ impl Loop {
             self.writing += 1;
             let w = self.w.clone();
             let tx = self.tx.clone();
+            let clock = self.clock;
             tokio::spawn(async move {
                 let started = Instant::now();
-                let written = write_progress(&w, &progress).await;
+                let written = write_progress(&w, clock, &progress).await;
                 tracing::debug!(
                     n = progress.len(),
                     ms = started.elapsed().as_millis() as u64,
@@ -902,8 +912,8 @@ impl Loop {
 /// say), the waits are written one at a time, and each one the store still refuses
 /// is ended in `error` instead: a wait must end by its deadline, not be let go and
 /// polled again forever.
-async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
-    let refused = match w.store.record_many(w.owner, progress).await {
+async fn write_progress(w: &Worker, clock: Clock, progress: &[Progress]) -> Vec<Written> {
+    let refused = match w.store.record_many(w.owner, clock.now(), progress).await {
         Ok(done) => {
             return done
                 .into_iter()
@@ -919,7 +929,7 @@ async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
     let mut out = Vec::with_capacity(progress.len());
     for p in progress {
         w.metrics.write();
-        let why = match w.store.record(w.owner, p).await {
+        let why = match w.store.record(w.owner, clock.now(), p).await {
             Ok(true) => {
                 out.push(Written::Yes);
                 continue;
@@ -942,7 +952,7 @@ async fn write_progress(w: &Worker, progress: &[Progress]) -> Vec<Written> {
             format!("could not store what the target answered: {why}"),
         );
         w.metrics.write();
-        out.push(match w.store.record(w.owner, &end).await {
+        out.push(match w.store.record(w.owner, clock.now(), &end).await {
             Ok(true) => Written::Abandoned,
             Ok(false) => Written::NotOwned,
             Err(e) => Written::Failed(e.to_string()),
