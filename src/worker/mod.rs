@@ -654,66 +654,14 @@ impl Loop {
 
     fn handle(&mut self, msg: Msg) {
         match msg {
-            Msg::Claimed(result) => {
-                self.claiming = false;
-                match result {
-                    Ok(claimed) => {
-                        if claimed.len() >= 1000 {
-                            self.claim_again = true;
-                        }
-                        if !claimed.is_empty() {
-                            tracing::debug!(n = claimed.len(), "claimed waits");
-                        }
-                        // Held before (its epoch counts claims), by an earlier run of
-                        // this replica or by another.
-                        let resumed = claimed.iter().filter(|c| c.epoch > 1).count();
-                        if resumed > 0 {
-                            tracing::info!(
-                                resumed,
-                                "resumed waits polled before by another replica or an earlier run"
-                            );
-                        }
-                        for c in claimed {
-                            self.insert(c);
-                        }
-                        self.w.metrics.held.store(self.held.len() as i64, Relaxed);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "claiming waits failed"),
-                }
-            }
+            Msg::Claimed(result) => self.claimed(result),
             Msg::Probed {
                 id,
                 generation,
                 obs,
                 at,
             } => self.observed(id, generation, obs, at),
-            Msg::Marked { first, result } => {
-                let marked: std::collections::HashSet<Uuid> = match result {
-                    Ok(ids) => ids.into_iter().collect(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not record that polls begin; trying again shortly");
-                        Default::default()
-                    }
-                };
-                for (id, epoch, g) in first {
-                    let Some(h) = self.held.get_mut(&id) else {
-                        continue;
-                    };
-                    if h.generation != g || h.epoch != epoch {
-                        continue;
-                    }
-                    if marked.contains(&id) {
-                        h.marked = true;
-                        self.start_probe(id, g);
-                    } else {
-                        // Not this replica's any more, or the store is away: the
-                        // renewal finds out which; look again in a second.
-                        h.busy = false;
-                        let again = self.clock.now() + chrono::TimeDelta::seconds(1);
-                        self.schedule(id, again.min(h_deadline(&self.held, id, &self.clock)));
-                    }
-                }
-            }
+            Msg::Marked { first, result } => self.marked(first, result),
             Msg::Recorded { batch } => {
                 self.writing -= 1;
                 self.w.metrics.write();
@@ -729,62 +677,131 @@ impl Loop {
                 claiming,
                 result,
                 unreleased,
-            } => {
-                self.renewing = false;
-                self.let_go.extend(unreleased);
-                tracing::debug!(
-                    held = sent.len(),
-                    checkpoints = checkpointed.len(),
-                    ms = started.elapsed().as_millis() as u64,
-                    ok = result.is_ok(),
-                    "lease renewal"
-                );
-                match result {
-                    Ok(Renewal { kept, strays }) => {
-                        self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
-                        if !claiming {
-                            self.give_back_strays(strays);
-                        }
-                        let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
-                        for (id, epoch) in sent {
-                            if kept.contains(&id) {
-                                match self.held.get_mut(&id) {
-                                    Some(_) => {}
-                                    // Let go while the renewal was on its way, yet
-                                    // still ours in the store: give it back.
-                                    None => self.let_go.push(Checkpoint {
-                                        id,
-                                        epoch,
-                                        engine: None,
-                                        next_poll_at: None,
-                                    }),
-                                }
-                            } else if self
-                                .held
-                                .get(&id)
-                                .is_some_and(|h| !h.busy && h.epoch == epoch)
-                            {
-                                // Taken over or ended elsewhere. (Under another epoch
-                                // it was claimed again since the renewal left: the
-                                // answer is about an older lease, so keep it.)
-                                tracing::debug!(wait_id = %id, "lease lost");
-                                self.held.remove(&id);
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "renewing leases failed");
-                        for id in checkpointed {
-                            if let Some(h) = self.held.get_mut(&id) {
-                                h.dirty = true;
-                                h.written = 0;
-                            }
-                        }
-                    }
+            } => self.renewed(started, sent, checkpointed, claiming, result, unreleased),
+        }
+    }
+
+    /// A claim came back: hold what it claimed.
+    fn claimed(&mut self, result: Result<Vec<Claimed>, StoreError>) {
+        self.claiming = false;
+        match result {
+            Ok(claimed) => {
+                if claimed.len() >= 1000 {
+                    self.claim_again = true;
+                }
+                if !claimed.is_empty() {
+                    tracing::debug!(n = claimed.len(), "claimed waits");
+                }
+                // Held before (its epoch counts claims), by an earlier run of
+                // this replica or by another.
+                let resumed = claimed.iter().filter(|c| c.epoch > 1).count();
+                if resumed > 0 {
+                    tracing::info!(
+                        resumed,
+                        "resumed waits polled before by another replica or an earlier run"
+                    );
+                }
+                for c in claimed {
+                    self.insert(c);
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
             }
+            Err(e) => tracing::warn!(error = %e, "claiming waits failed"),
         }
+    }
+
+    /// First polls were recorded as begun (or not): start those that were.
+    fn marked(&mut self, first: Vec<(Uuid, i64, u64)>, result: Result<Vec<Uuid>, StoreError>) {
+        let marked: std::collections::HashSet<Uuid> = match result {
+            Ok(ids) => ids.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record that polls begin; trying again shortly");
+                Default::default()
+            }
+        };
+        for (id, epoch, g) in first {
+            let Some(h) = self.held.get_mut(&id) else {
+                continue;
+            };
+            if h.generation != g || h.epoch != epoch {
+                continue;
+            }
+            if marked.contains(&id) {
+                h.marked = true;
+                self.start_probe(id, g);
+            } else {
+                // Not this replica's any more, or the store is away: the
+                // renewal finds out which; look again in a second.
+                h.busy = false;
+                let again = self.clock.now() + chrono::TimeDelta::seconds(1);
+                self.schedule(id, again.min(h_deadline(&self.held, id, &self.clock)));
+            }
+        }
+    }
+
+    /// A renewal came back: extend the lease, and drop what it says is no longer ours.
+    fn renewed(
+        &mut self,
+        started: Instant,
+        sent: Vec<(Uuid, i64)>,
+        checkpointed: Vec<Uuid>,
+        claiming: bool,
+        result: Result<Renewal, StoreError>,
+        unreleased: Vec<Checkpoint>,
+    ) {
+        self.renewing = false;
+        self.let_go.extend(unreleased);
+        tracing::debug!(
+            held = sent.len(),
+            checkpoints = checkpointed.len(),
+            ms = started.elapsed().as_millis() as u64,
+            ok = result.is_ok(),
+            "lease renewal"
+        );
+        match result {
+            Ok(Renewal { kept, strays }) => {
+                self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
+                if !claiming {
+                    self.give_back_strays(strays);
+                }
+                let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
+                for (id, epoch) in sent {
+                    if kept.contains(&id) {
+                        match self.held.get_mut(&id) {
+                            Some(_) => {}
+                            // Let go while the renewal was on its way, yet
+                            // still ours in the store: give it back.
+                            None => self.let_go.push(Checkpoint {
+                                id,
+                                epoch,
+                                engine: None,
+                                next_poll_at: None,
+                            }),
+                        }
+                    } else if self
+                        .held
+                        .get(&id)
+                        .is_some_and(|h| !h.busy && h.epoch == epoch)
+                    {
+                        // Taken over or ended elsewhere. (Under another epoch
+                        // it was claimed again since the renewal left: the
+                        // answer is about an older lease, so keep it.)
+                        tracing::debug!(wait_id = %id, "lease lost");
+                        self.held.remove(&id);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing leases failed");
+                for id in checkpointed {
+                    if let Some(h) = self.held.get_mut(&id) {
+                        h.dirty = true;
+                        h.written = 0;
+                    }
+                }
+            }
+        }
+        self.w.metrics.held.store(self.held.len() as i64, Relaxed);
     }
 
     fn observed(&mut self, id: Uuid, generation: u64, obs: Observation, at: DateTime<Utc>) {
