@@ -2,10 +2,10 @@
 //! (RFC 9457) with `type`, `title`, `status` (equal to the HTTP status) and a `detail`
 //! sentence a person can act on; never a 5xx.
 
-mod common;
+mod support;
 
-use common::*;
 use serde_json::{Value, json};
+use support::*;
 
 /// Sends `req` and checks that the answer is the problem document of `want` status;
 /// returns the problem body.
@@ -330,13 +330,7 @@ async fn a_state_in_both_want_and_fail_is_a_400() {
 #[tokio::test]
 async fn a_poll_interval_below_the_floor_is_a_400() {
     let db = TestDb::new().await;
-    let mut args = test_args(&db.url);
-    let i = args
-        .iter()
-        .position(|a| a == "--min-poll-interval")
-        .unwrap();
-    args[i + 1] = "1s".into();
-    let app = App::start_args(args).await;
+    let app = App::start_args(set_flag(test_args(&db.url), "--min-poll-interval", "1s")).await;
     let mut body = valid();
     body["poll"] = json!({"initial": "100ms", "delay": "15s"});
     body.as_object_mut().unwrap().remove("retry");

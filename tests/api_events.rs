@@ -1,16 +1,16 @@
 //! Black-box tests of event history and server-sent event streams: per wait
 //! (`/waits/{id}/events`) and global (`/events`).
 
-mod common;
+mod support;
 
 use std::pin::Pin;
 use std::time::Duration;
 
-use common::*;
 use eventsource_stream::{Event as SseEvent, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use support::*;
 
 type Events =
     Pin<Box<dyn Stream<Item = Result<SseEvent, EventStreamError<reqwest::Error>>> + Send>>;

@@ -1,17 +1,17 @@
 //! The black-box API on the embedded SQLite store: create, block, cancel, follow,
 //! and a restart on the same file.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::*;
 use futures_util::StreamExt;
 use serde_json::Value;
+use support::*;
 
 #[tokio::test]
 async fn a_wait_on_sqlite_is_created_blocked_on_and_succeeds() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script(
         "/s/1",
@@ -34,7 +34,7 @@ async fn a_wait_on_sqlite_is_created_blocked_on_and_succeeds() {
 
 #[tokio::test]
 async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script("/s/2", vec![Reply::status("deploying")]);
     let app = App::start_sqlite(&dir.sqlite_url()).await;
@@ -66,7 +66,7 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
 
 #[tokio::test]
 async fn a_follower_on_sqlite_sees_every_event_in_order_and_the_stream_ends() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script(
         "/s/3",
@@ -102,7 +102,7 @@ async fn a_follower_on_sqlite_sees_every_event_in_order_and_the_stream_ends() {
 
 #[tokio::test]
 async fn a_wait_on_sqlite_survives_a_restart_and_ends() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script("/s/4", vec![Reply::status("deploying")]);
     let app = App::start_sqlite(&dir.sqlite_url()).await;

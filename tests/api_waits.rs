@@ -2,14 +2,14 @@
 //! blocked request can answer), cancel, idempotency, redaction, listing, restarts,
 //! graceful shutdown and the operational endpoints.
 
-mod common;
+mod support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::*;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use support::*;
 
 /// Sends a request; returns the status, the headers and the body as JSON (Null if not JSON).
 async fn send(req: reqwest::RequestBuilder) -> (u16, HeaderMap, Value) {

@@ -3,15 +3,15 @@
 //! 1 failed, 2 timed out, 3 error, 4 canceled, 5 usage or server problem, 130
 //! interrupted).
 
-mod common;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::{Value, json};
+use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_waitd");
 

@@ -135,7 +135,10 @@ fn the_request_says_what_is_required_bounded_and_refused() {
     assert_eq!(fields["additionalProperties"], json!(false));
     assert_eq!(create["if"]["required"], json!(["preset"]));
     assert_eq!(create["if"]["properties"]["preset"]["type"], "string");
-    assert_eq!(create["else"]["required"], json!(["target", "state", "want"]));
+    assert_eq!(
+        create["else"]["required"],
+        json!(["target", "state", "want"])
+    );
     assert_eq!(create["else"]["properties"]["params"]["type"], "null");
     let p = &fields["properties"];
     assert_eq!(p["consecutive"]["minimum"], 1);

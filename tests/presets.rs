@@ -5,10 +5,10 @@
 //! The presets poll every few seconds; the requests here override `poll` and `retry`
 //! (objects merge key by key with the preset's) so the tests run in milliseconds.
 
-mod common;
+mod support;
 
-use common::*;
 use serde_json::{Value, json};
+use support::*;
 
 /// Millisecond timings, laid over a preset's own.
 fn fast() -> Value {

@@ -2,7 +2,7 @@
 //! replica is the real `waitd` binary in its own process, killed with SIGKILL or
 //! stopped with SIGTERM; Postgres is stopped, restarted or frozen (a throwaway
 //! cluster each such test starts itself). The upstream records each probe with the
-//! replica that sent it (see `common/procs.rs`), so double polling is measured, not
+//! replica that sent it (see `support/recorder.rs`), so double polling is measured, not
 //! guessed.
 //!
 //! The tests run one at a time (they measure timings on a small machine) and print
@@ -12,20 +12,21 @@
 //! `WAITD_TEST_RUST_LOG` sets the replicas' `RUST_LOG`, and `WAITD_PG_BIN` points at
 //! the Postgres server binaries (default `/usr/lib/postgresql/15/bin`).
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use common::TestDb;
 use futures_util::future::join_all;
-use procs::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use support::follower::*;
+use support::pg::*;
+use support::recorder::*;
+use support::replica::*;
+use support::{TempDir, TestDb, client};
 use uuid::Uuid;
 
 /// One test at a time: they time things, and each runs several processes.
@@ -75,7 +76,7 @@ async fn create_n_at_once(
     at_once: usize,
 ) -> Vec<Uuid> {
     use futures_util::StreamExt;
-    let client = http();
+    let client = client();
     let answers: Vec<Answer> = futures_util::stream::iter(urls.iter().enumerate().map(|(i, u)| {
         let r = via[i % via.len()];
         send(
@@ -551,7 +552,7 @@ async fn a_single_node_killed_and_restarted_loses_nothing() {
         "the state change was not recorded"
     );
     // One canceled, and a few acknowledged just before the crash.
-    let client = http();
+    let client = client();
     let c = send(client.post(r.url(&format!("/waits/{}/cancel", ids[39])))).await;
     assert_eq!(c.body["status"], "canceled");
     let late_paths: Vec<String> = (0..5).map(|i| format!("/solo/late{i}")).collect();
@@ -723,7 +724,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
 
     // Open a blocked read and two streams on the victim: SIGTERM must close them.
     let w = orphans[0];
-    let client = http();
+    let client = client();
     let blocked = tokio::spawn(send(
         client.get(rs[victim].url(&format!("/waits/{w}?wait=true"))),
     ));
@@ -906,7 +907,7 @@ async fn a_postgres_restart_mid_flight_answers_503_then_resumes_every_replica_an
     up.set_all(&moved, "building");
     f1.kick();
     f2.kick();
-    let client = http();
+    let client = client();
     let checks = join_all(rs.iter().flat_map(|r| {
         let spec = wait_spec(&urls[1], INTERVAL, "pg");
         [
@@ -1182,7 +1183,7 @@ async fn a_cancel_through_replica_b_stops_replica_a_polling_within_one_poll_inte
             "{p} was not being polled before the cancel"
         );
     }
-    let client = http();
+    let client = client();
     let canceled = join_all(ids.iter().map(|id| {
         let req = client.post(b.url(&format!("/waits/{id}/cancel")));
         async move { (Instant::now(), send(req).await) }
@@ -1247,7 +1248,7 @@ async fn cut_off(cut: fn(&PgCluster), heal: fn(&PgCluster), how: &str) {
     let t_cut = Instant::now();
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || cut(&c)).await.unwrap();
-    let client = http();
+    let client = client();
     let checks = join_all(rs.iter().flat_map(|r| {
         [
             (
@@ -1576,7 +1577,7 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
     // Every wait backs off a little (its interval grows with each poll, up to 1 s),
     // so each renewal that checkpoints has a new engine state of each to write:
     // unchanged polls of a fixed interval would not be checkpointed at all.
-    let client = http();
+    let client = client();
     let mut ids: Vec<Uuid> = Vec::new();
     for u in &urls {
         let mut spec = wait_spec(u, INTERVAL, "ckpt");
@@ -1676,7 +1677,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
     let a = Replica::start("a", &dir.path, &db.url, "3s", &[]).await;
     let b = Replica::start("b", &dir.path, &db.url, "3s", &["--no-worker"]).await;
     let pg = pool(&db.url).await;
-    let client = http();
+    let client = client();
     // cancel time minus release time, from -20 ms to +20 ms.
     let n = ROUNDS * PER_ROUND;
     let offsets: Vec<i64> = (0..n)

@@ -4,16 +4,16 @@
 //! logs of the real binary at trace level, the database when a key is configured);
 //! key rotation keeps old waits polling; and the limits answer 429 with Retry-After.
 
-mod common;
+mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use sqlx::Connection;
+use support::*;
 
 const TOKEN_A: &str = "tok-tenant-a-0123456789abcdef";
 const TOKEN_B: &str = "tok-tenant-b-0123456789abcdef";
@@ -112,19 +112,7 @@ fn set(mut base: Value, ptr: &str, v: Value) -> Value {
 
 /// The usual test flags without `--allow-targets`: the SSRF guard at its default.
 fn guarded_args(db: &TestDb, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--database-url",
-        &db.url,
-        "--min-poll-interval",
-        "1ms",
-        "--lease-ttl",
-        "3s",
-        "--db-connections",
-        "8",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut a = unset_flag(test_args(&db.url), "--allow-targets");
     a.extend(extra.iter().map(|s| s.to_string()));
     a
 }

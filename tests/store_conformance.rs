@@ -1,14 +1,14 @@
 //! One conformance suite, run against both stores: every test body takes an
 //! `Store` and must hold for Postgres and for the embedded SQLite file alike.
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::TestDb;
 use serde_json::json;
+use support::TestDb;
 use uuid::Uuid;
 use waitd::bus::Bus;
 use waitd::engine::{EngineState, Limits, Spec};

@@ -1,6 +1,17 @@
-//! Test support: a fresh Postgres database per test, a scripted upstream standing in
-//! for the cloud APIs, and waitd itself on 127.0.0.1:0.
+//! The harness of the tests and of the load benchmark (`benches/load.rs` includes it
+//! with `#[path]`): a fresh Postgres database per test, a scripted upstream standing
+//! in for the cloud APIs, and waitd itself on 127.0.0.1:0. Its parts for waitd as
+//! separate processes are the submodules: [`replica`] (the `waitd` binary), [`pg`] (a
+//! Postgres cluster of the test's own), [`recorder`] (an upstream that records which
+//! replica sent each probe) and [`follower`] (an SSE client).
+//!
+//! Each binary uses some of it, hence the module-wide `dead_code` allowance.
 #![allow(dead_code)]
+
+pub mod follower;
+pub mod pg;
+pub mod recorder;
+pub mod replica;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -206,12 +217,36 @@ pub fn test_args(db_url: &str) -> Vec<String> {
     .collect()
 }
 
+/// `args` with `flag` set to `value`: in place where it is given (the parser refuses
+/// a flag given twice), else appended.
+pub fn set_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
+    args
+}
+
+/// `args` without `flag` and its value.
+pub fn unset_flag(mut args: Vec<String>, flag: &str) -> Vec<String> {
+    if let Some(i) = args.iter().position(|a| a == flag) {
+        args.drain(i..i + 2);
+    }
+    args
+}
+
+/// A client that gives up on a request after 30 s.
 pub fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    client_builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap()
+}
+
+/// reqwest's builder, with the TLS provider installed.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
 }
 
 impl App {
@@ -442,23 +477,32 @@ impl App {
     }
 }
 
-/// A directory under the system temp dir, removed on drop.
-pub struct TempDir(pub std::path::PathBuf);
+/// A fresh directory under the system temp dir, removed on drop unless the test is
+/// failing or `WAITD_TEST_KEEP_LOGS` is set (then its path is printed, so the logs in
+/// it can be read; `WAITD_TEST_RUST_LOG` sets the replicas' `RUST_LOG`).
+pub struct TempDir {
+    pub path: std::path::PathBuf,
+}
 
 impl TempDir {
-    pub fn new() -> TempDir {
-        let p = std::env::temp_dir().join(format!("waitd-test-{}", uuid::Uuid::now_v7().simple()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+    pub fn new(prefix: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&path).expect("create a temp dir");
+        TempDir { path }
     }
 
+    /// A SQLite store in this directory.
     pub fn sqlite_url(&self) -> String {
-        format!("sqlite://{}", self.0.join("waitd.db").display())
+        format!("sqlite://{}", self.path.join("waitd.db").display())
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::thread::panicking() || std::env::var_os("WAITD_TEST_KEEP_LOGS").is_some() {
+            eprintln!("logs kept in {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }
