@@ -285,15 +285,35 @@ fn assert_no_panics(rs: &[&Replica]) {
     }
 }
 
+/// Every hit the upstream recorded, with the index in `rs` of the replica that sent
+/// it (each names itself in its probes' `Waitd-Replica` header); None for a hit that
+/// names none of them.
+fn attribute<'a>(
+    up: &Recorder,
+    rs: impl IntoIterator<Item = &'a Replica>,
+) -> Vec<(Hit, Option<usize>)> {
+    let names: Vec<&str> = rs.into_iter().map(|r| r.name.as_str()).collect();
+    up.hits()
+        .into_iter()
+        .map(|h| {
+            let r = h
+                .replica
+                .as_deref()
+                .and_then(|n| names.iter().position(|x| *x == n));
+            (h, r)
+        })
+        .collect()
+}
+
 /// The longest double-polling stretch over all paths, and on which path (with its
 /// timeline: ms since the path's first hit, and the replica), plus how many hits could
 /// not be attributed, of how many.
 fn double_polling(
-    pm: &PortMap,
     up: &Recorder,
+    rs: &[Replica],
     interval: Duration,
 ) -> (Duration, String, usize, usize) {
-    let att = pm.attribute(&up.hits());
+    let att = attribute(up, rs);
     let unattributed = att.iter().filter(|(_, r)| r.is_none()).count();
     let mut worst = (Duration::ZERO, String::new());
     for (path, hits) in by_path(&att) {
@@ -343,11 +363,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["k0", "k1", "k2"], &dir, &db.url, "2s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
 
     let paths: Vec<String> = (0..N).map(|i| format!("/kill/{i}")).collect();
@@ -388,7 +404,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     );
     // The attribution agrees with the database: a wait claimed once (epoch 1) was
     // polled by its owner only.
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     let timelines = by_path(&att);
     let mut handovers = 0;
     for (id, p) in &path_of {
@@ -417,11 +433,9 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
         .min()
         .unwrap();
 
-    pm.snapshot();
     let kill_at = Utc::now();
     let t_kill = Instant::now();
     rs[victim].kill9();
-    pm.unwatch(victim);
     // Every target reaches its state at the moment of the crash.
     up.set_all(&paths, "on");
 
@@ -440,7 +454,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     );
 
     // Takeover: from the kill to the first poll of each orphan by a survivor.
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     let mut takeovers = Vec::new();
     for id in &orphans {
         let p = path_of[id].trim_start_matches('/').to_string();
@@ -456,16 +470,15 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     let last_end = after.values().filter_map(|r| r.finished_at).max().unwrap();
     let all_ended_after = (last_end - kill_at).to_std().unwrap_or_default();
     let lease_left = (earliest_lease_end - kill_at).to_std().unwrap_or_default();
-    let (dp, dp_path, unattributed, total) = double_polling(&pm, &up, INTERVAL);
+    let (dp, dp_path, unattributed, total) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "kill -9 of 1 of 3 replicas holding {} of {N} waits (spread {spread:?}); lease TTL {}, poll {}:\n  \
-         waits claimed again before the kill (lease let go under load): {handovers}; client ports reused: {}\n  \
+         waits claimed again before the kill (lease let go under load): {handovers}\n  \
          lease left at the kill: {}\n  takeover (kill -> first survivor poll of an orphan): min {}, median {}, max {}\n  \
          kill -> all {N} waits ended: {}\n  longest double polling: {} (path {dp_path}); {unattributed} of {total} hits unattributed",
         orphans.len(),
         ms(TTL),
         ms(INTERVAL),
-        pm.reused(),
         ms(lease_left),
         ms(takeovers[0]),
         ms(takeovers[takeovers.len() / 2]),
@@ -498,8 +511,8 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
         ms(dp)
     );
     assert!(
-        unattributed * 10 <= total,
-        "{unattributed} of {total} hits unattributed"
+        unattributed == 0,
+        "{unattributed} of {total} hits named no replica"
     );
     for (i, r) in rs.iter_mut().enumerate() {
         if i != victim {
@@ -686,11 +699,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["t0", "t1"], &dir, &db.url, "10s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
     let paths: Vec<String> = (0..N).map(|i| format!("/term/{i}")).collect();
     let urls: Vec<String> = paths
@@ -737,12 +746,10 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
             .await
     );
 
-    pm.snapshot();
     let t_term = Instant::now();
     rs[victim].signal("TERM");
     let exit = rs[victim].wait_exit(Duration::from_secs(15)).await;
     let exit_took = t_term.elapsed();
-    pm.unwatch(victim);
     let exit = exit
         .unwrap_or_else(|| panic!("{} did not exit within 15 s after SIGTERM", rs[victim].name));
     let blocked = tokio::time::timeout(Duration::from_secs(2), blocked)
@@ -753,8 +760,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
 
     // Takeover: each orphan's first poll by the survivor.
     let got_all = until(Duration::from_secs(8), || async {
-        let polled: HashSet<String> = pm
-            .attribute(&up.hits())
+        let polled: HashSet<String> = attribute(&up, &rs)
             .into_iter()
             .filter(|(h, r)| h.at > t_term && *r == Some(survivor))
             .map(|(h, _)| h.path)
@@ -764,7 +770,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
             .all(|id| polled.contains(path_of[id].trim_start_matches('/')))
     })
     .await;
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     let mut takeovers: Vec<Duration> = orphans
         .iter()
         .filter_map(|id| {
@@ -786,7 +792,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let ended = until(Duration::from_secs(5), || async { running(&pg).await == 0 }).await;
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
-    let (dp, dp_path, unattributed, total) = double_polling(&pm, &up, INTERVAL);
+    let (dp, dp_path, unattributed, total) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "SIGTERM of 1 of 2 replicas holding {} of {N} waits (lease TTL {}): exited {exit} after {}; \
          leases released: {released:?}; takeover (SIGTERM -> first survivor poll): min {}, max {}; \
@@ -1074,11 +1080,8 @@ async fn an_sse_follower_on_replica_b_sees_live_events_of_a_wait_polled_by_repli
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let a = Replica::start("a", &dir.path, &db.url, "3s", &[]).await;
     let b = Replica::start("b", &dir.path, &db.url, "3s", &["--no-worker"]).await;
-    pm.watch(0, a.pid);
-    pm.watch(1, b.pid);
 
     let f_all = Follower::start(b.url("/events?label=test:sse"), false);
     assert!(
@@ -1142,7 +1145,7 @@ async fn an_sse_follower_on_replica_b_sees_live_events_of_a_wait_polled_by_repli
     let gids: Vec<i64> = g.iter().map(|e| e.id.parse().unwrap()).collect();
     assert!(gids.windows(2).all(|w| w[0] < w[1]), "global ids {gids:?}");
     // Only A polled it.
-    let who = pollers(&pm.attribute(&up.hits()));
+    let who = pollers(&attribute(&up, [&a, &b]));
     assert_eq!(who.get("sse/1"), Some(&HashSet::from([0])), "pollers");
     assert_no_panics(&[&a, &b]);
     drop((a, b));
@@ -1352,11 +1355,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["s0", "s1"], &dir, &db.url, "3s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
     let paths: Vec<String> = (0..N).map(|i| format!("/stall/{i}")).collect();
     let urls: Vec<String> = paths
@@ -1422,7 +1421,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
     })
     .await
     .map(|_| t_free.elapsed());
-    let (dp, dp_path, _, _) = double_polling(&pm, &up, INTERVAL);
+    let (dp, dp_path, _, _) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "database stall of {} (lease TTL {}): last poll {} into it, {polls_after_lease} polls after the lease ran out; \
          300 ms after it ended, {} of {N} paths polled again, leases held in the database by {stuck:?}; \
@@ -1478,11 +1477,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["b0", "b1", "b2"], &dir, &db.url, "2s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
     let paths: Vec<String> = (0..N).map(|i| format!("/burst/{i}")).collect();
     let urls: Vec<String> = paths
@@ -1516,7 +1511,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
         })
         .collect();
     let reclaimed = mid.values().filter(|r| r.epoch > 1).count();
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     // The longest pause in any target's polling before the end.
     let mut pause = (Duration::ZERO, String::new());
     for (p, hits) in by_path(&att) {
@@ -1784,7 +1779,6 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let api = Replica::start("api", &dir.path, &db.url, "10s", &["--no-worker"]).await;
     let pg = pool(&db.url).await;
     // 150 due waits before any worker runs...
@@ -1803,9 +1797,6 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
             Replica::spawn(n, &dir.path, port, replica_args(&db.url, port, "10s", &[]))
         })
         .collect();
-    for (i, w) in ws.iter().enumerate() {
-        pm.watch(i, w.pid);
-    }
     for w in ws.iter_mut() {
         w.ready(Duration::from_secs(20)).await;
     }
@@ -1839,7 +1830,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
         *m.entry(r.epoch).or_default() += 1;
         m
     });
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &ws);
     let who = pollers(&att);
     let shared: Vec<(&String, &HashSet<usize>)> = who.iter().filter(|(_, s)| s.len() > 1).collect();
     let unattributed = att.iter().filter(|(_, r)| r.is_none()).count();
@@ -1858,6 +1849,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
         shared.is_empty(),
         "paths polled by several replicas: {shared:?}"
     );
+    assert_eq!(unattributed, 0, "hits that named no replica");
     assert_eq!(spread.iter().sum::<usize>(), 300);
     up.set_all(&paths, "on");
     assert!(

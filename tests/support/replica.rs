@@ -17,7 +17,8 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// One `waitd serve` process on its own port. Killed (SIGKILL) on drop.
+/// One `waitd serve` process on its own port, sending its name with every probe
+/// (`--probe-identity`). Killed (SIGKILL) on drop.
 pub struct Replica {
     pub name: String,
     pub port: u16,
@@ -55,6 +56,8 @@ impl Replica {
             .expect("open the replica log");
         let child = Command::new(env!("CARGO_BIN_EXE_waitd"))
             .args(&args)
+            // Every probe it sends names it, so an upstream can tell who polled.
+            .args(["--probe-identity", name])
             .env(
                 "RUST_LOG",
                 std::env::var("WAITD_TEST_RUST_LOG").unwrap_or("warn,waitd::worker=info".into()),
