@@ -3,12 +3,14 @@
 //! in for the cloud APIs, and waitd itself on 127.0.0.1:0. Its parts for waitd as
 //! separate processes are the submodules: [`replica`] (the `waitd` binary), [`pg`] (a
 //! Postgres cluster of the test's own), [`recorder`] (an upstream that records which
-//! replica sent each probe) and [`follower`] (an SSE client).
+//! replica sent each probe) and [`follower`] (an SSE client); [`in_process`] is waitd
+//! without a socket or Postgres, for what the API answers.
 //!
 //! Each binary uses some of it, hence the module-wide `dead_code` allowance.
 #![allow(dead_code)]
 
 pub mod follower;
+pub mod in_process;
 pub mod pg;
 pub mod recorder;
 pub mod replica;
