@@ -359,29 +359,28 @@ fn rss_kib(pid: u32) -> u64 {
 /// measurement sees the steady state, not the first writes.
 async fn until_first_polls_written(db: &TestDb) {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    for _ in 0..6000 {
+    let c = tokio::sync::Mutex::new(&mut c);
+    let written = support::eventually(Duration::from_secs(300), || async {
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE state IS NULL")
-            .fetch_one(&mut c)
+            .fetch_one(&mut **c.lock().await)
             .await
             .unwrap();
-        if n == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the first polls were never all written");
+        n == 0
+    });
+    assert!(written.await, "the first polls were never all written");
 }
 
 /// Waits until waitd holds `n` waits (all claimed).
 async fn until_held(waitd: &str, n: usize) {
-    for _ in 0..6000 {
-        let m = metrics(waitd).await;
-        if m.get("waitd_held_waits").copied().unwrap_or(0.0) as usize >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("waitd never held {n} waits");
+    let held = support::eventually(Duration::from_secs(300), || async {
+        metrics(waitd)
+            .await
+            .get("waitd_held_waits")
+            .copied()
+            .unwrap_or(0.0) as usize
+            >= n
+    });
+    assert!(held.await, "waitd never held {n} waits");
 }
 
 /// One run's figures; NaN where the phase was not run.
@@ -478,10 +477,12 @@ async fn one_run(a: &Args) -> Run {
         create_waits(&w.base, &up, a.waits, "1ms").await;
         until_held(&w.base, a.waits).await;
         until_first_polls_written(&db).await;
+        // Warm-up before the measured window.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
         let cpu0 = cpu_seconds();
         eprintln!("saturated phase: measuring for {} s", a.seconds);
+        // The measured window.
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
         let cpu1 = cpu_seconds();
         let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
@@ -549,8 +550,10 @@ async fn one_run(a: &Args) -> Run {
         create_waits(&w.base, &up, a.waits, &a.interval).await;
         until_held(&w.base, a.waits).await;
         until_first_polls_written(&db).await;
+        // Warm-up before the measured window.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
+        // The measured window.
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
         let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
         let p = polls(&m1) - polls(&m0);
@@ -597,6 +600,7 @@ async fn rss_per_wait(n: usize) -> f64 {
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-bench");
     let r = spawn_replica(&db, &dir, "rss", "30s", &[]).await;
+    // Lets the fresh process settle before its RSS is read.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kib(r.pid);
     // One wait through the API, then n - 1 copies of its rows straight into the
@@ -605,6 +609,7 @@ async fn rss_per_wait(n: usize) -> f64 {
     clone_waits(&db, n - 1).await;
     // Each is polled once when claimed, then idle for an hour: all held, none in flight.
     until_held(&r.base, n).await;
+    // Lets the claims settle before the RSS is read.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = rss_kib(r.pid);
     drop(r);
@@ -735,6 +740,7 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     for _ in 0..n {
         ready_rx.recv().await;
     }
+    // Lets the followers settle before the flip is timed.
     tokio::time::sleep(Duration::from_millis(300)).await;
     *flip_at.lock().unwrap() = Some(Instant::now());
     let flipped_at = chrono::Utc::now();
@@ -888,6 +894,7 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
     let deadline = killed_at + Duration::from_secs(120);
     let mut worst: f64;
     loop {
+        // Polls, within the deadline below.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let l = last.lock().unwrap();
         let polled_since: Vec<f64> = victim_paths
@@ -1066,9 +1073,11 @@ async fn fanout(n: usize, seconds: u64) -> Fanout {
             .unwrap();
         assert_eq!(resp.status(), 201);
     }
+    // Warm-up before the measured window.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (cpu0, pg0, seen0) = (process_cpu(&pid), postgres_cpu(), seen.load(Relaxed));
     let t0 = Instant::now();
+    // The measured window.
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (cpu1, pg1, seen1) = (process_cpu(&pid), postgres_cpu(), seen.load(Relaxed));
     let took = t0.elapsed().as_secs_f64();

@@ -251,6 +251,7 @@ async fn every_end_is_counted_once_whoever_ended_it() {
     let ok = eventually(Duration::from_secs(3), || async { counted(&read().await) }).await;
     assert!(ok, "{}", read().await);
     // And no more afterwards: the second cancel found it ended.
+    // The point: the count does not grow during this interval.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let metrics = read().await;
     assert!(counted(&metrics), "{metrics}");

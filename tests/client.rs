@@ -128,6 +128,7 @@ impl Live {
                 started.elapsed() < Duration::from_secs(20),
                 "waitd did not exit"
             );
+            // Polls for the exit, with a deadline.
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         // Let the reader threads drain the pipes.

@@ -131,6 +131,7 @@ impl Browser {
                 kill_group(&mut driver);
                 panic!("chromedriver did not answer on port {port} within 15 s; its log:\n{log}");
             }
+            // Polls chromedriver, with a deadline.
             tokio::time::sleep(TICK).await;
         }
         let mut args: Vec<String> = CHROME_ARGS.iter().map(|s| s.to_string()).collect();
@@ -237,6 +238,7 @@ impl Browser {
             if Instant::now() > until {
                 panic!("the page did not show {what} within {within:?}; it showed {v}");
             }
+            // Polls the page, with a deadline.
             tokio::time::sleep(TICK).await;
         }
     }
@@ -551,6 +553,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
                 Instant::now() < until,
                 "the API does not show the wait canceled: {got}"
             );
+            // Polls the API, with a deadline.
             tokio::time::sleep(TICK).await;
         }
         let d = b
@@ -730,6 +733,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
     let until = Instant::now() + PATIENCE;
     while api_b.get(&format!("/waits/{w}")).await["state"] != "deploying" {
         assert!(Instant::now() < until, "replica b does not poll the wait");
+        // Polls the API, with a deadline.
         tokio::time::sleep(TICK).await;
     }
     let mut ra = Replica::start("a", &dir.path, &db.url, "3s", &extra).await;
@@ -773,6 +777,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
                 Instant::now() < until,
                 "replica b did not write the new state"
             );
+            // Polls the API, with a deadline.
             tokio::time::sleep(TICK).await;
         }
         assert!(!ra.running(), "the event was written while a was down");

@@ -92,6 +92,7 @@ impl Hostile {
                                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n{")
                                 .await;
                             loop {
+                                // Pacing: the scripted target trickles its body.
                                 tokio::time::sleep(every).await;
                                 if sock.write_all(b" ").await.is_err() {
                                     return;
@@ -110,6 +111,7 @@ impl Hostile {
                             }
                         }
                         Play::Hang => {
+                            // The point: a target that never answers.
                             tokio::time::sleep(Duration::from_secs(3600)).await;
                         }
                     }
@@ -275,13 +277,12 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
         assert!(w["reason"].as_str().unwrap().contains("nodes"), "{w}");
 
         // A 500 KB status string is kept as 2 KiB with a marker.
-        let huge = loop {
+        let huge = support::poll_for(Duration::from_secs(10), || async {
             let a = send(client().get(r.url(&format!("/waits/{huge_id}")))).await;
-            if a.body["state"].is_string() {
-                break a.body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+            a.body["state"].is_string().then_some(a.body)
+        })
+        .await
+        .expect("the state was recorded");
         let state = huge["state"].as_str().unwrap();
         assert!(state.len() <= 2048, "{}", state.len());
         assert!(
@@ -304,13 +305,12 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
         );
 
         // NUL in a state: stored (as U+FFFD) on either store, and the wait goes on.
-        let nul = loop {
+        let nul = support::poll_for(Duration::from_secs(10), || async {
             let a = send(client().get(r.url(&format!("/waits/{nul_id}")))).await;
-            if a.body["state"].is_string() {
-                break a.body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+            a.body["state"].is_string().then_some(a.body)
+        })
+        .await
+        .expect("the state was recorded");
         assert_eq!(nul["state"], "de\u{FFFD}ploying", "{nul}");
         assert_eq!(nul["status"], "running", "{nul}");
 

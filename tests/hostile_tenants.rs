@@ -282,6 +282,7 @@ async fn connections_past_the_cap_wait_until_one_closes() {
     for _ in 0..4 {
         idle.push(TcpStream::connect(&addr).await.unwrap());
     }
+    // No signal tells that the server accepted the idle connections: give it time to.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut extra = TcpStream::connect(&addr).await.unwrap();
     extra

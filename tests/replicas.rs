@@ -26,7 +26,7 @@ use support::follower::*;
 use support::pg::*;
 use support::recorder::*;
 use support::replica::*;
-use support::{TempDir, TestDb, client};
+use support::{TempDir, TestDb, client, until};
 use uuid::Uuid;
 
 /// One test at a time: they time things, and each runs several processes.
@@ -222,24 +222,6 @@ fn state_chain_breaks(hist: &HashMap<Uuid, Vec<Ev>>) -> Vec<(Uuid, Vec<(Value, V
         }
     }
     broken
-}
-
-/// Polls `f` every 10 ms; `Some(elapsed)` once it holds, `None` after `within`.
-async fn until<F, Fut>(within: Duration, mut f: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    loop {
-        if f().await {
-            return Some(started.elapsed());
-        }
-        if started.elapsed() > within {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Starts replicas side by side and waits until each is ready.
@@ -1192,6 +1174,7 @@ async fn a_cancel_through_replica_b_stops_replica_a_polling_within_one_poll_inte
         async move { (Instant::now(), send(req).await) }
     }))
     .await;
+    // The point: no poll lands in the intervals after the cancels.
     tokio::time::sleep(6 * INTERVAL).await;
     let mut latest = Duration::ZERO;
     let mut late = Vec::new();
@@ -1394,6 +1377,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
         .map(|t| t - t_stall);
     locker.commit().await.unwrap();
     let t_free = Instant::now();
+    // The figure printed: how much is polled again 300 ms after the stall.
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Who holds what right after the stall, and who polls it.
     let mid = rows(&pg).await;
@@ -1493,6 +1477,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
         .collect();
     let t0 = Instant::now();
     create_n_at_once(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "burst", N).await;
+    // The point: the replicas run under this load for FOR.
     tokio::time::sleep(FOR).await;
     let mid = rows(&pg).await;
     up.set_all(&paths, "on");
@@ -1615,8 +1600,10 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
         "no renewal got held up on the locked rows"
     );
     up.set_all(&paths, "building");
+    // The point: polls record "building" while the rows are locked.
     tokio::time::sleep(Duration::from_millis(400)).await;
     lock.commit().await.unwrap();
+    // Lets the writes queued behind the lock land before they are counted.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (recorded, stale): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'building'),
@@ -1707,6 +1694,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
             let id = *id;
             async move {
                 let release = async {
+                    // Pacing: the release and the cancel race at chosen instants.
                     tokio::time::sleep_until(release_at).await;
                     up.set_status(&p, "on");
                 };
@@ -1722,6 +1710,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
     }
     let ended = until(Duration::from_secs(5), || async { running(&pg).await == 0 }).await;
     let t_end = Instant::now();
+    // The point: no poll lands in the interval after every wait ended.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let polls_after: usize = up.hits().iter().filter(|h| h.at > t_end).count();
     let after = rows(&pg).await;

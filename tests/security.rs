@@ -240,6 +240,7 @@ impl Proc {
                 "waitd not ready:\n{}",
                 self.log_text()
             );
+            // Polls readiness (with a deadline and an exit check above).
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -251,6 +252,7 @@ impl Proc {
             if let Ok(Some(st)) = self.child.try_wait() {
                 return Some(st);
             }
+            // Polls for the exit, within `within`.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None

@@ -288,6 +288,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
                 .unwrap()
                 .is_empty()
         );
+        // The point: the lease runs out.
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
@@ -564,6 +565,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         // claim whose answer the worker never got would stay so).
         assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
         assert_ne!(renewal.strays[0].0, first.id);
+        // The point: past the original expiry, kept by the renewal.
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(
             store

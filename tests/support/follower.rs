@@ -111,6 +111,7 @@ impl Follower {
                     d.store(true, Ordering::Relaxed);
                     return;
                 }
+                // EventSource's reconnection delay.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
@@ -144,16 +145,7 @@ impl Follower {
 
     /// Waits until `f` holds of what was seen.
     pub async fn until(&self, within: Duration, f: impl Fn(&[Seen]) -> bool) -> bool {
-        let until = Instant::now() + within;
-        loop {
-            if f(&self.seen.lock().unwrap()) {
-                return true;
-            }
-            if Instant::now() > until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        super::eventually(within, || std::future::ready(f(&self.seen.lock().unwrap()))).await
     }
 }
 

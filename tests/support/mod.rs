@@ -180,6 +180,7 @@ async fn answer(
         return (StatusCode::NOT_FOUND, "no script").into_response();
     };
     if !reply.delay.is_zero() {
+        // Pacing: a reply's scripted delay.
         tokio::time::sleep(reply.delay).await;
     }
     let mut res = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
@@ -279,15 +280,12 @@ impl App {
             task: Some(task),
         };
         // Ready when the store answers.
-        for _ in 0..200 {
-            if let Ok(r) = app.client.get(app.url("/readyz")).send().await
-                && r.status().is_success()
-            {
-                return app;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("waitd did not become ready");
+        let ready = eventually(Duration::from_secs(4), || async {
+            let r = app.client.get(app.url("/readyz")).send().await;
+            r.is_ok_and(|r| r.status().is_success())
+        });
+        assert!(ready.await, "waitd did not become ready");
+        app
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -351,22 +349,47 @@ pub fn spec(url: &str) -> Value {
     })
 }
 
-/// Checks `check` every 10 ms until it holds or `within` passes; returns whether it held.
-pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+/// Calls `f` every 10 ms until it gives `Some`, which is returned, or `within` passes
+/// (then `None`). Every wait for something to happen goes through here.
+pub async fn poll_for<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        // The one poll interval of poll_for.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Checks `check` until it holds or `within` passes: how long it took, if it held.
+pub async fn until<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let until = std::time::Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let started = std::time::Instant::now();
+    poll_for(within, || {
+        let held = check();
+        async move { held.await.then(|| started.elapsed()) }
+    })
+    .await
+}
+
+/// Checks `check` until it holds or `within` passes; returns whether it held.
+pub async fn eventually<F, Fut>(within: Duration, check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    until(within, check).await.is_some()
 }
 
 /// Runs a `SELECT count(*) …` directly against the test database.

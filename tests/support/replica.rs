@@ -121,6 +121,7 @@ impl Replica {
                     self.log_tail(40)
                 );
             }
+            // Polls /readyz, with a deadline and an exit check.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -172,6 +173,7 @@ impl Replica {
             if Instant::now() > until {
                 return None;
             }
+            // Polls for the exit, within `within`.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
