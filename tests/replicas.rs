@@ -32,9 +32,10 @@ use uuid::Uuid;
 /// One test at a time: they time things, and each runs several processes.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// How often a replica sweeps for claimable waits when no notice wakes it
-/// (`WorkerConfig::claim_interval`, fixed at 1 s). After a lease runs out nothing
-/// notifies, so a takeover may wait up to one sweep.
+/// The longest a replica goes between sweeps for claimable waits when no notice
+/// wakes it (`WorkerConfig::claim_interval`: a tenth of the lease TTL, between 100 ms
+/// and 1 s). After a lease runs out nothing notifies, so a takeover may wait up to
+/// one sweep.
 const CLAIM_SWEEP: Duration = Duration::from_secs(1);
 
 fn ms(d: Duration) -> String {
