@@ -15,6 +15,13 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 use tokio::net::TcpListener;
 
+// The tests' harness: their databases, waitd in-process and as replicas.
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::replica::Replica;
+use support::{App, TempDir, TestDb};
+
 struct Args {
     waits: usize,
     seconds: u64,
@@ -99,48 +106,10 @@ const PHASES: [&str; 8] = [
     "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout",
 ];
 
-fn admin_url() -> String {
-    std::env::var("WAITD_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-struct Db {
-    name: String,
-    url: String,
-}
-
-async fn new_db() -> Db {
-    let admin = admin_url();
-    let name = format!("waitd_bench_{}", uuid::Uuid::now_v7().simple());
-    let mut c = sqlx::PgConnection::connect(&admin)
-        .await
-        .expect("the benchmark needs Postgres");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut c)
-        .await
-        .unwrap();
-    let base = admin.rsplit_once('/').map(|(b, _)| b.to_string()).unwrap();
-    Db {
-        url: format!("{base}/{name}"),
-        name,
-    }
-}
-
-async fn drop_db(db: &Db) {
-    if let Ok(mut c) = sqlx::PgConnection::connect(&admin_url()).await {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            db.name
-        )))
-        .execute(&mut c)
-        .await;
-    }
-}
-
 /// What the database has written so far: rows (inserted + updated + deleted, from
 /// `pg_stat_database`, which backends report up to seconds late) and WAL bytes (the
 /// server's WAL position, exact at once; the server is the benchmark's own here).
-async fn rows_written(db: &Db) -> (i64, i64) {
+async fn rows_written(db: &TestDb) -> (i64, i64) {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::query_as(
         "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint,
@@ -177,9 +146,9 @@ async fn upstream() -> (String, Arc<AtomicU64>) {
     (base, hits)
 }
 
+/// No timeout: a follower's stream lasts the whole phase.
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    support::client_builder()
         .pool_max_idle_per_host(1024)
         .build()
         .unwrap()
@@ -239,59 +208,24 @@ async fn limit(base: &str, concurrency: usize, seconds: u64) -> (f64, f64) {
     (n / seconds as f64, (cpu_seconds() - cpu0) * 1e6 / n)
 }
 
-struct Waitd {
-    base: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), waitd::StartError>>,
-}
-
-async fn start_waitd(db: &Db, concurrency: usize, extra: &[&str]) -> Waitd {
+/// waitd in this process, with the tests' flags and the benchmark's concurrency.
+async fn start_waitd(db: &TestDb, concurrency: usize, extra: &[&str]) -> App {
     let conc = concurrency.to_string();
-    let mut args = vec![
-        "--database-url",
-        &db.url,
-        "--min-poll-interval",
-        "1ms",
-        "--allow-targets",
-        "127.0.0.1",
-        "--concurrency",
-        &conc,
-        // Every wait here polls the same upstream: let the per-host bound match.
-        "--per-host-concurrency",
-        &conc,
-        "--db-connections",
-        "16",
+    let mut args = support::test_args(&db.url);
+    // Every wait here polls the same upstream: let the per-host bound match.
+    for (flag, value) in [
+        ("--concurrency", conc.as_str()),
+        ("--per-host-concurrency", &conc),
+        ("--db-connections", "16"),
         // Unchanged polls are checkpointed once a TTL: with 10 s, a 10 s phase
         // holds one round of checkpoints (the default TTL, 30 s, writes a third as
         // often).
-        "--lease-ttl",
-        "10s",
-    ];
-    args.extend_from_slice(extra);
-    let config = waitd::Config::from_args(args).unwrap();
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", l.local_addr().unwrap());
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(waitd::serve(l, config, async move {
-        let _ = rx.await;
-    }));
-    let c = client();
-    for _ in 0..500 {
-        if c.get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        ("--lease-ttl", "10s"),
+    ] {
+        args = support::set_flag(args, flag, value);
     }
-    Waitd { base, stop, task }
-}
-
-async fn stop_waitd(w: Waitd) {
-    let _ = w.stop.send(());
-    let _ = w.task.await;
+    args.extend(extra.iter().map(|s| s.to_string()));
+    App::start_args(args).await
 }
 
 /// (6) Creates `n` waits with 32 concurrent clients → creates/s.
@@ -423,31 +357,30 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// Waits until every wait's first poll is written (its state is known), so that a
 /// measurement sees the steady state, not the first writes.
-async fn until_first_polls_written(db: &Db) {
+async fn until_first_polls_written(db: &TestDb) {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    for _ in 0..6000 {
+    let c = tokio::sync::Mutex::new(&mut c);
+    let written = support::eventually(Duration::from_secs(300), || async {
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE state IS NULL")
-            .fetch_one(&mut c)
+            .fetch_one(&mut **c.lock().await)
             .await
             .unwrap();
-        if n == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the first polls were never all written");
+        n == 0
+    });
+    assert!(written.await, "the first polls were never all written");
 }
 
 /// Waits until waitd holds `n` waits (all claimed).
 async fn until_held(waitd: &str, n: usize) {
-    for _ in 0..6000 {
-        let m = metrics(waitd).await;
-        if m.get("waitd_held_waits").copied().unwrap_or(0.0) as usize >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("waitd never held {n} waits");
+    let held = support::eventually(Duration::from_secs(300), || async {
+        metrics(waitd)
+            .await
+            .get("waitd_held_waits")
+            .copied()
+            .unwrap_or(0.0) as usize
+            >= n
+    });
+    assert!(held.await, "waitd never held {n} waits");
 }
 
 /// One run's figures; NaN where the phase was not run.
@@ -539,15 +472,17 @@ async fn one_run(a: &Args) -> Run {
 
     // (2), (3): saturated — waits due as fast as the floor allows.
     if a.runs("steady") {
-        let db = new_db().await;
+        let db = TestDb::new().await;
         let w = start_waitd(&db, a.concurrency, &[]).await;
         create_waits(&w.base, &up, a.waits, "1ms").await;
         until_held(&w.base, a.waits).await;
         until_first_polls_written(&db).await;
+        // Warm-up before the measured window.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
         let cpu0 = cpu_seconds();
         eprintln!("saturated phase: measuring for {} s", a.seconds);
+        // The measured window.
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
         let cpu1 = cpu_seconds();
         let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
@@ -570,8 +505,8 @@ async fn one_run(a: &Args) -> Run {
         // pg_stat_database counts only written tuples, not the benchmark's reads.
         run.rows_per_poll = (r1.0 - r0.0) as f64 / p;
         run.wal_per_poll = (r1.1 - r0.1) as f64 / p;
-        stop_waitd(w).await;
-        drop_db(&db).await;
+        w.stop().await.0.expect("waitd stops cleanly");
+        db.drop_db().await;
         if a.runs("limit") {
             limits.push(limit(&up, a.concurrency, a.seconds).await);
         }
@@ -591,32 +526,34 @@ async fn one_run(a: &Args) -> Run {
     // (6): create throughput alone: waits whose first poll is half an hour away, for
     // a tenant far under its limit of running waits.
     if a.runs("create") {
-        let db = new_db().await;
+        let db = TestDb::new().await;
         let far = (a.waits * 10).to_string();
         let w = start_waitd(&db, a.concurrency, &["--max-active-waits", &far]).await;
         run.create = create_waits(&w.base, &up, a.waits, "1h").await;
-        stop_waitd(w).await;
-        drop_db(&db).await;
+        w.stop().await.0.expect("waitd stops cleanly");
+        db.drop_db().await;
         // (6b): within 1,024 of the limit every create counts the tenant's running
         // waits, and the last 256 do so one at a time under the tenant's lock.
-        let db = new_db().await;
+        let db = TestDb::new().await;
         let n = a.waits.min(1024);
         let max = n.to_string();
         let w = start_waitd(&db, a.concurrency, &["--max-active-waits", &max]).await;
         run.create_near = create_waits(&w.base, &up, n, "1h").await;
-        stop_waitd(w).await;
-        drop_db(&db).await;
+        w.stop().await.0.expect("waitd stops cleanly");
+        db.drop_db().await;
     }
 
     // (4): schedule lag at a fixed rate: every wait polled once an interval.
     if a.runs("lag") {
-        let db = new_db().await;
+        let db = TestDb::new().await;
         let w = start_waitd(&db, a.concurrency, &[]).await;
         create_waits(&w.base, &up, a.waits, &a.interval).await;
         until_held(&w.base, a.waits).await;
         until_first_polls_written(&db).await;
+        // Warm-up before the measured window.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (m0, r0) = (metrics(&w.base).await, rows_written(&db).await);
+        // The measured window.
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
         let (m1, r1) = (metrics(&w.base).await, rows_written(&db).await);
         let p = polls(&m1) - polls(&m0);
@@ -626,8 +563,8 @@ async fn one_run(a: &Args) -> Run {
         run.lag_wal = (r1.1 - r0.1) as f64 / p;
         run.lag_p50 = lag_percentile(&m0, &m1, 0.5);
         run.lag_p99 = lag_percentile(&m0, &m1, 0.99);
-        stop_waitd(w).await;
-        drop_db(&db).await;
+        w.stop().await.0.expect("waitd stops cleanly");
+        db.drop_db().await;
     }
 
     if a.runs("rss") {
@@ -660,25 +597,28 @@ fn takeover_ttl(a: &Args) -> &'static str {
 /// earlier phases freed would be reused and hide the growth.)
 async fn rss_per_wait(n: usize) -> f64 {
     let (up, _) = upstream().await;
-    let db = new_db().await;
-    let r = spawn_replica(&db, "30s").await;
+    let db = TestDb::new().await;
+    let dir = TempDir::new("waitd-bench");
+    let r = spawn_replica(&db, &dir, "rss", "30s", &[]).await;
+    // Lets the fresh process settle before its RSS is read.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = rss_kib(r.child.id());
+    let before = rss_kib(r.pid);
     // One wait through the API, then n - 1 copies of its rows straight into the
     // database: the figure is memory per held wait, not create speed.
     create_waits(&r.base, &up, 1, "59m").await;
     clone_waits(&db, n - 1).await;
     // Each is polled once when claimed, then idle for an hour: all held, none in flight.
     until_held(&r.base, n).await;
+    // Lets the claims settle before the RSS is read.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rss_kib(r.child.id());
+    let after = rss_kib(r.pid);
     drop(r);
-    drop_db(&db).await;
+    db.drop_db().await;
     (after.saturating_sub(before)) as f64 * 1024.0 / n as f64
 }
 
 /// Copies the one wait in the database `n` times (new ids, due now).
-async fn clone_waits(db: &Db, n: usize) {
+async fn clone_waits(db: &TestDb, n: usize) {
     if n == 0 {
         return;
     }
@@ -731,7 +671,7 @@ async fn flipping_upstream() -> (String, Arc<std::sync::atomic::AtomicBool>) {
 /// of `n` SSE followers (one per wait, 100 ms polls): p50 and p99 in seconds.
 async fn flip_latency(n: usize) -> (f64, f64) {
     let (up, flipped) = flipping_upstream().await;
-    let db = new_db().await;
+    let db = TestDb::new().await;
     let w = start_waitd(&db, 256, &[]).await;
     let c = client();
     let mut ids = Vec::new();
@@ -800,6 +740,7 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     for _ in 0..n {
         ready_rx.recv().await;
     }
+    // Lets the followers settle before the flip is timed.
     tokio::time::sleep(Duration::from_millis(300)).await;
     *flip_at.lock().unwrap() = Some(Instant::now());
     let flipped_at = chrono::Utc::now();
@@ -828,8 +769,8 @@ async fn flip_latency(n: usize) -> (f64, f64) {
         d.get(d.len() / 2).copied().unwrap_or(f64::NAN),
         d.get(d.len() * 99 / 100).copied().unwrap_or(f64::NAN),
     );
-    stop_waitd(w).await;
-    drop_db(&db).await;
+    w.stop().await.0.expect("waitd stops cleanly");
+    db.drop_db().await;
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     (
         lat[lat.len() / 2],
@@ -837,64 +778,25 @@ async fn flip_latency(n: usize) -> (f64, f64) {
     )
 }
 
-/// A waitd replica as its own process (so it can be killed with SIGKILL).
-struct Replica {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn spawn_replica(db: &Db, ttl: &str) -> Replica {
-    spawn_replica_with(db, ttl, &[]).await
-}
-
-async fn spawn_replica_with(db: &Db, ttl: &str, extra: &[&str]) -> Replica {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_waitd"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--database-url",
-            &db.url,
-        ])
-        .args([
-            "--min-poll-interval",
-            "1ms",
-            "--allow-targets",
-            "127.0.0.1",
-            "--lease-ttl",
-            ttl,
-        ])
-        .args(extra)
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start waitd");
-    let base = format!("http://127.0.0.1:{port}");
-    let c = client();
-    for _ in 0..500 {
-        if c.get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Replica { child, base }
+/// A waitd replica as its own process (so it can be killed with SIGKILL, and its
+/// memory and CPU are its own), with waitd's own pool size.
+async fn spawn_replica(
+    db: &TestDb,
+    dir: &TempDir,
+    name: &str,
+    ttl: &str,
+    extra: &[&str],
+) -> Replica {
+    let port = support::replica::free_port();
+    let args = support::replica::replica_args(&db.url, port, ttl, extra);
+    let mut r = Replica::spawn(
+        name,
+        &dir.path,
+        port,
+        support::set_flag(args, "--db-connections", "16"),
+    );
+    r.ready(Duration::from_secs(10)).await;
+    r
 }
 
 /// (8) kill -9 of one of two replicas (lease TTL `ttl`, 50 ms polls): seconds from
@@ -922,9 +824,10 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });
-    let db = new_db().await;
-    let mut a = spawn_replica(&db, ttl).await;
-    let b = spawn_replica(&db, ttl).await;
+    let db = TestDb::new().await;
+    let dir = TempDir::new("waitd-bench");
+    let mut a = spawn_replica(&db, &dir, "a", ttl, &[]).await;
+    let mut b = spawn_replica(&db, &dir, "b", ttl, &[]).await;
     let c = client();
     for i in 0..n {
         let spec = json!({
@@ -983,15 +886,15 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
         .cloned()
         .unwrap_or_default();
     let killed_at = Instant::now();
-    let mut b = b;
     if victim_is_a {
-        a.child.kill().unwrap();
+        a.kill9();
     } else {
-        b.child.kill().unwrap();
+        b.kill9();
     }
     let deadline = killed_at + Duration::from_secs(120);
     let mut worst: f64;
     loop {
+        // Polls, within the deadline below.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let l = last.lock().unwrap();
         let polled_since: Vec<f64> = victim_paths
@@ -1010,7 +913,7 @@ async fn takeover(n: usize, ttl: &str) -> f64 {
     }
     drop(a);
     drop(b);
-    drop_db(&db).await;
+    db.drop_db().await;
     worst
 }
 
@@ -1128,10 +1031,13 @@ async fn fanout(n: usize, seconds: u64) -> Fanout {
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });
-    let db = new_db().await;
+    let db = TestDb::new().await;
     let streams = (3 * n + 16).to_string();
-    let r = spawn_replica_with(
+    let dir = TempDir::new("waitd-bench");
+    let r = spawn_replica(
         &db,
+        &dir,
+        "fanout",
         "30s",
         &[
             "--max-streams",
@@ -1141,7 +1047,7 @@ async fn fanout(n: usize, seconds: u64) -> Fanout {
         ],
     )
     .await;
-    let pid = r.child.id().to_string();
+    let pid = r.pid.to_string();
     let c = client();
     let seen = Arc::new(AtomicU64::new(0));
     for _ in 0..n {
@@ -1167,9 +1073,11 @@ async fn fanout(n: usize, seconds: u64) -> Fanout {
             .unwrap();
         assert_eq!(resp.status(), 201);
     }
+    // Warm-up before the measured window.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (cpu0, pg0, seen0) = (process_cpu(&pid), postgres_cpu(), seen.load(Relaxed));
     let t0 = Instant::now();
+    // The measured window.
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (cpu1, pg1, seen1) = (process_cpu(&pid), postgres_cpu(), seen.load(Relaxed));
     let took = t0.elapsed().as_secs_f64();
@@ -1217,7 +1125,7 @@ async fn fanout(n: usize, seconds: u64) -> Fanout {
         storm_open,
     };
     drop(r);
-    drop_db(&db).await;
+    db.drop_db().await;
     f
 }
 

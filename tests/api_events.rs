@@ -1,16 +1,16 @@
 //! Black-box tests of event history and server-sent event streams: per wait
 //! (`/waits/{id}/events`) and global (`/events`).
 
-mod common;
+mod support;
 
 use std::pin::Pin;
 use std::time::Duration;
 
-use common::*;
 use eventsource_stream::{Event as SseEvent, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use support::*;
 
 type Events =
     Pin<Box<dyn Stream<Item = Result<SseEvent, EventStreamError<reqwest::Error>>> + Send>>;
@@ -666,6 +666,7 @@ async fn a_stream_survives_a_store_outage_without_losing_or_repeating_events() {
     // The store goes away before the first poll and comes back just before it: the
     // event listener is still backing off when the wait's events are written.
     proxy.cut();
+    // The point: the store is away for this long.
     tokio::time::sleep(Duration::from_millis(850)).await;
     proxy.restore();
     let rest = sse.until_end(Duration::from_secs(8)).await;

@@ -1,6 +1,6 @@
-mod common;
+mod support;
 
-use common::*;
+use support::*;
 
 #[tokio::test]
 async fn a_wait_is_created_polled_and_succeeds() {

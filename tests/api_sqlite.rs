@@ -1,17 +1,17 @@
 //! The black-box API on the embedded SQLite store: create, block, cancel, follow,
 //! and a restart on the same file.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::*;
 use futures_util::StreamExt;
 use serde_json::Value;
+use support::*;
 
 #[tokio::test]
 async fn a_wait_on_sqlite_is_created_blocked_on_and_succeeds() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script(
         "/s/1",
@@ -34,7 +34,7 @@ async fn a_wait_on_sqlite_is_created_blocked_on_and_succeeds() {
 
 #[tokio::test]
 async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script("/s/2", vec![Reply::status("deploying")]);
     let app = App::start_sqlite(&dir.sqlite_url()).await;
@@ -47,6 +47,7 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
         );
         tokio::spawn(async move { client.get(u).send().await.unwrap() })
     };
+    // No signal tells that a held request has arrived: give it time to.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, canceled) = app.post(&format!("/waits/{id}/cancel")).await;
     assert_eq!(
@@ -59,6 +60,7 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
         .unwrap();
     assert_eq!(r.status(), 409);
     let hits = up.hits("/s/2");
+    // The point: nothing more is polled during this interval.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(up.hits("/s/2"), hits, "polling stopped after the cancel");
     app.stop().await.0.unwrap();
@@ -66,7 +68,7 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
 
 #[tokio::test]
 async fn a_follower_on_sqlite_sees_every_event_in_order_and_the_stream_ends() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script(
         "/s/3",
@@ -102,13 +104,13 @@ async fn a_follower_on_sqlite_sees_every_event_in_order_and_the_stream_ends() {
 
 #[tokio::test]
 async fn a_wait_on_sqlite_survives_a_restart_and_ends() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let up = Upstream::start().await;
     let url = up.script("/s/4", vec![Reply::status("deploying")]);
     let app = App::start_sqlite(&dir.sqlite_url()).await;
     let (_, w) = app.create(spec(&url)).await;
     let id = w["id"].as_str().unwrap().to_string();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/4") > 0 }).await);
     app.stop().await.0.unwrap();
     up.script("/s/4", vec![Reply::status("on")]);
     let app = App::start_sqlite(&dir.sqlite_url()).await;

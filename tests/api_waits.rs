@@ -2,14 +2,14 @@
 //! blocked request can answer), cancel, idempotency, redaction, listing, restarts,
 //! graceful shutdown and the operational endpoints.
 
-mod common;
+mod support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::*;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use support::*;
 
 /// Sends a request; returns the status, the headers and the body as JSON (Null if not JSON).
 async fn send(req: reqwest::RequestBuilder) -> (u16, HeaderMap, Value) {
@@ -249,6 +249,7 @@ async fn a_blocking_get_answers_409_promptly_when_another_task_cancels_the_wait(
         })
     };
     assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/1") >= 2 }).await);
+    // The point: the blocked GET is still held during this interval.
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         !blocked.is_finished(),
@@ -293,6 +294,7 @@ async fn a_blocking_post_answers_409_when_the_wait_is_canceled_meanwhile() {
         if let Some(w) = page["items"].as_array().and_then(|a| a.first()) {
             id = id_of(w);
         } else {
+            // Polls, with a deadline.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -461,6 +463,7 @@ async fn canceling_a_running_wait_stops_its_polling() {
     // Let a probe that was already in flight land, then watch for more.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let settled = up.hits("/s/1");
+    // The point: no poll lands during this interval.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         up.hits("/s/1"),
@@ -940,6 +943,7 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
         let u = app.url(&format!("/waits/{}?wait=60s", ids_[0]));
         tokio::spawn(async move { send(c.get(u)).await })
     };
+    // No signal tells that a held request has arrived: give it time to.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (r, took) = app.stop().await;
     assert!(r.is_ok(), "{r:?}");
@@ -969,6 +973,7 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
     );
     // Nothing polls after the stop.
     let hits: Vec<usize> = (0..3).map(|i| up.hits(&format!("/s/{i}"))).collect();
+    // The point: no poll lands during this interval.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let later: Vec<usize> = (0..3).map(|i| up.hits(&format!("/s/{i}"))).collect();
     assert_eq!(hits, later);
@@ -1024,6 +1029,7 @@ async fn a_request_blocked_on_a_replica_without_a_worker_sees_the_wait_end_on_an
             (r, chrono::Utc::now())
         })
     };
+    // The point: no poll lands while there is no worker.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(up.hits("/s/1"), 0, "a --no-worker replica polled");
     let worker = App::start(&db).await;
@@ -1072,6 +1078,7 @@ async fn a_wait_leased_by_a_dead_replica_is_taken_over_once_its_lease_expires() 
     .await;
     assert_eq!(n, 1);
     let worker = App::start(&db).await;
+    // The point: no poll lands while the lease is live.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(up.hits("/s/1"), 0, "a live lease was ignored");
     let (status, _, w) = send(api.client.get(api.url(&format!("/waits/{id}?wait=10s")))).await;
@@ -1148,15 +1155,12 @@ async fn readyz_and_the_api_answer_503_problems_while_the_store_is_unreachable_a
     let id = id_of(&w);
 
     proxy.cut();
-    let until = Instant::now() + Duration::from_secs(10);
-    let last = loop {
+    let last = poll_for(Duration::from_secs(10), || async {
         let r = send(app.client.get(app.url("/readyz"))).await;
-        if r.0 == 503 || Instant::now() >= until {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(last.0, 503, "readyz answered {}", last.2);
+        (r.0 == 503).then_some(r)
+    })
+    .await
+    .expect("readyz answers 503 while the store is unreachable");
     assert_eq!(content_type(&last.1), "application/problem+json");
     for req in [
         app.client.get(app.url("/waits")),
@@ -1247,22 +1251,11 @@ async fn metrics_are_prometheus_text_with_polls_and_active_waits() {
 
 #[tokio::test]
 async fn the_openapi_document_is_served_as_openapi_3_1_json() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
-    let r = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    assert!(
-        r.headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|c| c.starts_with("application/json"))
-    );
-    let doc: Value = serde_json::from_str(&r.text().await.unwrap()).expect("valid JSON");
+    let app = support::in_process::InProcess::start().await;
+    let r = app.get("/openapi.json").send().await;
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").starts_with("application/json"));
+    let doc: Value = serde_json::from_str(&r.text).expect("valid JSON");
     assert!(
         doc["openapi"]
             .as_str()
@@ -1279,9 +1272,7 @@ async fn the_openapi_document_is_served_as_openapi_3_1_json() {
     ] {
         assert!(doc["paths"][path].is_object(), "no {path} in the document");
     }
-    let (r, _) = app.stop().await;
-    r.unwrap();
-    db.drop_db().await;
+    app.stop().await;
 }
 
 #[tokio::test]
@@ -1302,6 +1293,7 @@ async fn polls_that_change_nothing_are_not_rewritten_every_lease_but_a_growing_i
     g["poll"] = json!({"initial": "20ms", "factor": 1.3, "max": "10s", "jitter": 0});
     let (_, wf) = app.create(f).await;
     let (_, wg) = app.create(g).await;
+    // The point: checkpoints are counted over more than two lease TTLs.
     tokio::time::sleep(Duration::from_millis(2600)).await;
     let (_, rf) = app.get(&format!("/waits/{}", id_of(&wf))).await;
     let (_, rg) = app.get(&format!("/waits/{}", id_of(&wg))).await;

@@ -3,16 +3,15 @@
 //! that would mean another host, a narrowed allow-list, the end counters, and what
 //! start-up and a broken database say.
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+mod support;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{App, PgProxy, Reply, TestDb, Upstream, eventually, spec};
-use procs::{Replica, TempDir, free_port, http, replica_args, send};
+use support::follower::send;
+use support::replica::{Replica, free_port, replica_args};
+use support::{App, PgProxy, Reply, TempDir, TestDb, Upstream, client, eventually, spec};
 
 /// Runs `curl` with `args`; returns its exit code, stdout and how long it took.
 async fn curl(args: Vec<String>) -> (i32, String, Duration) {
@@ -84,7 +83,7 @@ async fn a_blocked_curl_with_retry_rides_a_rolling_restart_and_exits_by_how_the_
     let w: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(w["status"], "succeeded", "{w}");
     // The retried POST blocked on the same wait rather than creating another.
-    let list = send(http().get(a.url("/waits"))).await;
+    let list = send(client().get(a.url("/waits"))).await;
     assert_eq!(
         list.body["items"].as_array().unwrap().len(),
         1,
@@ -107,7 +106,7 @@ async fn a_blocked_curl_with_retry_rides_a_rolling_restart_and_exits_by_how_the_
         assert_eq!(code, 22, "{name}: curl -f fails: {out}");
         assert!(took < Duration::from_secs(3), "{name}: curl took {took:?}");
         // With -f curl prints nothing of the body; the wait tells how it ended.
-        let list = send(http().get(b.url(&format!("/waits?status={status}")))).await;
+        let list = send(client().get(b.url(&format!("/waits?status={status}")))).await;
         assert_eq!(
             list.body["items"].as_array().unwrap().len(),
             1,
@@ -252,6 +251,7 @@ async fn every_end_is_counted_once_whoever_ended_it() {
     let ok = eventually(Duration::from_secs(3), || async { counted(&read().await) }).await;
     assert!(ok, "{}", read().await);
     // And no more afterwards: the second cancel found it ended.
+    // The point: the count does not grow during this interval.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let metrics = read().await;
     assert!(counted(&metrics), "{metrics}");
@@ -264,10 +264,10 @@ async fn a_narrower_allow_list_ends_waits_it_refuses_with_a_warn_line_naming_id_
     let up = Upstream::start().await;
     let url = up.script("/guarded", vec![Reply::status("deploying")]);
     let dir = TempDir::new("waitd-allow");
-    let store = format!("sqlite://{}", dir.path.join("waitd.db").display());
+    let store = dir.sqlite_url();
     let mut r = Replica::start("allow", &dir.path, &store, "1s", &[]).await;
     let a = send(
-        http()
+        client()
             .post(r.url("/waits"))
             .json(&spec(&format!("{url}?token=s3cret"))),
     )
@@ -278,12 +278,10 @@ async fn a_narrower_allow_list_ends_waits_it_refuses_with_a_warn_line_naming_id_
     r.wait_exit(Duration::from_secs(10)).await;
     // The same replica, without the allow-list.
     let port = free_port();
-    let mut args = replica_args(&store, port, "1s", &[]);
-    let at = args.iter().position(|a| a == "--allow-targets").unwrap();
-    args.drain(at..at + 2);
+    let args = support::unset_flag(replica_args(&store, port, "1s", &[]), "--allow-targets");
     let mut r = Replica::spawn("allow", &dir.path, port, args);
     r.ready(Duration::from_secs(15)).await;
-    let w = send(http().get(r.url(&format!("/waits/{id}?wait=5s")))).await;
+    let w = send(client().get(r.url(&format!("/waits/{id}?wait=5s")))).await;
     assert_eq!(w.body["status"], "error", "{}", w.body);
     let warned = r.log_events("the SSRF guard refuses this wait's target; it ends in error");
     assert_eq!(warned.len(), 1, "{}", r.log_tail(20));
@@ -390,7 +388,7 @@ async fn a_replica_that_resumes_waits_says_how_many() {
     let mut r = Replica::start("resume", &dir.path, &db.url, "1s", &[]).await;
     for i in 0..3 {
         let url = up.script(&format!("/r/{i}"), vec![Reply::status("deploying")]);
-        let a = send(http().post(r.url("/waits")).json(&spec(&url))).await;
+        let a = send(client().post(r.url("/waits")).json(&spec(&url))).await;
         assert_eq!(a.status, 201);
     }
     assert!(
@@ -442,7 +440,7 @@ async fn a_broken_database_is_named_with_host_port_database_and_cause() {
     assert!(err.contains("refused"), "{err}");
     assert!(!err.contains("pool timed out"), "{err}");
     // A database that does not exist, and a user that does not.
-    let admin = url::Url::parse(&common::admin_url()).unwrap();
+    let admin = url::Url::parse(&support::admin_url()).unwrap();
     for (url, says) in [
         (
             format!(
@@ -480,7 +478,7 @@ async fn a_broken_database_is_named_with_host_port_database_and_cause() {
     // A database that goes away under a running replica: /readyz says where and why.
     let db = TestDb::new().await;
     let proxy = PgProxy::start();
-    let app = App::start_args(common::test_args(&proxy.url(&db))).await;
+    let app = App::start_args(support::test_args(&proxy.url(&db))).await;
     proxy.cut();
     let r = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 503);

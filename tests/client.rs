@@ -3,15 +3,15 @@
 //! 1 failed, 2 timed out, 3 error, 4 canceled, 5 usage or server problem, 130
 //! interrupted).
 
-mod common;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::{Value, json};
+use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_waitd");
 
@@ -128,6 +128,7 @@ impl Live {
                 started.elapsed() < Duration::from_secs(20),
                 "waitd did not exit"
             );
+            // Polls for the exit, with a deadline.
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         // Let the reader threads drain the pipes.

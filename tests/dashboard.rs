@@ -11,9 +11,7 @@
 //! chromium-driver`; `.ci/run` installs them) and fails, saying so, when they are
 //! missing: it is never skipped.
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+mod support;
 
 use std::os::unix::process::CommandExt;
 use std::panic::AssertUnwindSafe;
@@ -21,12 +19,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{App, Reply, TestDb, Upstream};
 use fantoccini::{Client, ClientBuilder, Locator};
 use futures_util::FutureExt;
 use hyper_util::client::legacy::connect::HttpConnector;
-use procs::Replica;
 use serde_json::{Value, json};
+use support::replica::Replica;
+use support::{App, Reply, TestDb, Upstream};
 
 const TOKENS: &str = "ci:0123456789abcdef-ci";
 const TOKEN: &str = "0123456789abcdef-ci";
@@ -96,17 +94,17 @@ type Outcome = Result<(), Box<dyn std::any::Any + Send>>;
 struct Browser {
     c: Client,
     driver: Child,
-    dir: procs::TempDir,
+    dir: support::TempDir,
 }
 
 impl Browser {
     async fn start() -> Browser {
         let chromium = tool("chromium");
         let chromedriver = tool("chromedriver");
-        let dir = procs::TempDir::new("waitd-browser");
+        let dir = support::TempDir::new("waitd-browser");
         let profile = dir.path.join("profile");
         let log = std::fs::File::create(dir.path.join("chromedriver.log")).unwrap();
-        let port = procs::free_port();
+        let port = support::replica::free_port();
         let mut driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             .stdin(Stdio::null())
@@ -116,7 +114,7 @@ impl Browser {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", chromedriver.display()));
         let driver_url = format!("http://127.0.0.1:{port}");
-        let http = procs::http();
+        let http = support::client();
         let until = Instant::now() + Duration::from_secs(15);
         loop {
             if let Ok(r) = http.get(format!("{driver_url}/status")).send().await
@@ -133,6 +131,7 @@ impl Browser {
                 kill_group(&mut driver);
                 panic!("chromedriver did not answer on port {port} within 15 s; its log:\n{log}");
             }
+            // Polls chromedriver, with a deadline.
             tokio::time::sleep(TICK).await;
         }
         let mut args: Vec<String> = CHROME_ARGS.iter().map(|s| s.to_string()).collect();
@@ -239,6 +238,7 @@ impl Browser {
             if Instant::now() > until {
                 panic!("the page did not show {what} within {within:?}; it showed {v}");
             }
+            // Polls the page, with a deadline.
             tokio::time::sleep(TICK).await;
         }
     }
@@ -357,7 +357,7 @@ impl Api {
     fn new(base: &str) -> Api {
         Api {
             base: base.to_string(),
-            http: common::client(),
+            http: support::client(),
         }
     }
 
@@ -392,7 +392,7 @@ impl Api {
 
 /// A wait on `url` that lasts longer than the test, polled every 20–100 ms.
 fn wait_spec(url: &str, labels: Value) -> Value {
-    let mut s = common::spec(url);
+    let mut s = support::spec(url);
     s["labels"] = labels;
     s["timeout"] = json!("10m");
     s["poll"] = json!({"initial": "20ms", "max": "100ms", "jitter": 0});
@@ -553,6 +553,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
                 Instant::now() < until,
                 "the API does not show the wait canceled: {got}"
             );
+            // Polls the API, with a deadline.
             tokio::time::sleep(TICK).await;
         }
         let d = b
@@ -718,7 +719,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let db = TestDb::new().await;
-    let dir = procs::TempDir::new("waitd-dashboard");
+    let dir = support::TempDir::new("waitd-dashboard");
     let up = Upstream::start().await;
     let extra = ["--tokens", TOKENS];
     // Two replicas on one database: the page follows `a`, which restarts; `b` polls
@@ -732,6 +733,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
     let until = Instant::now() + PATIENCE;
     while api_b.get(&format!("/waits/{w}")).await["state"] != "deploying" {
         assert!(Instant::now() < until, "replica b does not poll the wait");
+        // Polls the API, with a deadline.
         tokio::time::sleep(TICK).await;
     }
     let mut ra = Replica::start("a", &dir.path, &db.url, "3s", &extra).await;
@@ -775,6 +777,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
                 Instant::now() < until,
                 "replica b did not write the new state"
             );
+            // Polls the API, with a deadline.
             tokio::time::sleep(TICK).await;
         }
         assert!(!ra.running(), "the event was written while a was down");

@@ -3,9 +3,9 @@
 //! and no CORS headers at all unless configured). The page itself is tested in a
 //! real browser by `tests/dashboard.rs`.
 
-mod common;
+mod support;
 
-use common::{App, TestDb};
+use support::{App, TestDb};
 
 #[tokio::test]
 async fn the_dashboard_is_served_with_its_types_and_a_strict_policy() {
@@ -136,7 +136,7 @@ async fn cors_answers_exactly_the_configured_origins_and_nothing_otherwise() {
     // A path or a wildcard is not an origin: start-up refuses it with a sentence.
     for bad in ["https://dash.example.com/app", "*", "dash.example.com"] {
         let config = waitd::Config::from_args(
-            common::test_args(&db.url)
+            support::test_args(&db.url)
                 .into_iter()
                 .chain(["--cors-origins".to_string(), bad.to_string()]),
         )

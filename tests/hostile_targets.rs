@@ -5,9 +5,7 @@
 //! process survives, that its memory stays under a stated bound (its peak RSS,
 //! read from /proc), and that every wait ends with a sentence.
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,8 +15,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use common::TestDb;
-use procs::{Replica, TempDir, free_port, http, replica_args, send};
+use support::follower::send;
+use support::replica::{Replica, free_port, replica_args};
+use support::{TempDir, TestDb, client};
 
 /// The most memory (peak resident set) a replica may reach while it polls every
 /// hostile target below at once. A debug build idles at about 20 MiB; before the
@@ -93,6 +92,7 @@ impl Hostile {
                                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n{")
                                 .await;
                             loop {
+                                // Pacing: the scripted target trickles its body.
                                 tokio::time::sleep(every).await;
                                 if sock.write_all(b" ").await.is_err() {
                                     return;
@@ -111,6 +111,7 @@ impl Hostile {
                             }
                         }
                         Play::Hang => {
+                            // The point: a target that never answers.
                             tokio::time::sleep(Duration::from_secs(3600)).await;
                         }
                     }
@@ -167,13 +168,13 @@ fn hostile_spec(url: &str, state: &str) -> Value {
 
 /// Creates a wait (201 expected) and returns its id.
 async fn create(r: &Replica, spec: Value) -> String {
-    let a = send(http().post(r.url("/waits")).json(&spec)).await;
+    let a = send(client().post(r.url("/waits")).json(&spec)).await;
     assert_eq!(a.status, 201, "{}", a.body);
     a.body["id"].as_str().unwrap().to_string()
 }
 
 async fn ended(r: &Replica, id: &str) -> Value {
-    let a = send(http().get(r.url(&format!("/waits/{id}?wait=15s")))).await;
+    let a = send(client().get(r.url(&format!("/waits/{id}?wait=15s")))).await;
     assert_ne!(a.status, 202, "still running: {}", a.body);
     assert_ne!(a.body["status"], "running", "{}", a.body);
     a.body
@@ -182,13 +183,7 @@ async fn ended(r: &Replica, id: &str) -> Value {
 /// The stores to run on: a SQLite file, and a database on the test server.
 async fn stores(dir: &TempDir) -> Vec<(String, Option<TestDb>)> {
     let db = TestDb::new().await;
-    vec![
-        (
-            format!("sqlite://{}", dir.path.join("waitd.db").display()),
-            None,
-        ),
-        (db.url.clone(), Some(db)),
-    ]
+    vec![(dir.sqlite_url(), None), (db.url.clone(), Some(db))]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,7 +235,7 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
 
         // Creation refuses what is explosive on its face, naming the field.
         let a = send(
-            http()
+            client()
                 .post(r.url("/waits"))
                 .json(&hostile_spec(&urls[0], "$..*..*..*..*")),
         )
@@ -282,13 +277,12 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
         assert!(w["reason"].as_str().unwrap().contains("nodes"), "{w}");
 
         // A 500 KB status string is kept as 2 KiB with a marker.
-        let huge = loop {
-            let a = send(http().get(r.url(&format!("/waits/{huge_id}")))).await;
-            if a.body["state"].is_string() {
-                break a.body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let huge = support::poll_for(Duration::from_secs(10), || async {
+            let a = send(client().get(r.url(&format!("/waits/{huge_id}")))).await;
+            a.body["state"].is_string().then_some(a.body)
+        })
+        .await
+        .expect("the state was recorded");
         let state = huge["state"].as_str().unwrap();
         assert!(state.len() <= 2048, "{}", state.len());
         assert!(
@@ -296,14 +290,14 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
             "{}",
             &state[state.len() - 40..]
         );
-        let events = send(http().get(r.url(&format!("/waits/{huge_id}/events")))).await;
+        let events = send(client().get(r.url(&format!("/waits/{huge_id}/events")))).await;
         let text = events.body.to_string();
         assert!(
             text.len() < 16 * 1024,
             "the events page is {} bytes",
             text.len()
         );
-        let list = send(http().get(r.url("/waits?limit=50"))).await;
+        let list = send(client().get(r.url("/waits?limit=50"))).await;
         assert!(
             list.body.to_string().len() < 64 * 1024,
             "the list page is {} bytes",
@@ -311,13 +305,12 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
         );
 
         // NUL in a state: stored (as U+FFFD) on either store, and the wait goes on.
-        let nul = loop {
-            let a = send(http().get(r.url(&format!("/waits/{nul_id}")))).await;
-            if a.body["state"].is_string() {
-                break a.body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let nul = support::poll_for(Duration::from_secs(10), || async {
+            let a = send(client().get(r.url(&format!("/waits/{nul_id}")))).await;
+            a.body["state"].is_string().then_some(a.body)
+        })
+        .await
+        .expect("the state was recorded");
         assert_eq!(nul["state"], "de\u{FFFD}ploying", "{nul}");
         assert_eq!(nul["status"], "running", "{nul}");
 
@@ -350,9 +343,9 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
         assert!(w["reason"].as_str().unwrap().contains("1 MiB"), "{w}");
 
         // The nul wait still polls; cancel it, and the process is alive throughout.
-        let a = send(http().post(r.url(&format!("/waits/{nul_id}/cancel")))).await;
+        let a = send(client().post(r.url(&format!("/waits/{nul_id}/cancel")))).await;
         assert_eq!(a.body["status"], "canceled", "{}", a.body);
-        let a = send(http().post(r.url(&format!("/waits/{huge_id}/cancel")))).await;
+        let a = send(client().post(r.url(&format!("/waits/{huge_id}/cancel")))).await;
         assert_eq!(a.body["status"], "canceled", "{}", a.body);
         assert!(r.running(), "the replica died:\n{}", r.log_tail(30));
         let peak = peak_rss_kib(r.pid);
@@ -386,7 +379,7 @@ async fn a_wait_whose_polls_keep_killing_their_replica_is_ended_after_three_on_b
         // Three times: the poll is in flight (the target holds it), and the replica
         // dies — as if the answer had killed it.
         for round in 1..=3 {
-            let seen = common::eventually(Duration::from_secs(10), || async {
+            let seen = support::eventually(Duration::from_secs(10), || async {
                 up.hits("/hang") >= hits_before + round
             })
             .await;
@@ -400,7 +393,7 @@ async fn a_wait_whose_polls_keep_killing_their_replica_is_ended_after_three_on_b
             r.ready(Duration::from_secs(15)).await;
         }
         // The fourth claim ends it without polling it again.
-        let a = send(http().get(r.url(&format!("/waits/{id}?wait=10s")))).await;
+        let a = send(client().get(r.url(&format!("/waits/{id}?wait=10s")))).await;
         assert_eq!(a.body["status"], "error", "{}", a.body);
         let reason = a.body["reason"].as_str().unwrap();
         assert!(
@@ -421,24 +414,24 @@ async fn a_wait_the_store_refuses_to_record_ends_in_error_while_its_neighbours_g
     // The last line of defence: a Postgres constraint (added by the test) refuses one
     // target's state, the way a byte Postgres cannot store once did.
     let db = TestDb::new().await;
-    let up = common::Upstream::start().await;
-    let poison = up.script("/poison", vec![common::Reply::status("poison")]);
+    let up = support::Upstream::start().await;
+    let poison = up.script("/poison", vec![support::Reply::status("poison")]);
     let fine = up.script(
         "/fine",
         vec![
-            common::Reply::status("deploying"),
-            common::Reply::status("on"),
+            support::Reply::status("deploying"),
+            support::Reply::status("on"),
         ],
     );
-    let app = common::App::start(&db).await;
-    common::db_exec(
+    let app = support::App::start(&db).await;
+    support::db_exec(
         &db,
         "ALTER TABLE waits ADD CONSTRAINT no_poison CHECK (state IS DISTINCT FROM 'poison')",
     )
     .await;
     let started = Instant::now();
-    let (_, a) = app.create(common::spec(&poison)).await;
-    let (_, b) = app.create(common::spec(&fine)).await;
+    let (_, a) = app.create(support::spec(&poison)).await;
+    let (_, b) = app.create(support::spec(&fine)).await;
     let a = app.wait_end(a["id"].as_str().unwrap()).await;
     let b = app.wait_end(b["id"].as_str().unwrap()).await;
     assert_eq!(a["status"], "error", "{a}");
@@ -456,7 +449,7 @@ async fn a_wait_the_store_refuses_to_record_ends_in_error_while_its_neighbours_g
         let r = app.client.get(app.url("/metrics")).send().await.unwrap();
         r.text().await.unwrap()
     };
-    let counted = common::eventually(Duration::from_secs(3), || async {
+    let counted = support::eventually(Duration::from_secs(3), || async {
         read()
             .await
             .contains("waitd_waits_ended_total{status=\"error\"} 1\n")

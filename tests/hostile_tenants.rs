@@ -4,7 +4,7 @@
 //! answer is a 4xx with a sentence or a closed connection, never a 5xx, and the
 //! same from SQLite and Postgres.
 
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -13,14 +13,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use common::{App, Reply, TempDir, TestDb, Upstream, spec};
+use support::{App, Reply, TempDir, TestDb, Upstream, spec};
 
 /// An app on each store, with `extra` flags.
 async fn apps(extra: &[&str]) -> (Vec<App>, TestDb, TempDir) {
     let db = TestDb::new().await;
-    let dir = TempDir::new();
+    let dir = TempDir::new("waitd-test");
     let pg = App::start_with(&db, extra).await;
-    let mut args = common::test_args(&dir.sqlite_url());
+    let mut args = support::test_args(&dir.sqlite_url());
     args.extend(extra.iter().map(|s| s.to_string()));
     let lite = App::start_args(args).await;
     (vec![pg, lite], db, dir)
@@ -282,6 +282,7 @@ async fn connections_past_the_cap_wait_until_one_closes() {
     for _ in 0..4 {
         idle.push(TcpStream::connect(&addr).await.unwrap());
     }
+    // No signal tells that the server accepted the idle connections: give it time to.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut extra = TcpStream::connect(&addr).await.unwrap();
     extra
@@ -341,7 +342,7 @@ async fn streams_are_capped_per_tenant_and_per_replica_with_a_429_and_a_sentence
     assert_eq!(status, 429, "{body}");
     // Closing one frees its place.
     drop(a);
-    let ok = common::eventually(Duration::from_secs(3), || async {
+    let ok = support::eventually(Duration::from_secs(3), || async {
         open(app.url("/events")).await.status() == 200
     })
     .await;

@@ -5,10 +5,11 @@
 //! The presets poll every few seconds; the requests here override `poll` and `retry`
 //! (objects merge key by key with the preset's) so the tests run in milliseconds.
 
-mod common;
+mod support;
 
-use common::*;
 use serde_json::{Value, json};
+use support::in_process::InProcess;
+use support::*;
 
 /// Millisecond timings, laid over a preset's own.
 fn fast() -> Value {
@@ -205,9 +206,8 @@ async fn finish(app: App, db: TestDb) {
 
 #[tokio::test]
 async fn the_presets_route_lists_every_built_in_preset_with_its_params_and_defaults() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
-    let (status, list) = app.get("/presets").await;
+    let app = InProcess::start().await;
+    let (status, list) = app.get("/presets").answer().await;
     assert_eq!(status, 200, "{list}");
     let names: Vec<&str> = list["items"]
         .as_array()
@@ -247,14 +247,13 @@ async fn the_presets_route_lists_every_built_in_preset_with_its_params_and_defau
     );
     let aks = &list["items"][0];
     assert_eq!(aks["params"]["api_version"]["default"], "2025-10-01");
-    finish(app, db).await;
+    app.stop().await;
 }
 
 #[tokio::test]
 async fn one_preset_shows_the_request_it_stands_for_and_an_unknown_one_is_404() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
-    let (status, p) = app.get("/presets/latitude.server").await;
+    let app = InProcess::start().await;
+    let (status, p) = app.get("/presets/latitude.server").answer().await;
     assert_eq!(status, 200, "{p}");
     assert_eq!(
         p["request"]["target"]["url"],
@@ -268,10 +267,10 @@ async fn one_preset_shows_the_request_it_stands_for_and_an_unknown_one_is_404() 
         p["request"]["poll"],
         json!({"initial": "2s", "factor": 1.5, "max": "15s"})
     );
-    let (status, e) = app.get("/presets/latitude.sever").await;
+    let (status, e) = app.get("/presets/latitude.sever").answer().await;
     assert_eq!(status, 404, "{e}");
     assert!(e["detail"].as_str().unwrap().contains("GET /presets"));
-    finish(app, db).await;
+    app.stop().await;
 }
 
 #[tokio::test]
@@ -704,8 +703,7 @@ async fn a_request_may_override_any_field_of_its_preset() {
 
 #[tokio::test]
 async fn missing_unknown_and_malformed_params_are_a_422_naming_each() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
+    let app = InProcess::start().await;
     let (status, p) = app
         .create(json!({
             "preset": "azure.aks_machine",
@@ -750,13 +748,12 @@ async fn missing_unknown_and_malformed_params_are_a_422_naming_each() {
         .await;
     assert_eq!(status, 422, "{p}");
     assert_eq!(p["errors"][0]["field"], "params.server_id");
-    finish(app, db).await;
+    app.stop().await;
 }
 
 #[tokio::test]
 async fn an_unknown_preset_or_params_without_one_is_a_422() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
+    let app = InProcess::start().await;
     let (status, p) = app
         .create(json!({"preset": "latitude.servr", "params": {"server_id": "1"}}))
         .await;
@@ -777,13 +774,12 @@ async fn an_unknown_preset_or_params_without_one_is_a_422() {
         .await;
     assert_eq!(status, 422, "{p}");
     assert_eq!(p["errors"][0]["field"], "params");
-    finish(app, db).await;
+    app.stop().await;
 }
 
 #[tokio::test]
 async fn a_mistyped_request_field_is_still_a_400_with_a_preset() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
+    let app = InProcess::start().await;
     let (status, p) = app
         .create(json!({
             "preset": "latitude.server",
@@ -793,7 +789,7 @@ async fn a_mistyped_request_field_is_still_a_400_with_a_preset() {
         .await;
     assert_eq!(status, 400, "{p}");
     assert_eq!(p["errors"][0]["field"], "wnat");
-    finish(app, db).await;
+    app.stop().await;
 }
 
 #[tokio::test]

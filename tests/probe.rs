@@ -77,6 +77,7 @@ async fn upstream(reply: Reply) -> (SocketAddr, Seen) {
             s.headers.lock().unwrap().push(headers);
             let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            // Pacing: a reply's scripted delay.
             tokio::time::sleep(reply.delay).await;
             s.in_flight.fetch_sub(1, Ordering::SeqCst);
             let mut response =
@@ -573,6 +574,7 @@ async fn the_per_host_limit_tracks_only_hosts_in_flight() {
         tokio::spawn(async move { p.probe(&slow).await })
     };
     while seen.hits() == 0 {
+        // Polls the target until the probe arrives.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(p.hosts_tracked(), 1);

@@ -2,7 +2,7 @@
 //! replica is the real `waitd` binary in its own process, killed with SIGKILL or
 //! stopped with SIGTERM; Postgres is stopped, restarted or frozen (a throwaway
 //! cluster each such test starts itself). The upstream records each probe with the
-//! replica that sent it (see `common/procs.rs`), so double polling is measured, not
+//! replica that sent it (see `support/recorder.rs`), so double polling is measured, not
 //! guessed.
 //!
 //! The tests run one at a time (they measure timings on a small machine) and print
@@ -12,28 +12,30 @@
 //! `WAITD_TEST_RUST_LOG` sets the replicas' `RUST_LOG`, and `WAITD_PG_BIN` points at
 //! the Postgres server binaries (default `/usr/lib/postgresql/15/bin`).
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use common::TestDb;
 use futures_util::future::join_all;
-use procs::*;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use support::follower::*;
+use support::pg::*;
+use support::recorder::*;
+use support::replica::*;
+use support::{TempDir, TestDb, client, until};
 use uuid::Uuid;
 
 /// One test at a time: they time things, and each runs several processes.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// How often a replica sweeps for claimable waits when no notice wakes it
-/// (`WorkerConfig::claim_interval`, fixed at 1 s). After a lease runs out nothing
-/// notifies, so a takeover may wait up to one sweep.
+/// The longest a replica goes between sweeps for claimable waits when no notice
+/// wakes it (`WorkerConfig::claim_interval`: a tenth of the lease TTL, between 100 ms
+/// and 1 s). After a lease runs out nothing notifies, so a takeover may wait up to
+/// one sweep.
 const CLAIM_SWEEP: Duration = Duration::from_secs(1);
 
 fn ms(d: Duration) -> String {
@@ -75,7 +77,7 @@ async fn create_n_at_once(
     at_once: usize,
 ) -> Vec<Uuid> {
     use futures_util::StreamExt;
-    let client = http();
+    let client = client();
     let answers: Vec<Answer> = futures_util::stream::iter(urls.iter().enumerate().map(|(i, u)| {
         let r = via[i % via.len()];
         send(
@@ -223,24 +225,6 @@ fn state_chain_breaks(hist: &HashMap<Uuid, Vec<Ev>>) -> Vec<(Uuid, Vec<(Value, V
     broken
 }
 
-/// Polls `f` every 10 ms; `Some(elapsed)` once it holds, `None` after `within`.
-async fn until<F, Fut>(within: Duration, mut f: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    loop {
-        if f().await {
-            return Some(started.elapsed());
-        }
-        if started.elapsed() > within {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Starts replicas side by side and waits until each is ready.
 async fn start_all(
     names: &[&str],
@@ -284,15 +268,35 @@ fn assert_no_panics(rs: &[&Replica]) {
     }
 }
 
+/// Every hit the upstream recorded, with the index in `rs` of the replica that sent
+/// it (each names itself in its probes' `Waitd-Replica` header); None for a hit that
+/// names none of them.
+fn attribute<'a>(
+    up: &Recorder,
+    rs: impl IntoIterator<Item = &'a Replica>,
+) -> Vec<(Hit, Option<usize>)> {
+    let names: Vec<&str> = rs.into_iter().map(|r| r.name.as_str()).collect();
+    up.hits()
+        .into_iter()
+        .map(|h| {
+            let r = h
+                .replica
+                .as_deref()
+                .and_then(|n| names.iter().position(|x| *x == n));
+            (h, r)
+        })
+        .collect()
+}
+
 /// The longest double-polling stretch over all paths, and on which path (with its
 /// timeline: ms since the path's first hit, and the replica), plus how many hits could
 /// not be attributed, of how many.
 fn double_polling(
-    pm: &PortMap,
     up: &Recorder,
+    rs: &[Replica],
     interval: Duration,
 ) -> (Duration, String, usize, usize) {
-    let att = pm.attribute(&up.hits());
+    let att = attribute(up, rs);
     let unattributed = att.iter().filter(|(_, r)| r.is_none()).count();
     let mut worst = (Duration::ZERO, String::new());
     for (path, hits) in by_path(&att) {
@@ -342,11 +346,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["k0", "k1", "k2"], &dir, &db.url, "2s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
 
     let paths: Vec<String> = (0..N).map(|i| format!("/kill/{i}")).collect();
@@ -387,7 +387,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     );
     // The attribution agrees with the database: a wait claimed once (epoch 1) was
     // polled by its owner only.
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     let timelines = by_path(&att);
     let mut handovers = 0;
     for (id, p) in &path_of {
@@ -416,11 +416,9 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
         .min()
         .unwrap();
 
-    pm.snapshot();
     let kill_at = Utc::now();
     let t_kill = Instant::now();
     rs[victim].kill9();
-    pm.unwatch(victim);
     // Every target reaches its state at the moment of the crash.
     up.set_all(&paths, "on");
 
@@ -439,7 +437,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     );
 
     // Takeover: from the kill to the first poll of each orphan by a survivor.
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     let mut takeovers = Vec::new();
     for id in &orphans {
         let p = path_of[id].trim_start_matches('/').to_string();
@@ -455,16 +453,15 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     let last_end = after.values().filter_map(|r| r.finished_at).max().unwrap();
     let all_ended_after = (last_end - kill_at).to_std().unwrap_or_default();
     let lease_left = (earliest_lease_end - kill_at).to_std().unwrap_or_default();
-    let (dp, dp_path, unattributed, total) = double_polling(&pm, &up, INTERVAL);
+    let (dp, dp_path, unattributed, total) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "kill -9 of 1 of 3 replicas holding {} of {N} waits (spread {spread:?}); lease TTL {}, poll {}:\n  \
-         waits claimed again before the kill (lease let go under load): {handovers}; client ports reused: {}\n  \
+         waits claimed again before the kill (lease let go under load): {handovers}\n  \
          lease left at the kill: {}\n  takeover (kill -> first survivor poll of an orphan): min {}, median {}, max {}\n  \
          kill -> all {N} waits ended: {}\n  longest double polling: {} (path {dp_path}); {unattributed} of {total} hits unattributed",
         orphans.len(),
         ms(TTL),
         ms(INTERVAL),
-        pm.reused(),
         ms(lease_left),
         ms(takeovers[0]),
         ms(takeovers[takeovers.len() / 2]),
@@ -497,8 +494,8 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
         ms(dp)
     );
     assert!(
-        unattributed * 10 <= total,
-        "{unattributed} of {total} hits unattributed"
+        unattributed == 0,
+        "{unattributed} of {total} hits named no replica"
     );
     for (i, r) in rs.iter_mut().enumerate() {
         if i != victim {
@@ -551,7 +548,7 @@ async fn a_single_node_killed_and_restarted_loses_nothing() {
         "the state change was not recorded"
     );
     // One canceled, and a few acknowledged just before the crash.
-    let client = http();
+    let client = client();
     let c = send(client.post(r.url(&format!("/waits/{}/cancel", ids[39])))).await;
     assert_eq!(c.body["status"], "canceled");
     let late_paths: Vec<String> = (0..5).map(|i| format!("/solo/late{i}")).collect();
@@ -685,11 +682,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["t0", "t1"], &dir, &db.url, "10s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
     let paths: Vec<String> = (0..N).map(|i| format!("/term/{i}")).collect();
     let urls: Vec<String> = paths
@@ -723,7 +716,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
 
     // Open a blocked read and two streams on the victim: SIGTERM must close them.
     let w = orphans[0];
-    let client = http();
+    let client = client();
     let blocked = tokio::spawn(send(
         client.get(rs[victim].url(&format!("/waits/{w}?wait=true"))),
     ));
@@ -736,12 +729,10 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
             .await
     );
 
-    pm.snapshot();
     let t_term = Instant::now();
     rs[victim].signal("TERM");
     let exit = rs[victim].wait_exit(Duration::from_secs(15)).await;
     let exit_took = t_term.elapsed();
-    pm.unwatch(victim);
     let exit = exit
         .unwrap_or_else(|| panic!("{} did not exit within 15 s after SIGTERM", rs[victim].name));
     let blocked = tokio::time::timeout(Duration::from_secs(2), blocked)
@@ -752,8 +743,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
 
     // Takeover: each orphan's first poll by the survivor.
     let got_all = until(Duration::from_secs(8), || async {
-        let polled: HashSet<String> = pm
-            .attribute(&up.hits())
+        let polled: HashSet<String> = attribute(&up, &rs)
             .into_iter()
             .filter(|(h, r)| h.at > t_term && *r == Some(survivor))
             .map(|(h, _)| h.path)
@@ -763,7 +753,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
             .all(|id| polled.contains(path_of[id].trim_start_matches('/')))
     })
     .await;
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     let mut takeovers: Vec<Duration> = orphans
         .iter()
         .filter_map(|id| {
@@ -785,7 +775,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let ended = until(Duration::from_secs(5), || async { running(&pg).await == 0 }).await;
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
-    let (dp, dp_path, unattributed, total) = double_polling(&pm, &up, INTERVAL);
+    let (dp, dp_path, unattributed, total) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "SIGTERM of 1 of 2 replicas holding {} of {N} waits (lease TTL {}): exited {exit} after {}; \
          leases released: {released:?}; takeover (SIGTERM -> first survivor poll): min {}, max {}; \
@@ -906,7 +896,7 @@ async fn a_postgres_restart_mid_flight_answers_503_then_resumes_every_replica_an
     up.set_all(&moved, "building");
     f1.kick();
     f2.kick();
-    let client = http();
+    let client = client();
     let checks = join_all(rs.iter().flat_map(|r| {
         let spec = wait_spec(&urls[1], INTERVAL, "pg");
         [
@@ -1073,11 +1063,8 @@ async fn an_sse_follower_on_replica_b_sees_live_events_of_a_wait_polled_by_repli
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let a = Replica::start("a", &dir.path, &db.url, "3s", &[]).await;
     let b = Replica::start("b", &dir.path, &db.url, "3s", &["--no-worker"]).await;
-    pm.watch(0, a.pid);
-    pm.watch(1, b.pid);
 
     let f_all = Follower::start(b.url("/events?label=test:sse"), false);
     assert!(
@@ -1141,7 +1128,7 @@ async fn an_sse_follower_on_replica_b_sees_live_events_of_a_wait_polled_by_repli
     let gids: Vec<i64> = g.iter().map(|e| e.id.parse().unwrap()).collect();
     assert!(gids.windows(2).all(|w| w[0] < w[1]), "global ids {gids:?}");
     // Only A polled it.
-    let who = pollers(&pm.attribute(&up.hits()));
+    let who = pollers(&attribute(&up, [&a, &b]));
     assert_eq!(who.get("sse/1"), Some(&HashSet::from([0])), "pollers");
     assert_no_panics(&[&a, &b]);
     drop((a, b));
@@ -1182,12 +1169,13 @@ async fn a_cancel_through_replica_b_stops_replica_a_polling_within_one_poll_inte
             "{p} was not being polled before the cancel"
         );
     }
-    let client = http();
+    let client = client();
     let canceled = join_all(ids.iter().map(|id| {
         let req = client.post(b.url(&format!("/waits/{id}/cancel")));
         async move { (Instant::now(), send(req).await) }
     }))
     .await;
+    // The point: no poll lands in the intervals after the cancels.
     tokio::time::sleep(6 * INTERVAL).await;
     let mut latest = Duration::ZERO;
     let mut late = Vec::new();
@@ -1247,7 +1235,7 @@ async fn cut_off(cut: fn(&PgCluster), heal: fn(&PgCluster), how: &str) {
     let t_cut = Instant::now();
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || cut(&c)).await.unwrap();
-    let client = http();
+    let client = client();
     let checks = join_all(rs.iter().flat_map(|r| {
         [
             (
@@ -1351,11 +1339,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["s0", "s1"], &dir, &db.url, "3s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
     let paths: Vec<String> = (0..N).map(|i| format!("/stall/{i}")).collect();
     let urls: Vec<String> = paths
@@ -1394,6 +1378,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
         .map(|t| t - t_stall);
     locker.commit().await.unwrap();
     let t_free = Instant::now();
+    // The figure printed: how much is polled again 300 ms after the stall.
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Who holds what right after the stall, and who polls it.
     let mid = rows(&pg).await;
@@ -1421,7 +1406,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
     })
     .await
     .map(|_| t_free.elapsed());
-    let (dp, dp_path, _, _) = double_polling(&pm, &up, INTERVAL);
+    let (dp, dp_path, _, _) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "database stall of {} (lease TTL {}): last poll {} into it, {polls_after_lease} polls after the lease ran out; \
          300 ms after it ended, {} of {N} paths polled again, leases held in the database by {stuck:?}; \
@@ -1477,11 +1462,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let mut rs = start_all(&["b0", "b1", "b2"], &dir, &db.url, "2s", &[]).await;
-    for (i, r) in rs.iter().enumerate() {
-        pm.watch(i, r.pid);
-    }
     let pg = pool(&db.url).await;
     let paths: Vec<String> = (0..N).map(|i| format!("/burst/{i}")).collect();
     let urls: Vec<String> = paths
@@ -1497,6 +1478,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
         .collect();
     let t0 = Instant::now();
     create_n_at_once(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "burst", N).await;
+    // The point: the replicas run under this load for FOR.
     tokio::time::sleep(FOR).await;
     let mid = rows(&pg).await;
     up.set_all(&paths, "on");
@@ -1515,7 +1497,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
         })
         .collect();
     let reclaimed = mid.values().filter(|r| r.epoch > 1).count();
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &rs);
     // The longest pause in any target's polling before the end.
     let mut pause = (Duration::ZERO, String::new());
     for (p, hits) in by_path(&att) {
@@ -1576,7 +1558,7 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
     // Every wait backs off a little (its interval grows with each poll, up to 1 s),
     // so each renewal that checkpoints has a new engine state of each to write:
     // unchanged polls of a fixed interval would not be checkpointed at all.
-    let client = http();
+    let client = client();
     let mut ids: Vec<Uuid> = Vec::new();
     for u in &urls {
         let mut spec = wait_spec(u, INTERVAL, "ckpt");
@@ -1619,8 +1601,10 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
         "no renewal got held up on the locked rows"
     );
     up.set_all(&paths, "building");
+    // The point: polls record "building" while the rows are locked.
     tokio::time::sleep(Duration::from_millis(400)).await;
     lock.commit().await.unwrap();
+    // Lets the writes queued behind the lock land before they are counted.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (recorded, stale): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'building'),
@@ -1676,7 +1660,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
     let a = Replica::start("a", &dir.path, &db.url, "3s", &[]).await;
     let b = Replica::start("b", &dir.path, &db.url, "3s", &["--no-worker"]).await;
     let pg = pool(&db.url).await;
-    let client = http();
+    let client = client();
     // cancel time minus release time, from -20 ms to +20 ms.
     let n = ROUNDS * PER_ROUND;
     let offsets: Vec<i64> = (0..n)
@@ -1711,6 +1695,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
             let id = *id;
             async move {
                 let release = async {
+                    // Pacing: the release and the cancel race at chosen instants.
                     tokio::time::sleep_until(release_at).await;
                     up.set_status(&p, "on");
                 };
@@ -1726,6 +1711,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
     }
     let ended = until(Duration::from_secs(5), || async { running(&pg).await == 0 }).await;
     let t_end = Instant::now();
+    // The point: no poll lands in the interval after every wait ended.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let polls_after: usize = up.hits().iter().filter(|h| h.at > t_end).count();
     let after = rows(&pg).await;
@@ -1783,7 +1769,6 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let pm = PortMap::start(up.port);
     let api = Replica::start("api", &dir.path, &db.url, "10s", &["--no-worker"]).await;
     let pg = pool(&db.url).await;
     // 150 due waits before any worker runs...
@@ -1802,9 +1787,6 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
             Replica::spawn(n, &dir.path, port, replica_args(&db.url, port, "10s", &[]))
         })
         .collect();
-    for (i, w) in ws.iter().enumerate() {
-        pm.watch(i, w.pid);
-    }
     for w in ws.iter_mut() {
         w.ready(Duration::from_secs(20)).await;
     }
@@ -1838,7 +1820,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
         *m.entry(r.epoch).or_default() += 1;
         m
     });
-    let att = pm.attribute(&up.hits());
+    let att = attribute(&up, &ws);
     let who = pollers(&att);
     let shared: Vec<(&String, &HashSet<usize>)> = who.iter().filter(|(_, s)| s.len() > 1).collect();
     let unattributed = att.iter().filter(|(_, r)| r.is_none()).count();
@@ -1857,6 +1839,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
         shared.is_empty(),
         "paths polled by several replicas: {shared:?}"
     );
+    assert_eq!(unattributed, 0, "hits that named no replica");
     assert_eq!(spread.iter().sum::<usize>(), 300);
     up.set_all(&paths, "on");
     assert!(

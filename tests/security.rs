@@ -4,16 +4,17 @@
 //! logs of the real binary at trace level, the database when a key is configured);
 //! key rotation keeps old waits polling; and the limits answer 429 with Retry-After.
 
-mod common;
+mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use sqlx::Connection;
+use support::in_process::{Call, InProcess};
+use support::*;
 
 const TOKEN_A: &str = "tok-tenant-a-0123456789abcdef";
 const TOKEN_B: &str = "tok-tenant-b-0123456789abcdef";
@@ -112,19 +113,7 @@ fn set(mut base: Value, ptr: &str, v: Value) -> Value {
 
 /// The usual test flags without `--allow-targets`: the SSRF guard at its default.
 fn guarded_args(db: &TestDb, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--database-url",
-        &db.url,
-        "--min-poll-interval",
-        "1ms",
-        "--lease-ttl",
-        "3s",
-        "--db-connections",
-        "8",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut a = unset_flag(test_args(&db.url), "--allow-targets");
     a.extend(extra.iter().map(|s| s.to_string()));
     a
 }
@@ -251,6 +240,7 @@ impl Proc {
                 "waitd not ready:\n{}",
                 self.log_text()
             );
+            // Polls readiness (with a deadline and an exit check above).
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -262,6 +252,7 @@ impl Proc {
             if let Ok(Some(st)) = self.child.try_wait() {
                 return Some(st);
             }
+            // Polls for the exit, within `within`.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
@@ -310,10 +301,13 @@ fn temp_path(prefix: &str) -> PathBuf {
 // Hostile input
 // ---------------------------------------------------------------------------------
 
-/// One hostile request and the status it must get.
+/// One hostile request and the status it must get. The batteries call waitd's router
+/// in this process (no Postgres, no socket): what they check is what the API
+/// answers. The HTTP layer's own limits (the bare 414, a malformed chunked body, header
+/// timeouts) are tested through a socket in tests/hostile_tenants.rs.
 struct Case {
     name: String,
-    req: reqwest::RequestBuilder,
+    req: Call,
     want: u16,
 }
 
@@ -323,7 +317,8 @@ async fn run_battery(cases: Vec<Case>) {
     let total = cases.len();
     let mut faults = Vec::new();
     for c in cases {
-        let (status, headers, text) = send(c.req).await;
+        let a = c.req.send().await;
+        let (status, headers, text) = (a.status, a.headers, a.text);
         if let Some(f) = problem_fault(status, &headers, &text) {
             faults.push(format!("{}: {f}", c.name));
         } else if status != c.want {
@@ -350,9 +345,8 @@ fn base() -> Value {
 
 #[tokio::test]
 async fn hostile_request_bodies_never_earn_a_5xx_and_are_always_answered_with_problem_json() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
-    let post = || app.client.post(app.url("/waits"));
+    let app = InProcess::start().await;
+    let post = || app.post("/waits");
     let mut cases = Vec::new();
 
     // Raw bodies: malformed, odd, deep and badly encoded JSON; all 400.
@@ -422,9 +416,7 @@ async fn hostile_request_bodies_never_earn_a_5xx_and_are_always_answered_with_pr
     for (name, body) in raw_bodies {
         cases.push(Case {
             name: name.into(),
-            req: post()
-                .header("content-type", "application/json")
-                .body(reqwest::Body::from(body)),
+            req: post().header("content-type", "application/json").body(body),
             want: 400,
         });
     }
@@ -742,7 +734,7 @@ async fn hostile_request_bodies_never_earn_a_5xx_and_are_always_answered_with_pr
     }
 
     // Whole requests.
-    let case = |name: &str, req: reqwest::RequestBuilder, want: u16| Case {
+    let case = |name: &str, req: Call, want: u16| Case {
         name: name.into(),
         req,
         want,
@@ -753,11 +745,7 @@ async fn hostile_request_bodies_never_earn_a_5xx_and_are_always_answered_with_pr
     let preset_array = json!({"preset": "latitude.server", "params": {"server_id": ["x"]}});
     let long_key = "k".repeat(300).parse().unwrap();
     let bytes_key = reqwest::header::HeaderValue::from_bytes(&[0xff, 0xfe]).unwrap();
-    let query = |q: &str| {
-        app.client
-            .post(app.url(&format!("/waits{q}")))
-            .json(&base())
-    };
+    let query = |q: &str| app.post(&format!("/waits{q}")).json(&base());
     cases.extend([
         case("a body over 64 KiB", post().json(&over_64_kib), 413),
         case(
@@ -823,22 +811,24 @@ async fn hostile_request_bodies_never_earn_a_5xx_and_are_always_answered_with_pr
     run_battery(cases).await;
 
     // None of it created a wait, and the server is still well.
-    let (status, page) = app.get("/waits").await;
-    assert_eq!(status, 200, "{page}");
-    assert_eq!(page["items"], json!([]), "a hostile request created a wait");
-    assert_eq!(app.get("/healthz").await.0, 200);
-    app.stop().await.0.unwrap();
-    db.drop_db().await;
+    let page = app.get("/waits").send().await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert_eq!(
+        page.json()["items"],
+        json!([]),
+        "a hostile request created a wait"
+    );
+    assert_eq!(app.get("/healthz").send().await.status, 200);
+    app.stop().await;
 }
 
 #[tokio::test]
 async fn hostile_paths_queries_and_headers_on_the_read_routes_are_answered_with_problem_json() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
+    let app = InProcess::start().await;
     let id = uuid::Uuid::now_v7();
     let get = |path: String, want: u16| Case {
         name: format!("GET {}", path.chars().take(80).collect::<String>()),
-        req: app.client.get(app.url(&path)),
+        req: app.get(&path),
         want,
     };
     let mut cases = vec![
@@ -880,17 +870,13 @@ async fn hostile_paths_queries_and_headers_on_the_read_routes_are_answered_with_
     ];
     cases.push(Case {
         name: "Last-Event-ID of letters on /events".into(),
-        req: app
-            .client
-            .get(app.url("/events"))
-            .header("last-event-id", "abc"),
+        req: app.get("/events").header("last-event-id", "abc"),
         want: 400,
     });
     cases.push(Case {
         name: "Last-Event-ID of invalid bytes on a wait's stream".into(),
         req: app
-            .client
-            .get(app.url(&format!("/waits/{id}/events")))
+            .get(&format!("/waits/{id}/events"))
             .header("accept", "text/event-stream")
             .header(
                 "last-event-id",
@@ -901,25 +887,22 @@ async fn hostile_paths_queries_and_headers_on_the_read_routes_are_answered_with_
     });
     cases.push(Case {
         name: "POST cancel of a non-UUID".into(),
-        req: app.client.post(app.url("/waits/not-a-uuid/cancel")),
+        req: app.post("/waits/not-a-uuid/cancel"),
         want: 404,
     });
     cases.push(Case {
         name: "POST cancel of an unknown wait".into(),
-        req: app.client.post(app.url(&format!("/waits/{id}/cancel"))),
+        req: app.post(&format!("/waits/{id}/cancel")),
         want: 404,
     });
     cases.push(Case {
         name: "DELETE /waits".into(),
-        req: app.client.delete(app.url("/waits")),
+        req: app.delete("/waits"),
         want: 405,
     });
     cases.push(Case {
         name: "PUT a wait".into(),
-        req: app
-            .client
-            .put(app.url(&format!("/waits/{id}")))
-            .json(&base()),
+        req: app.put(&format!("/waits/{id}")).json(&base()),
         want: 405,
     });
     assert!(
@@ -928,29 +911,22 @@ async fn hostile_paths_queries_and_headers_on_the_read_routes_are_answered_with_
         cases.len()
     );
     run_battery(cases).await;
-    app.stop().await.0.unwrap();
-    db.drop_db().await;
+    app.stop().await;
 }
 
 #[tokio::test]
 async fn a_wait_id_that_decodes_to_invalid_utf8_is_answered_with_problem_json() {
-    let db = TestDb::new().await;
-    let app = App::start(&db).await;
+    let app = InProcess::start().await;
     // A 404 (as for any id that is not a UUID) or a 400 would do; it must be a problem.
     let mut faults = Vec::new();
     for (what, req) in [
-        ("GET /waits/%ff", app.client.get(app.url("/waits/%ff"))),
-        (
-            "cancel /waits/%ff",
-            app.client.post(app.url("/waits/%ff/cancel")),
-        ),
-        (
-            "GET /waits/%ff/events",
-            app.client.get(app.url("/waits/%ff/events")),
-        ),
-        ("GET /presets/%ff", app.client.get(app.url("/presets/%ff"))),
+        ("GET /waits/%ff", app.get("/waits/%ff")),
+        ("cancel /waits/%ff", app.post("/waits/%ff/cancel")),
+        ("GET /waits/%ff/events", app.get("/waits/%ff/events")),
+        ("GET /presets/%ff", app.get("/presets/%ff")),
     ] {
-        let (status, headers, text) = send(req).await;
+        let a = req.send().await;
+        let (status, headers, text) = (a.status, a.headers, a.text);
         if let Some(f) = problem_fault(status, &headers, &text) {
             faults.push(format!("{what}: {f}"));
         } else if status != 404 && status != 400 {
@@ -958,8 +934,7 @@ async fn a_wait_id_that_decodes_to_invalid_utf8_is_answered_with_problem_json() 
         }
     }
     assert!(faults.is_empty(), "{}", faults.join("\n"));
-    app.stop().await.0.unwrap();
-    db.drop_db().await;
+    app.stop().await;
 }
 
 #[tokio::test]

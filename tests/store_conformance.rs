@@ -1,14 +1,14 @@
 //! One conformance suite, run against both stores: every test body takes an
 //! `Store` and must hold for Postgres and for the embedded SQLite file alike.
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::TestDb;
 use serde_json::json;
+use support::TestDb;
 use uuid::Uuid;
 use waitd::bus::Bus;
 use waitd::engine::{EngineState, Limits, Spec};
@@ -288,6 +288,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
                 .unwrap()
                 .is_empty()
         );
+        // The point: the lease runs out.
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
@@ -564,6 +565,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         // claim whose answer the worker never got would stay so).
         assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
         assert_ne!(renewal.strays[0].0, first.id);
+        // The point: past the original expiry, kept by the renewal.
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(
             store

@@ -1,6 +1,19 @@
-//! Test support: a fresh Postgres database per test, a scripted upstream standing in
-//! for the cloud APIs, and waitd itself on 127.0.0.1:0.
+//! The harness of the tests and of the load benchmark (`benches/load.rs` includes it
+//! with `#[path]`): a fresh Postgres database per test, a scripted upstream standing
+//! in for the cloud APIs, and waitd itself on 127.0.0.1:0. Its parts for waitd as
+//! separate processes are the submodules: [`replica`] (the `waitd` binary), [`pg`] (a
+//! Postgres cluster of the test's own), [`recorder`] (an upstream that records which
+//! replica sent each probe) and [`follower`] (an SSE client); [`in_process`] is waitd
+//! without a socket or Postgres, for what the API answers.
+//!
+//! Each binary uses some of it, hence the module-wide `dead_code` allowance.
 #![allow(dead_code)]
+
+pub mod follower;
+pub mod in_process;
+pub mod pg;
+pub mod recorder;
+pub mod replica;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -167,6 +180,7 @@ async fn answer(
         return (StatusCode::NOT_FOUND, "no script").into_response();
     };
     if !reply.delay.is_zero() {
+        // Pacing: a reply's scripted delay.
         tokio::time::sleep(reply.delay).await;
     }
     let mut res = (StatusCode::from_u16(reply.status).unwrap(), reply.body).into_response();
@@ -206,12 +220,36 @@ pub fn test_args(db_url: &str) -> Vec<String> {
     .collect()
 }
 
+/// `args` with `flag` set to `value`: in place where it is given (the parser refuses
+/// a flag given twice), else appended.
+pub fn set_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
+    args
+}
+
+/// `args` without `flag` and its value.
+pub fn unset_flag(mut args: Vec<String>, flag: &str) -> Vec<String> {
+    if let Some(i) = args.iter().position(|a| a == flag) {
+        args.drain(i..i + 2);
+    }
+    args
+}
+
+/// A client that gives up on a request after 30 s.
 pub fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    client_builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap()
+}
+
+/// reqwest's builder, with the TLS provider installed.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
 }
 
 impl App {
@@ -242,15 +280,12 @@ impl App {
             task: Some(task),
         };
         // Ready when the store answers.
-        for _ in 0..200 {
-            if let Ok(r) = app.client.get(app.url("/readyz")).send().await
-                && r.status().is_success()
-            {
-                return app;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("waitd did not become ready");
+        let ready = eventually(Duration::from_secs(4), || async {
+            let r = app.client.get(app.url("/readyz")).send().await;
+            r.is_ok_and(|r| r.status().is_success())
+        });
+        assert!(ready.await, "waitd did not become ready");
+        app
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -314,22 +349,47 @@ pub fn spec(url: &str) -> Value {
     })
 }
 
-/// Checks `check` every 10 ms until it holds or `within` passes; returns whether it held.
-pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+/// Calls `f` every 10 ms until it gives `Some`, which is returned, or `within` passes
+/// (then `None`). Every wait for something to happen goes through here.
+pub async fn poll_for<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        // The one poll interval of poll_for.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Checks `check` until it holds or `within` passes: how long it took, if it held.
+pub async fn until<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let until = std::time::Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let started = std::time::Instant::now();
+    poll_for(within, || {
+        let held = check();
+        async move { held.await.then(|| started.elapsed()) }
+    })
+    .await
+}
+
+/// Checks `check` until it holds or `within` passes; returns whether it held.
+pub async fn eventually<F, Fut>(within: Duration, check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    until(within, check).await.is_some()
 }
 
 /// Runs a `SELECT count(*) …` directly against the test database.
@@ -442,23 +502,32 @@ impl App {
     }
 }
 
-/// A directory under the system temp dir, removed on drop.
-pub struct TempDir(pub std::path::PathBuf);
+/// A fresh directory under the system temp dir, removed on drop unless the test is
+/// failing or `WAITD_TEST_KEEP_LOGS` is set (then its path is printed, so the logs in
+/// it can be read; `WAITD_TEST_RUST_LOG` sets the replicas' `RUST_LOG`).
+pub struct TempDir {
+    pub path: std::path::PathBuf,
+}
 
 impl TempDir {
-    pub fn new() -> TempDir {
-        let p = std::env::temp_dir().join(format!("waitd-test-{}", uuid::Uuid::now_v7().simple()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+    pub fn new(prefix: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&path).expect("create a temp dir");
+        TempDir { path }
     }
 
+    /// A SQLite store in this directory.
     pub fn sqlite_url(&self) -> String {
-        format!("sqlite://{}", self.0.join("waitd.db").display())
+        format!("sqlite://{}", self.path.join("waitd.db").display())
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::thread::panicking() || std::env::var_os("WAITD_TEST_KEEP_LOGS").is_some() {
+            eprintln!("logs kept in {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }
