@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use sqlx::Connection;
 use support::in_process::{Call, InProcess};
@@ -1245,15 +1245,20 @@ async fn allow_targets_opens_exactly_the_hosts_suffixes_addresses_and_ranges_it_
 
 #[tokio::test]
 async fn every_route_but_the_open_ones_answers_401_problem_json_without_a_valid_token() {
-    let db = TestDb::new().await;
+    // In-process on SQLite in memory: what is asked here is the API's answer.
     let up = Upstream::start().await;
     let url = up.script("/pending", vec![Reply::status("deploying")]);
-    let app = App::start_with(&db, &["--tokens", &tenant_flags(), "--rate-limit", "0"]).await;
-    let (status, w) = create_as(&app, TOKEN_A, &spec(&url)).await;
+    let app = InProcess::start_with(&["--tokens", &tenant_flags(), "--rate-limit", "0"]).await;
+    let (status, w) = app
+        .post("/waits")
+        .bearer_auth(TOKEN_A)
+        .json(&spec(&url))
+        .answer()
+        .await;
     assert_eq!(status, 201, "{w}");
     let id = w["id"].as_str().unwrap().to_string();
 
-    let bad_auth: Vec<(&str, Option<reqwest::header::HeaderValue>)> = vec![
+    let bad_auth: Vec<(&str, Option<HeaderValue>)> = vec![
         ("no Authorization", None),
         (
             "a wrong token",
@@ -1280,12 +1285,7 @@ async fn every_route_but_the_open_ones_answers_401_problem_json_without_a_valid_
         ),
         (
             "invalid bytes",
-            Some(
-                reqwest::header::HeaderValue::from_bytes(
-                    b"Bearer \xfftok-tenant-a-0123456789abcdef",
-                )
-                .unwrap(),
-            ),
+            Some(HeaderValue::from_bytes(b"Bearer \xfftok-tenant-a-0123456789abcdef").unwrap()),
         ),
     ];
     let routes: Vec<(&str, String, bool)> = vec![
@@ -1305,8 +1305,8 @@ async fn every_route_but_the_open_ones_answers_401_problem_json_without_a_valid_
     for (method, path, sse) in &routes {
         for (how, auth) in &bad_auth {
             let mut req = match *method {
-                "POST" => app.client.post(app.url(path)).json(&spec(&url)),
-                _ => app.client.get(app.url(path)),
+                "POST" => app.post(path).json(&spec(&url)),
+                _ => app.get(path),
             };
             if *sse {
                 req = req.header("accept", "text/event-stream");
@@ -1314,8 +1314,9 @@ async fn every_route_but_the_open_ones_answers_401_problem_json_without_a_valid_
             if let Some(v) = auth {
                 req = req.header("authorization", v.clone());
             }
-            let (status, headers, text) = send(req).await;
-            if let Some(f) = problem_fault(status, &headers, &text) {
+            let r = req.send().await;
+            let (status, text) = (r.status, &r.text);
+            if let Some(f) = problem_fault(status, &r.headers, text) {
                 faults.push(format!("{method} {path} (sse {sse}) with {how}: {f}"));
             } else if status != 401 {
                 faults.push(format!(
@@ -1331,7 +1332,7 @@ async fn every_route_but_the_open_ones_answers_401_problem_json_without_a_valid_
     assert!(faults.is_empty(), "{}", faults.join("\n"));
 
     // Nothing happened to tenant A's data.
-    let (status, page) = get_as(&app, TOKEN_A, "/waits").await;
+    let (status, page) = app.get("/waits").bearer_auth(TOKEN_A).answer().await;
     assert_eq!(status, 200);
     assert_eq!(page["items"].as_array().map(Vec::len), Some(1), "{page}");
     assert_eq!(
@@ -1341,29 +1342,27 @@ async fn every_route_but_the_open_ones_answers_401_problem_json_without_a_valid_
 
     // The open routes stay open, with or without (even a wrong) token.
     for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
-        let (status, _, text) = send(app.client.get(app.url(path))).await;
-        assert_eq!(status, 200, "{path}: {text}");
-        let (status, _, text) = send(
-            app.client
-                .get(app.url(path))
-                .bearer_auth("wrong-wrong-wrong-wrong"),
-        )
-        .await;
-        assert_eq!(status, 200, "{path} with a wrong token: {text}");
+        let r = app.get(path).send().await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text);
+        let r = app
+            .get(path)
+            .bearer_auth("wrong-wrong-wrong-wrong")
+            .send()
+            .await;
+        assert_eq!(r.status, 200, "{path} with a wrong token: {}", r.text);
     }
     // And the right token works on each guarded route.
-    for (path, want) in [
-        ("/waits".to_string(), 200),
-        (format!("/waits/{id}"), 200),
-        (format!("/waits/{id}/events"), 200),
-        ("/events".to_string(), 200),
-        ("/presets".to_string(), 200),
+    for path in [
+        "/waits".to_string(),
+        format!("/waits/{id}"),
+        format!("/waits/{id}/events"),
+        "/events".to_string(),
+        "/presets".to_string(),
     ] {
-        let (status, body) = get_as(&app, TOKEN_A, &path).await;
-        assert_eq!(status, want, "{path}: {body}");
+        let (status, body) = app.get(&path).bearer_auth(TOKEN_A).answer().await;
+        assert_eq!(status, 200, "{path}: {body}");
     }
-    app.stop().await.0.unwrap();
-    db.drop_db().await;
+    app.stop().await;
 }
 
 #[tokio::test]
@@ -1615,71 +1614,61 @@ async fn a_tenant_gets_404_for_another_tenants_wait_on_every_route_and_never_see
 
 #[tokio::test]
 async fn idempotency_keys_are_per_tenant() {
-    let db = TestDb::new().await;
-    let app = App::start_with(&db, &["--tokens", &tenant_flags(), "--rate-limit", "0"]).await;
+    // In-process on SQLite in memory: what is asked here is the API's answer.
+    let app = InProcess::start_with(&["--tokens", &tenant_flags(), "--rate-limit", "0"]).await;
     let body = quiet_spec("https://api.example.com/servers/1");
-    let post = |token: &str, body: &Value| {
-        app.client
-            .post(app.url("/waits"))
+    let post = |token: &str, key: &str, body: &Value| {
+        app.post("/waits")
             .bearer_auth(token)
-            .header("idempotency-key", "deploy-42")
+            .header("idempotency-key", key)
             .json(body)
+            .send()
     };
-    let (status, h_a, text) = send(post(TOKEN_A, &body)).await;
-    assert_eq!(status, 201, "{text}");
-    assert!(h_a.get("idempotent-replayed").is_none());
-    let a: Value = serde_json::from_str(&text).unwrap();
+    let r = post(TOKEN_A, "deploy-42", &body).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.header("idempotent-replayed"), "");
+    let a = r.json();
 
     // B with A's key and A's body: a wait of B's own, not A's replayed.
-    let (status, h_b, text) = send(post(TOKEN_B, &body)).await;
-    assert_eq!(status, 201, "{text}");
-    assert!(
-        h_b.get("idempotent-replayed").is_none(),
-        "B got A's wait replayed: {text}"
+    let r = post(TOKEN_B, "deploy-42", &body).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(
+        r.header("idempotent-replayed"),
+        "",
+        "B got A's wait replayed: {}",
+        r.text
     );
-    let b: Value = serde_json::from_str(&text).unwrap();
+    let b = r.json();
     assert_ne!(a["id"], b["id"], "B got A's wait");
 
     // Keys B used are not A's: a key of B's with another body is no conflict for A.
     let other = set(body.clone(), "/labels", json!({"x": "y"}));
-    let (status, _, text) = send(
-        app.client
-            .post(app.url("/waits"))
-            .bearer_auth(TOKEN_B)
-            .header("idempotency-key", "deploy-43")
-            .json(&body),
-    )
-    .await;
-    assert_eq!(status, 201, "{text}");
-    let (status, _, text) = send(
-        app.client
-            .post(app.url("/waits"))
-            .bearer_auth(TOKEN_A)
-            .header("idempotency-key", "deploy-43")
-            .json(&other),
-    )
-    .await;
-    assert_eq!(status, 201, "A's key deploy-43 collides with B's: {text}");
+    let r = post(TOKEN_B, "deploy-43", &body).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = post(TOKEN_A, "deploy-43", &other).await;
+    assert_eq!(
+        r.status, 201,
+        "A's key deploy-43 collides with B's: {}",
+        r.text
+    );
 
     // Each tenant's replays give its own wait; its own conflicts are its own.
-    let (status, h, text) = send(post(TOKEN_A, &body)).await;
-    assert_eq!(status, 201, "{text}");
-    assert_eq!(
-        h.get("idempotent-replayed").and_then(|v| v.to_str().ok()),
-        Some("true")
-    );
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["id"], a["id"]);
-    let (status, _, text) = send(post(TOKEN_B, &body)).await;
-    assert_eq!(status, 201, "{text}");
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["id"], b["id"]);
-    expect_problem(post(TOKEN_B, &other), 409).await;
+    let r = post(TOKEN_A, "deploy-42", &body).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.header("idempotent-replayed"), "true");
+    assert_eq!(r.json()["id"], a["id"]);
+    let r = post(TOKEN_B, "deploy-42", &body).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json()["id"], b["id"]);
+    let r = post(TOKEN_B, "deploy-42", &other).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(r.header("content-type"), "application/problem+json");
 
-    let (_, page) = get_as(&app, TOKEN_A, "/waits").await;
-    assert_eq!(page["items"].as_array().map(Vec::len), Some(2), "{page}");
-    let (_, page) = get_as(&app, TOKEN_B, "/waits").await;
-    assert_eq!(page["items"].as_array().map(Vec::len), Some(2), "{page}");
-    app.stop().await.0.unwrap();
-    db.drop_db().await;
+    for token in [TOKEN_A, TOKEN_B] {
+        let (_, page) = app.get("/waits").bearer_auth(token).answer().await;
+        assert_eq!(page["items"].as_array().map(Vec::len), Some(2), "{page}");
+    }
+    app.stop().await;
 }
 
 // ---------------------------------------------------------------------------------
