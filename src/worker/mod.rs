@@ -159,18 +159,21 @@ enum Msg {
         first: Vec<(Uuid, i64, u64)>,
         result: Result<Vec<Uuid>, StoreError>,
     },
-    Renewed {
-        started: Instant,
-        /// (id, epoch) of every wait the renewal covered.
-        sent: Vec<(Uuid, i64)>,
-        checkpointed: Vec<Uuid>,
-        /// Whether a claim was on its way when the renewal started: its waits may
-        /// show as owned and not yet held.
-        claiming: bool,
-        result: Result<Renewal, StoreError>,
-        /// Waits let go that could not be given back: try again next time.
-        unreleased: Vec<Checkpoint>,
-    },
+    Renewed(Renewed),
+}
+
+/// What a lease renewal reports back.
+struct Renewed {
+    started: Instant,
+    /// (id, epoch) of every wait the renewal covered.
+    sent: Vec<(Uuid, i64)>,
+    checkpointed: Vec<Uuid>,
+    /// Whether a claim was on its way when the renewal started: its waits may
+    /// show as owned and not yet held.
+    claiming: bool,
+    result: Result<Renewal, StoreError>,
+    /// Waits let go that could not be given back: try again next time.
+    unreleased: Vec<Checkpoint>,
 }
 
 struct Loop {
@@ -428,14 +431,14 @@ impl Loop {
             if let Err(e) = w.store.maintain().await {
                 tracing::debug!(error = %e, "store housekeeping failed");
             }
-            let _ = tx.send(Msg::Renewed {
+            let _ = tx.send(Msg::Renewed(Renewed {
                 started,
                 sent,
                 checkpointed,
                 claiming,
                 result: r,
                 unreleased,
-            });
+            }));
         });
     }
 
@@ -588,7 +591,7 @@ impl Loop {
     fn handle_draining(&mut self, msg: Msg) {
         match msg {
             // Finish what was observed, but schedule nothing new.
-            Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Renewed { .. } => self.handle(msg),
+            Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Renewed(_) => self.handle(msg),
             // Marked while stopping: start nothing new.
             Msg::Marked { first, .. } => {
                 for (id, _, g) in first {
@@ -670,14 +673,7 @@ impl Loop {
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
             }
-            Msg::Renewed {
-                started,
-                sent,
-                checkpointed,
-                claiming,
-                result,
-                unreleased,
-            } => self.renewed(started, sent, checkpointed, claiming, result, unreleased),
+            Msg::Renewed(r) => self.renewed(r),
         }
     }
 
@@ -740,15 +736,15 @@ impl Loop {
     }
 
     /// A renewal came back: extend the lease, and drop what it says is no longer ours.
-    fn renewed(
-        &mut self,
-        started: Instant,
-        sent: Vec<(Uuid, i64)>,
-        checkpointed: Vec<Uuid>,
-        claiming: bool,
-        result: Result<Renewal, StoreError>,
-        unreleased: Vec<Checkpoint>,
-    ) {
+    fn renewed(&mut self, r: Renewed) {
+        let Renewed {
+            started,
+            sent,
+            checkpointed,
+            claiming,
+            result,
+            unreleased,
+        } = r;
         self.renewing = false;
         self.let_go.extend(unreleased);
         tracing::debug!(
