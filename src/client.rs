@@ -93,6 +93,16 @@ pub struct CreateArgs {
     /// preset's); `-` reads standard input.
     #[arg(long, value_name = "FILE")]
     pub spec: Option<PathBuf>,
+    /// The URL to poll (target.url).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// A CEL expression over body, status, headers and state: the wait succeeds
+    /// when it is true, e.g. 'body.status.readyReplicas >= body.spec.replicas'.
+    #[arg(long, value_name = "EXPR")]
+    pub success_condition: Option<String>,
+    /// A CEL expression: the wait fails as soon as it is true, e.g. 'status == 403'.
+    #[arg(long, value_name = "EXPR")]
+    pub failure_condition: Option<String>,
     /// A label, KEY=VALUE; repeat for several.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     pub labels: Vec<String>,
@@ -324,11 +334,27 @@ fn build_request(a: &CreateArgs) -> Result<Value, Problem> {
             }
         }
     };
-    if a.spec.is_none() && a.preset.is_none() {
+    if a.spec.is_none() && a.preset.is_none() && a.url.is_none() {
         return Err(
-            "say what to wait for: --preset NAME (with --param NAME=VALUE), or --spec FILE with a request"
+            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, or --url URL with --success-condition EXPR"
                 .into(),
         );
+    }
+    if let Some(url) = &a.url {
+        let mut target = match req.remove("target") {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        target.insert("url".into(), json!(url));
+        req.insert("target".into(), Value::Object(target));
+    }
+    for (key, value) in [
+        ("success_condition", &a.success_condition),
+        ("failure_condition", &a.failure_condition),
+    ] {
+        if let Some(v) = value {
+            req.insert(key.into(), json!(v));
+        }
     }
     if let Some(p) = &a.preset {
         req.insert("preset".into(), json!(p));

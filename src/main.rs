@@ -36,7 +36,7 @@ enum Command {
         server: String,
     },
     #[command(flatten)]
-    Client(waitd::client::Command),
+    Client(Box<waitd::client::Command>),
 }
 
 fn main() -> ExitCode {
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         }
     };
     let command = match cli.command {
-        Command::Client(c) => return runtime.block_on(waitd::client::run(c)),
+        Command::Client(c) => return runtime.block_on(waitd::client::run(*c)),
         other => other,
     };
     let result = runtime.block_on(async {

@@ -288,6 +288,73 @@ async fn create_wait_follows_the_wait_to_success_and_exits_0() {
 }
 
 #[tokio::test]
+async fn create_takes_a_url_and_cel_conditions_from_flags() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let ok = up.script(
+        "/deployments/web",
+        vec![
+            Reply::json(
+                200,
+                json!({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}),
+            ),
+            Reply::json(
+                200,
+                json!({"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}),
+            ),
+        ],
+    );
+    let forbidden = up.script("/deployments/locked", vec![Reply::json(403, json!({}))]);
+    let app = App::start(&db).await;
+    let spec = fast_spec_file(json!({}));
+    let spec = spec.to_str().unwrap();
+    let run = waitd(
+        &app.base,
+        &[
+            "create",
+            "--wait",
+            "--spec",
+            spec,
+            "--url",
+            &ok,
+            "--success-condition",
+            "body.status.readyReplicas >= body.spec.replicas",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("success_condition held"), "{run:?}");
+    let run = waitd(
+        &app.base,
+        &[
+            "create",
+            "--wait",
+            "--spec",
+            spec,
+            "--url",
+            &forbidden,
+            "--success-condition",
+            "status == 200",
+            "--failure-condition",
+            "status == 403",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 1, "failed: {run:?}");
+    assert!(run.stdout.contains("failure_condition held"), "{run:?}");
+    // A bad expression: the server's sentence, exit 5.
+    let run = waitd(
+        &app.base,
+        &["create", "--url", &ok, "--success-condition", "status =="],
+    )
+    .await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(run.stderr.contains("success_condition"), "{run:?}");
+    let _ = std::fs::remove_file(spec);
+    finish(app, db).await;
+}
+
+#[tokio::test]
 async fn a_followed_wait_exits_1_failed_2_timed_out_3_error() {
     let db = TestDb::new().await;
     let up = Upstream::start().await;
