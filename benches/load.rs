@@ -33,7 +33,7 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover, fanout.
+    /// takeover, fanout, cel.
     only: Vec<String>,
 }
 
@@ -102,8 +102,8 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 8] = [
-    "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout",
+const PHASES: [&str; 9] = [
+    "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -230,35 +230,41 @@ async fn start_waitd(db: &TestDb, concurrency: usize, extra: &[&str]) -> App {
 
 /// (6) Creates `n` waits with 32 concurrent clients → creates/s.
 async fn create_waits(waitd: &str, upstream: &str, n: usize, interval: &str) -> f64 {
+    let (upstream, interval) = (upstream.to_string(), interval.to_string());
+    create_specs(waitd, n, move |i| {
+        json!({
+            "target": {"url": format!("{upstream}/servers/{i}")},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "timeout": "1h",
+            "poll": {"initial": interval, "factor": 1, "max": interval, "jitter": 0,
+                     "delay": if interval == "1h" { "30m" } else { "0s" }},
+        })
+    })
+    .await
+}
+
+/// Creates the `n` waits `spec` describes with 32 concurrent clients → creates/s.
+async fn create_specs<F>(waitd: &str, n: usize, spec: F) -> f64
+where
+    F: Fn(usize) -> Value + Send + Sync + 'static,
+{
     let c = client();
     let next = Arc::new(AtomicU64::new(0));
+    let spec = Arc::new(spec);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..32 {
-        let (c, next, waitd, upstream, interval) = (
-            c.clone(),
-            next.clone(),
-            waitd.to_string(),
-            upstream.to_string(),
-            interval.to_string(),
-        );
+        let (c, next, waitd, spec) = (c.clone(), next.clone(), waitd.to_string(), spec.clone());
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Relaxed) as usize;
                 if i >= n {
                     break;
                 }
-                let spec = json!({
-                    "target": {"url": format!("{upstream}/servers/{i}")},
-                    "state": "/data/attributes/status",
-                    "want": ["on"],
-                    "timeout": "1h",
-                    "poll": {"initial": interval, "factor": 1, "max": interval, "jitter": 0,
-                             "delay": if interval == "1h" { "30m" } else { "0s" }},
-                });
                 let r = c
                     .post(format!("{waitd}/waits"))
-                    .json(&spec)
+                    .json(&spec(i))
                     .send()
                     .await
                     .unwrap();
@@ -270,6 +276,157 @@ async fn create_waits(waitd: &str, upstream: &str, n: usize, interval: &str) -> 
         t.await.unwrap();
     }
     n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A Deployment of about 2 KB, as the Kubernetes API serves it, mid-rollout.
+fn deployment_body() -> String {
+    let containers: Vec<Value> = (0..3)
+        .map(|i| json!({"name": format!("app-{i}"), "image": format!("registry.example.com/team/app-{i}:1.4.{i}"),
+            "ports": [{"containerPort": 8080 + i, "protocol": "TCP"}],
+            "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}}}))
+        .collect();
+    let body = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default", "generation": 4,
+            "uid": "8764ae47-9092-11e4-8393-42010af018ff", "resourceVersion": "123456",
+            "labels": {"app": "web", "tier": "frontend"},
+            "annotations": {"deployment.kubernetes.io/revision": "4"}},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": containers}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}},
+        "status": {"observedGeneration": 4, "replicas": 4, "updatedReplicas": 2, "readyReplicas": 3,
+            "availableReplicas": 3, "unavailableReplicas": 1,
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                 "message": "Deployment has minimum availability.", "lastUpdateTime": "2026-12-01T10:00:00Z", "lastTransitionTime": "2026-12-01T10:00:00Z"},
+                {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                 "message": "ReplicaSet \"web-5d4f8c7b9\" is progressing.", "lastUpdateTime": "2026-12-01T10:05:00Z", "lastTransitionTime": "2026-12-01T10:00:00Z"}
+            ]}
+    });
+    body.to_string()
+}
+
+/// An upstream that answers [`deployment_body`] on every path.
+async fn deployment_upstream() -> String {
+    let body: &'static str = Box::leak(deployment_body().into_boxed_str());
+    let app = axum::Router::new().route(
+        "/{*p}",
+        axum::routing::get(move || async move { ([("content-type", "application/json")], body) }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    base
+}
+
+/// The conditions of the `cel` phase: the kubernetes.rollout preset's, false on
+/// [`deployment_body`] (the rollout is under way), so every poll evaluates both.
+const ROLLOUT_SUCCESS: &str = "body.metadata.?generation.orValue(0) <= body.?status.?observedGeneration.orValue(0) && body.?status.?updatedReplicas.orValue(0) >= body.spec.?replicas.orValue(0) && body.?status.?replicas.orValue(0) <= body.?status.?updatedReplicas.orValue(0) && body.?status.?availableReplicas.orValue(0) >= body.?status.?updatedReplicas.orValue(0)";
+const ROLLOUT_FAILURE: &str = "body.metadata.?generation.orValue(0) <= body.?status.?observedGeneration.orValue(0) && body.?status.?conditions.orValue([]).exists(c, c.type == 'Progressing' && c.?reason.orValue('') == 'ProgressDeadlineExceeded')";
+
+/// (10) CPU per poll of waits polling a 2 KB Deployment at the 1 ms floor, by the
+/// state path alone and with the rollout conditions besides: µs, µs.
+async fn cel_service(a: &Args) -> (f64, f64) {
+    let up = deployment_upstream().await;
+    let mut cpu = [0.0; 2];
+    for (k, with) in [false, true].into_iter().enumerate() {
+        let db = TestDb::new().await;
+        let w = start_waitd(&db, a.concurrency, &[]).await;
+        let up = up.clone();
+        create_specs(&w.base, a.waits, move |i| {
+            let mut spec = json!({
+                "target": {"url": format!("{up}/apis/apps/v1/namespaces/default/deployments/web-{i}")},
+                "state": "/status/conditions/1/reason",
+                "want": ["NewReplicaSetAvailable"],
+                "timeout": "1h",
+                "poll": {"initial": "1ms", "factor": 1, "max": "1ms", "jitter": 0},
+            });
+            if with {
+                spec["success_condition"] = json!(ROLLOUT_SUCCESS);
+                spec["failure_condition"] = json!(ROLLOUT_FAILURE);
+            }
+            spec
+        })
+        .await;
+        until_held(&w.base, a.waits).await;
+        until_first_polls_written(&db).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let m0 = metrics(&w.base).await;
+        let cpu0 = cpu_seconds();
+        tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+        let cpu1 = cpu_seconds();
+        let m1 = metrics(&w.base).await;
+        cpu[k] = (cpu1 - cpu0) * 1e6 / (polls(&m1) - polls(&m0));
+        w.stop().await.0.expect("waitd stops cleanly");
+        db.drop_db().await;
+    }
+    (cpu[0], cpu[1])
+}
+
+/// (10b) The same work without the service around it, on one thread: parsing the
+/// 2 KB body and reading its state path, then that and evaluating both conditions
+/// (`probe::judge`); alternating blocks, µs per poll each, and µs to compile both.
+fn cel_micro() -> (f64, f64, f64) {
+    use waitd::engine::{Budget, Limits, Observation, Spec};
+    let body = deployment_body();
+    let spec = |with: bool| {
+        let mut r = json!({"target": {"url": "http://127.0.0.1:9/"}, "state": "/status/conditions/1/reason", "want": ["NewReplicaSetAvailable"]});
+        if with {
+            r["success_condition"] = json!(ROLLOUT_SUCCESS);
+            r["failure_condition"] = json!(ROLLOUT_FAILURE);
+        }
+        Spec::from_request(&r, &Limits::default()).unwrap()
+    };
+    let (plain, judged) = (spec(false), spec(true));
+    let headers = std::collections::BTreeMap::from([(
+        "content-type".to_string(),
+        "application/json".to_string(),
+    )]);
+    let poll = |s: &Spec| {
+        let json: Value = serde_json::from_slice(body.as_bytes()).unwrap();
+        let values = s
+            .state
+            .as_ref()
+            .unwrap()
+            .state_values(&json, &mut Budget::default())
+            .unwrap();
+        let base = match values {
+            waitd::engine::Selected::Values(values) => Observation::State {
+                values,
+                detail: None,
+            },
+            _ => unreachable!("the body has the state"),
+        };
+        if s.success_condition.is_some() {
+            std::hint::black_box(waitd::probe::judge(s, 200, &headers, Some(&json), base));
+        } else {
+            std::hint::black_box(base);
+        }
+    };
+    let n = 2_000;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..15 {
+        for (s, out) in [(&plain, &mut a), (&judged, &mut b)] {
+            let t = Instant::now();
+            for _ in 0..n {
+                poll(s);
+            }
+            out.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
+    }
+    let t = Instant::now();
+    for _ in 0..200 {
+        std::hint::black_box(spec(true));
+    }
+    let with_compile = t.elapsed().as_secs_f64() * 1e6 / 200.0;
+    let t = Instant::now();
+    for _ in 0..200 {
+        std::hint::black_box(spec(false));
+    }
+    let compile = with_compile - t.elapsed().as_secs_f64() * 1e6 / 200.0;
+    (median(a), median(b), compile)
 }
 
 /// The metrics of a waitd, parsed: name{labels} → value.
@@ -405,6 +562,10 @@ struct Run {
     flip_p99: f64,
     takeover: f64,
     fanout: Fanout,
+    /// (10) CPU per poll by the state path, and with the conditions too, µs.
+    cel_cpu: (f64, f64),
+    /// (10b) the same without the service, and compiling both conditions, µs.
+    cel_micro: (f64, f64, f64),
 }
 
 /// (9) The fan-out phase's figures.
@@ -461,7 +622,13 @@ async fn one_run(a: &Args) -> Run {
         flip_p99: f64::NAN,
         takeover: f64::NAN,
         fanout: Fanout::NONE,
+        cel_cpu: (f64::NAN, f64::NAN),
+        cel_micro: (f64::NAN, f64::NAN, f64::NAN),
     };
+    if a.runs("cel") {
+        run.cel_micro = cel_micro();
+        run.cel_cpu = cel_service(a).await;
+    }
     let (up, _hits) = upstream().await;
     // The limit is taken twice, around the steady phase, and averaged: the machine's
     // speed drifts, and the ratio should compare like with like.
@@ -1196,6 +1363,12 @@ fn main() {
         }
         if a.runs("takeover") {
             println!("| 8 | kill -9 of one of two replicas → every orphaned wait polled again (lease TTL {}, 50 ms polls) | {:.2} s | ≤ TTL + one poll interval |", takeover_ttl(&a), m(&|r| r.takeover));
+        }
+        if a.runs("cel") {
+            let (path, both) = (m(&|r| r.cel_cpu.0), m(&|r| r.cel_cpu.1));
+            println!("| 10 | CPU a poll of a 2 KB Deployment at the 1 ms floor: state path alone / with the kubernetes.rollout conditions | {path:.1} µs / {both:.1} µs: +{:.1} µs (the runs' own, median +{:.1}) | ≤ +5 µs |", both - path, m(&|r| r.cel_cpu.1 - r.cel_cpu.0));
+            let (p, j, c) = (m(&|r| r.cel_micro.0), m(&|r| r.cel_micro.1), m(&|r| r.cel_micro.2));
+            println!("| 10b | the body's share alone, one thread: parse + path / + both conditions (compiling both once per held wait: {c:.0} µs) | {p:.2} µs / {j:.2} µs: +{:.2} µs | ≤ +5 µs |", j - p);
         }
         if a.runs("fanout") {
             let (waitd_cpu, pg_cpu) = (m(&|r| r.fanout.cpu_per_delivery), m(&|r| r.fanout.pg_cpu_per_event));

@@ -56,7 +56,7 @@ use crate::model::Status;
 
 #[derive(Default, Debug)]
 pub struct Metrics {
-    pub polls: [AtomicU64; 5],
+    pub polls: [AtomicU64; Observation::KINDS.len()],
     pub ended: [AtomicU64; 5],
     pub probe_latency: Histogram,
     pub schedule_lag: Histogram,

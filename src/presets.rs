@@ -54,9 +54,22 @@ const BUILTIN: &[(&str, &str)] = &[
         include_str!("../presets/github.workflow_run.json"),
     ),
     ("http.ok", include_str!("../presets/http.ok.json")),
+    ("http.status", include_str!("../presets/http.status.json")),
     (
         "kubernetes.condition",
         include_str!("../presets/kubernetes.condition.json"),
+    ),
+    (
+        "kubernetes.deleted",
+        include_str!("../presets/kubernetes.deleted.json"),
+    ),
+    (
+        "kubernetes.job",
+        include_str!("../presets/kubernetes.job.json"),
+    ),
+    (
+        "kubernetes.rollout",
+        include_str!("../presets/kubernetes.rollout.json"),
     ),
     (
         "latitude.kubernetes_cluster",
@@ -90,6 +103,8 @@ pub enum ParamKind {
     BaseUrl,
     /// A whole http or https URL, inserted as it is.
     Url,
+    /// An HTTP status code, 100 to 599, inserted as digits (into a condition).
+    Status,
 }
 
 /// One parameter of a preset.
@@ -561,6 +576,15 @@ fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
                 ));
             }
         }
+        ParamKind::Status => {
+            if !value.parse::<u16>().is_ok_and(|c| (100..=599).contains(&c))
+                || !value.bytes().all(|b| b.is_ascii_digit())
+            {
+                return Err(format!(
+                    "must be an HTTP status code from 100 to 599, such as \"200\", not \"{value}\""
+                ));
+            }
+        }
         ParamKind::BaseUrl | ParamKind::Url => {
             let url = url::Url::parse(value).map_err(|e| {
                 format!("is not an absolute URL ({e}); write e.g. \"https://api.example.com\"")
@@ -662,6 +686,8 @@ fn collect_placeholders(v: &Value, out: &mut Vec<String>) -> Result<(), String> 
 enum Context {
     Url,
     JsonPath,
+    /// A CEL expression: values go into single-quoted string literals.
+    Cel,
     Plain,
 }
 
@@ -677,6 +703,8 @@ fn fill(
                 Context::Url
             } else if (at == "state" || at == "error") && s.starts_with('$') {
                 Context::JsonPath
+            } else if at == "success_condition" || at == "failure_condition" {
+                Context::Cel
             } else {
                 Context::Plain
             };
@@ -695,6 +723,10 @@ fn fill(
                             }
                             (_, ParamKind::BaseUrl) => out.push_str(value.trim_end_matches('/')),
                             (Context::JsonPath, _) => out.push_str(&escape_jsonpath(value)),
+                            // A status is digits (checked); anything else is text
+                            // inside a '…' literal, and cannot end it.
+                            (Context::Cel, ParamKind::Status) => out.push_str(value),
+                            (Context::Cel, _) => out.push_str(&escape_jsonpath(value)),
                             _ => out.push_str(value),
                         }
                     }

@@ -118,6 +118,10 @@ impl Params {
                 _ => Kind::Fatal,
             },
             Observation::Permanent { .. } => Kind::Fatal,
+            // Waits with conditions are modelled in tests/conditions.rs.
+            Observation::Answered { .. } | Observation::Judged { .. } => {
+                unreachable!("the generated waits have no conditions")
+            }
         }
     }
 }

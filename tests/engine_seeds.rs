@@ -719,6 +719,8 @@ fn latitude_a_missing_status_reads_as_missing_and_is_not_fatal() {
     let spec = latitude(json!({}));
     let values = |body: Value| {
         spec.state
+            .as_ref()
+            .expect("the seeds have a state path")
             .state_values(&body, &mut Budget::default())
             .unwrap()
     };
@@ -1066,7 +1068,12 @@ fn without_ignore_case_a_differently_cased_state_is_not_a_match() {
 
 /// The state values a spec's path reads from a body.
 fn values_at(spec: &Spec, body: Value) -> Vec<String> {
-    match spec.state.state_values(&body, &mut Budget::default()) {
+    match spec
+        .state
+        .as_ref()
+        .expect("the seeds have a state path")
+        .state_values(&body, &mut Budget::default())
+    {
         Ok(Selected::Values(v)) => v,
         other => panic!("{other:?}"),
     }

@@ -135,11 +135,23 @@ fn the_request_says_what_is_required_bounded_and_refused() {
     assert_eq!(fields["additionalProperties"], json!(false));
     assert_eq!(create["if"]["required"], json!(["preset"]));
     assert_eq!(create["if"]["properties"]["preset"]["type"], "string");
+    // Without a preset: a target, and `want` with its `state` or a
+    // `success_condition`.
+    let by_itself = &create["else"]["allOf"];
+    assert_eq!(by_itself[0]["required"], json!(["target"]));
+    assert_eq!(by_itself[0]["properties"]["params"]["type"], "null");
     assert_eq!(
-        create["else"]["required"],
-        json!(["target", "state", "want"])
+        by_itself[1]["anyOf"][0]["required"],
+        json!(["state", "want"])
     );
-    assert_eq!(create["else"]["properties"]["params"]["type"], "null");
+    assert_eq!(
+        by_itself[1]["anyOf"][1]["required"],
+        json!(["success_condition"])
+    );
+    assert_eq!(
+        schemas["Condition"]["maxLength"],
+        waitd::engine::condition::MAX_LEN
+    );
     let p = &fields["properties"];
     assert_eq!(p["consecutive"]["minimum"], 1);
     // The bounds are the validator's own (schemathesis cannot see a body bound

@@ -221,14 +221,23 @@ async fn the_presets_route_lists_every_built_in_preset_with_its_params_and_defau
             "azure.aks_machine",
             "github.workflow_run",
             "http.ok",
+            "http.status",
             "kubernetes.condition",
+            "kubernetes.deleted",
+            "kubernetes.job",
+            "kubernetes.rollout",
             "latitude.kubernetes_cluster",
             "latitude.server",
             "latitude.server_off",
             "latitude.virtual_machine"
         ]
     );
-    let lat = &list["items"][5];
+    let lat = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "latitude.server")
+        .unwrap();
     assert_eq!(
         lat["params"]["base_url"]["default"],
         "https://api.latitude.sh"
@@ -846,7 +855,12 @@ async fn the_presets_dir_adds_presets_and_may_replace_a_built_in_one() {
     );
     let app = App::start_with(&db, &["--presets-dir", dir.to_str().unwrap()]).await;
     let (_, list) = app.get("/presets").await;
-    assert_eq!(list["items"].as_array().unwrap().len(), 9, "{list}");
+    // The built-in presets and acme.job; latitude.server is replaced, not added.
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        waitd::presets::Registry::builtin().iter().count() + 1,
+        "{list}"
+    );
     let (_, lat) = app.get("/presets/latitude.server").await;
     assert_eq!(lat["description"], "Through the company proxy.");
     let id = created_id(

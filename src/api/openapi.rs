@@ -36,8 +36,8 @@ use crate::model::{EventBody, Status};
 pub struct ApiDoc;
 
 /// The request body of `POST /waits`: the fields of a [`Spec`] (unknown ones are
-/// refused), plus `preset` and `params`. It names a preset, or gives `target`,
-/// `state` and `want` itself.
+/// refused), plus `preset` and `params`. It names a preset, or gives `target` and
+/// either `state` and `want` or a `success_condition` itself.
 pub struct CreateWait;
 
 impl PartialSchema for CreateWait {
@@ -80,7 +80,7 @@ impl PartialSchema for CreateWait {
                 .into(),
         );
         fields.description = Some(
-            "A wait to create: name a `preset`, or give `target`, `state` and `want` (and whatever else differs from the defaults). Unknown fields are refused.".into(),
+            "A wait to create: name a `preset`, or give `target` and either `state` and `want` or a `success_condition` (and whatever else differs from the defaults). Unknown fields are refused.".into(),
         );
         fields.examples = vec![json!({
             "target": {"url": "https://api.example.com/servers/1"},
@@ -90,12 +90,17 @@ impl PartialSchema for CreateWait {
             "timeout": "30m",
             "labels": {"pipeline": "1234"}
         })];
-        // Without a preset: the fields a wait needs, and no params.
+        // Without a preset: the fields a wait needs (`want` with its `state`, or a
+        // `success_condition`), and no params.
         let mut by_itself =
             ObjectBuilder::new().property("params", ObjectBuilder::new().schema_type(Type::Null));
         for name in needed {
             by_itself = by_itself.required(name);
         }
+        let decided = AnyOfBuilder::new()
+            .item(ObjectBuilder::new().required("state").required("want"))
+            .item(ObjectBuilder::new().required("success_condition"));
+        let by_itself = AllOfBuilder::new().item(by_itself).item(decided);
         let either = AnyOfBuilder::new()
             .item(
                 ObjectBuilder::new()
@@ -440,9 +445,15 @@ mod tests {
         expected.sort();
         assert_eq!(names, expected);
         assert_eq!(body["allOf"][0]["additionalProperties"], json!(false));
+        let by_itself = &body["allOf"][1]["anyOf"][1]["allOf"];
+        assert_eq!(by_itself[0]["required"], json!(["target"]));
         assert_eq!(
-            body["allOf"][1]["anyOf"][1]["required"],
-            json!(["target", "state", "want"])
+            by_itself[1]["anyOf"][0]["required"],
+            json!(["state", "want"])
+        );
+        assert_eq!(
+            by_itself[1]["anyOf"][1]["required"],
+            json!(["success_condition"])
         );
     }
 }

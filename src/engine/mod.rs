@@ -9,6 +9,7 @@
 //! same decisions when restored on another.
 
 pub mod bound;
+pub mod condition;
 pub mod duration;
 pub mod jsonpath;
 pub mod path;
@@ -46,14 +47,33 @@ pub enum Observation {
     },
     /// Not worth trying again: any other status.
     Permanent { error: String },
+    /// 2xx, and the wait has no state path (it is decided by its
+    /// `success_condition`): healthy, with nothing to compare.
+    Answered { status: u16 },
+    /// The wait's conditions, evaluated on a response (the prober evaluates them,
+    /// [`condition`]); `success` is `None` without a `success_condition`. `base` is
+    /// what the response is without them, used when they decide nothing.
+    Judged {
+        status: u16,
+        failure: bool,
+        success: Option<bool>,
+        base: Box<Observation>,
+    },
 }
 
 impl Observation {
     /// The kinds of observation, as metrics name them.
-    pub const KINDS: [&'static str; 5] =
-        ["state", "missing", "not_found", "transient", "permanent"];
+    pub const KINDS: [&'static str; 6] = [
+        "state",
+        "missing",
+        "not_found",
+        "transient",
+        "permanent",
+        "answered",
+    ];
 
-    /// This observation's kind, one of [`Observation::KINDS`].
+    /// This observation's kind, one of [`Observation::KINDS`]; a judged response
+    /// is of the kind it is without its conditions.
     pub fn kind(&self) -> &'static str {
         match self {
             Observation::State { .. } => "state",
@@ -61,6 +81,8 @@ impl Observation {
             Observation::NotFound { .. } => "not_found",
             Observation::Transient { .. } => "transient",
             Observation::Permanent { .. } => "permanent",
+            Observation::Answered { .. } => "answered",
+            Observation::Judged { base, .. } => base.kind(),
         }
     }
 }
@@ -285,38 +307,22 @@ fn classify(
 ) -> Verdict {
     match obs {
         Observation::State { values, detail } => {
-            let shown = bound::join(&values, ", ", bound::MAX_STATE);
-            if st.state.as_deref() != Some(shown.as_str()) {
-                events.push(Event::State {
-                    from: st.state.take(),
-                    to: shown.clone(),
-                });
-                st.state = Some(shown.clone());
+            let shown = show(st, &values, events);
+            if let Some(done) = fail_state(spec, &values, detail.as_ref()) {
+                return done;
             }
-            if let Some(f) = values.iter().find(|v| spec.set_contains(&spec.fail, v)) {
-                return Verdict::Done(Outcome::new(
-                    End::Failed,
-                    format!("the target reached the failure state \"{f}\""),
-                    detail.as_ref().map(bound::detail),
-                ));
-            }
-            if values.iter().all(|v| spec.set_contains(&spec.want, v)) {
-                if spec.require_transition && !st.transition_seen {
-                    // Gated: a want state before any transition does not count, and
-                    // is not itself a transition.
-                    st.hits = 0;
-                    return Verdict::Healthy;
-                }
-                st.hits += 1;
-                if st.hits >= spec.consecutive {
-                    let reason = if spec.consecutive > 1 {
-                        format!("the target reported \"{shown}\" {} times in a row", st.hits)
+            if spec.success_condition.is_none()
+                && !spec.want.is_empty()
+                && values.iter().all(|v| spec.set_contains(&spec.want, v))
+            {
+                let reason = |hits: u32| {
+                    if hits > 1 {
+                        format!("the target reported \"{shown}\" {hits} times in a row")
                     } else {
                         format!("the target reached \"{shown}\"")
-                    };
-                    return Verdict::Done(Outcome::new(End::Succeeded, reason, None));
-                }
-                return Verdict::Healthy;
+                    }
+                };
+                return hit(spec, st, reason);
             }
             st.hits = 0;
             st.transition_seen = true;
@@ -335,6 +341,17 @@ fn classify(
             }
             Verdict::Healthy
         }
+        Observation::Answered { .. } => {
+            st.hits = 0;
+            st.transition_seen = true;
+            Verdict::Healthy
+        }
+        Observation::Judged {
+            status,
+            failure,
+            success,
+            base,
+        } => judged(spec, st, status, failure, success, *base, events),
         Observation::Missing { reason } => {
             st.hits = 0;
             Verdict::Bad(reason, None)
@@ -370,6 +387,125 @@ fn classify(
             Verdict::Done(Outcome::new(End::Error, reason, None))
         }
     }
+}
+
+/// Records the observed state (an event when it changed); returns it as shown.
+fn show(st: &mut EngineState, values: &[String], events: &mut Vec<Event>) -> String {
+    let shown = bound::join(values, ", ", bound::MAX_STATE);
+    show_text(st, &shown, events);
+    shown
+}
+
+fn show_text(st: &mut EngineState, shown: &str, events: &mut Vec<Event>) {
+    if st.state.as_deref() != Some(shown) {
+        events.push(Event::State {
+            from: st.state.take(),
+            to: shown.to_string(),
+        });
+        st.state = Some(shown.to_string());
+    }
+}
+
+/// A state in `fail`: the wait fails at once.
+fn fail_state(spec: &Spec, values: &[String], detail: Option<&Value>) -> Option<Verdict> {
+    let f = values.iter().find(|v| spec.set_contains(&spec.fail, v))?;
+    Some(Verdict::Done(Outcome::new(
+        End::Failed,
+        format!("the target reached the failure state \"{f}\""),
+        detail.map(bound::detail),
+    )))
+}
+
+/// An observation that means done: success once `consecutive` of them came in a
+/// row (and, with `require_transition`, after a transition).
+fn hit(spec: &Spec, st: &mut EngineState, reason: impl Fn(u32) -> String) -> Verdict {
+    if spec.require_transition && !st.transition_seen {
+        // Gated: a success before any transition does not count, and is not
+        // itself a transition.
+        st.hits = 0;
+        return Verdict::Healthy;
+    }
+    st.hits += 1;
+    if st.hits >= spec.consecutive {
+        return Verdict::Done(Outcome::new(End::Succeeded, reason(st.hits), None));
+    }
+    Verdict::Healthy
+}
+
+/// The most bytes of a condition quoted in an end's reason.
+const QUOTED_CONDITION: usize = 512;
+
+/// A response on which the wait's conditions were evaluated.
+fn judged(
+    spec: &Spec,
+    st: &mut EngineState,
+    status: u16,
+    failure: bool,
+    success: Option<bool>,
+    base: Observation,
+    events: &mut Vec<Event>,
+) -> Verdict {
+    let quoted = |c: &Option<condition::Condition>| {
+        c.as_ref()
+            .map(|c| bound::text(c.source(), QUOTED_CONDITION).into_owned())
+            .unwrap_or_default()
+    };
+    // Without a state path, the state shown is what the conditions said.
+    let summary = |text: String, st: &mut EngineState, events: &mut Vec<Event>| {
+        if spec.state.is_none() {
+            show_text(st, &format!("{text} (HTTP {status})"), events);
+        }
+    };
+    if failure {
+        if let Observation::State { values, .. } = &base {
+            show(st, values, events);
+        }
+        summary("failure_condition true".into(), st, events);
+        return Verdict::Done(Outcome::new(
+            End::Failed,
+            format!(
+                "the failure_condition held on a response with HTTP {status}: {}",
+                quoted(&spec.failure_condition)
+            ),
+            None,
+        ));
+    }
+    let Some(holds) = success else {
+        // Only a failure_condition, and it is false: the usual rules.
+        return classify(spec, st, base, events);
+    };
+    summary(format!("success_condition {holds}"), st, events);
+    let wanted = match &base {
+        _ if spec.want.is_empty() => true,
+        Observation::State { values, .. } => {
+            values.iter().all(|v| spec.set_contains(&spec.want, v))
+        }
+        _ => false,
+    };
+    if holds && wanted {
+        if let Observation::State { values, detail } = &base {
+            show(st, values, events);
+            if let Some(done) = fail_state(spec, values, detail.as_ref()) {
+                return done;
+            }
+        }
+        let source = quoted(&spec.success_condition);
+        return hit(spec, st, |hits| {
+            if hits > 1 {
+                format!(
+                    "the success_condition held on {hits} responses in a row (the last with HTTP {status}): {source}"
+                )
+            } else {
+                format!("the success_condition held on a response with HTTP {status}: {source}")
+            }
+        });
+    }
+    // Not done: the response is what it is without the conditions (a `want` state
+    // alone is not success when a success_condition is given).
+    let verdict = classify(spec, st, base, events);
+    st.hits = 0;
+    st.transition_seen = true;
+    verdict
 }
 
 /// `base` spread by ±`fraction` according to `sample` in [-1, 1].

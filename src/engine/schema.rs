@@ -75,6 +75,20 @@ schema_type!(
 );
 
 schema_type!(
+    /// A CEL expression over `body`, `status`, `headers` and `state`.
+    ConditionText,
+    "Condition",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(super::condition::MAX_LEN))
+        .description(Some(
+            "A CEL expression (the Common Expression Language) over `body` (the JSON body, null when not JSON), `status` (an int), `headers` (lower-case names) and `state` (what the state path yields); it must evaluate to a bool"
+        ))
+        .examples(["body.status.readyReplicas >= body.spec.replicas"])
+);
+
+schema_type!(
     /// One state of a set: a string, number or boolean, compared as its JSON text.
     StateValue,
     "StateValue",

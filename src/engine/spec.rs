@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::condition::Condition;
 use super::duration;
 use super::path::ValuePath;
 use super::schema;
@@ -138,14 +139,28 @@ pub struct Spec {
     pub target: Target,
     /// Where the state lives in the target's JSON body: a JSON Pointer
     /// (`/data/attributes/status`), a JSONPath (`$.items[*].status`), or `@status`
-    /// for the HTTP status code. Required unless a preset gives it.
-    #[schema(value_type = schema::PathText)]
-    pub state: ValuePath,
+    /// for the HTTP status code. Required with `want`, `fail`, `pending` or `error`;
+    /// a wait with only `success_condition` may leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<schema::PathText>)]
+    pub state: Option<ValuePath>,
     /// States that mean done (strings, numbers or booleans, compared as JSON text).
-    /// With several values at `state`, all must be in `want`. Required unless a
-    /// preset gives it.
-    #[schema(value_type = Vec<schema::StateValue>, min_items = 1, max_items = 64)]
+    /// With several values at `state`, all must be in `want`. A wait needs `want`,
+    /// `success_condition` or both (then both must hold).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Option<Vec<schema::StateValue>>, min_items = 1, max_items = 64)]
     pub want: Vec<String>,
+    /// A CEL expression over `body`, `status`, `headers` and `state`: the wait
+    /// succeeds when it is true (together with `want` when both are given), on any
+    /// response, whatever its status. At most 2048 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<schema::ConditionText>)]
+    pub success_condition: Option<Condition>,
+    /// A CEL expression like `success_condition`: the wait ends `failed` as soon as
+    /// it is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<schema::ConditionText>)]
+    pub failure_condition: Option<Condition>,
     /// States that end the wait as `failed` at once; any value in `fail` is enough.
     #[serde(default)]
     #[schema(value_type = Option<Vec<schema::StateValue>>, max_items = 64)]
@@ -246,6 +261,8 @@ pub const FIELDS: &[&str] = &[
     "target",
     "state",
     "want",
+    "success_condition",
+    "failure_condition",
     "fail",
     "pending",
     "error",
@@ -287,9 +304,23 @@ impl Spec {
         errs.unknown(obj, "", FIELDS);
 
         let target = parse_target(obj.get("target"), limits, &mut errs);
+        let success_condition = parse_condition(obj, "success_condition", &mut errs);
+        let failure_condition = parse_condition(obj, "failure_condition", &mut errs);
         let state = match obj.get("state") {
             None | Some(Value::Null) => {
-                errs.push("state", "is required: a JSON Pointer such as \"/data/attributes/status\" or a JSONPath such as \"$.status\"");
+                // Only a wait decided by its success_condition alone needs no state.
+                let needs: Vec<&str> = ["want", "fail", "pending", "error"]
+                    .into_iter()
+                    .filter(|k| opt(obj, k).is_some())
+                    .collect();
+                if !needs.is_empty() || opt(obj, "success_condition").is_none() {
+                    let why = if needs.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (with {})", needs.join(", "))
+                    };
+                    errs.push("state", format!("is required{why}: a JSON Pointer such as \"/data/attributes/status\" or a JSONPath such as \"$.status\"; a wait decided by success_condition alone may leave it out"));
+                }
                 None
             }
             Some(v) => parse_path("state", v, limits, &mut errs),
@@ -306,10 +337,12 @@ impl Spec {
         };
         let want = match obj.get("want") {
             None | Some(Value::Null) => {
-                errs.push(
-                    "want",
-                    "is required: list the states that mean done, e.g. [\"on\"]",
-                );
+                if opt(obj, "success_condition").is_none() {
+                    errs.push(
+                        "want",
+                        "is required unless success_condition is given: list the states that mean done, e.g. [\"on\"]",
+                    );
+                }
                 Vec::new()
             }
             Some(v) => {
@@ -395,8 +428,10 @@ impl Spec {
         }
         Ok(Spec {
             target: target.expect("target is Some when there are no errors"),
-            state: state.expect("state is Some when there are no errors"),
+            state,
             want,
+            success_condition,
+            failure_condition,
             fail,
             pending,
             error,
@@ -506,6 +541,28 @@ fn parse_bool(obj: &Map<String, Value>, key: &str, errs: &mut Errors) -> Option<
             errs.push(
                 key,
                 format!("must be true or false, not {}", type_name(other)),
+            );
+            None
+        }
+    }
+}
+
+fn parse_condition(obj: &Map<String, Value>, key: &str, errs: &mut Errors) -> Option<Condition> {
+    match opt(obj, key)? {
+        Value::String(s) => match Condition::compile(s) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                errs.push(key, e);
+                None
+            }
+        },
+        other => {
+            errs.push(
+                key,
+                format!(
+                    "must be a CEL expression as a string, such as \"status == 404\", not {}",
+                    type_name(other)
+                ),
             );
             None
         }

@@ -26,7 +26,7 @@
 
 pub mod guard;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -36,7 +36,7 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath};
+use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath, condition};
 
 pub use guard::{Guard, GuardedResolver, ResolveError};
 
@@ -307,18 +307,15 @@ impl Prober {
             Err(e) => return self.request_error(wait, &url, e),
         };
         let status = response.status();
-        match classify_status(status.as_u16()) {
-            StatusClass::NotFound => {
-                return Observation::NotFound {
-                    status: status.as_u16(),
-                };
-            }
-            StatusClass::Transient => {
-                return Observation::Transient {
-                    error: format!("the target answered {}", status_text(status)),
-                    retry_after: retry_after(response.headers(), SystemTime::now()),
-                };
-            }
+        let judged = spec.success_condition.is_some() || spec.failure_condition.is_some();
+        let base = match classify_status(status.as_u16()) {
+            StatusClass::NotFound => Observation::NotFound {
+                status: status.as_u16(),
+            },
+            StatusClass::Transient => Observation::Transient {
+                error: format!("the target answered {}", status_text(status)),
+                retry_after: retry_after(response.headers(), SystemTime::now()),
+            },
             StatusClass::Permanent => {
                 let error = if status.is_redirection() {
                     format!(
@@ -328,25 +325,59 @@ impl Prober {
                 } else {
                     format!("the target answered {}", status_text(status))
                 };
-                return Observation::Permanent { error };
+                Observation::Permanent { error }
             }
-            StatusClass::Success => {}
-        }
-        if matches!(spec.state, ValuePath::HttpStatus) {
             // A status-only wait: the 2xx code is the state, whatever the body says
-            // (JSON or not), so the body is not read.
-            return Observation::State {
-                values: vec![status.as_u16().to_string()],
-                detail: None,
-            };
+            // (JSON or not), so the body is not read for it.
+            StatusClass::Success if matches!(spec.state, Some(ValuePath::HttpStatus)) => {
+                Observation::State {
+                    values: vec![status.as_u16().to_string()],
+                    detail: None,
+                }
+            }
+            StatusClass::Success if spec.state.is_none() => Observation::Answered {
+                status: status.as_u16(),
+            },
+            // The state is in the body.
+            StatusClass::Success => Observation::Missing {
+                reason: String::new(),
+            },
+        };
+        let needs_body = matches!(&base, Observation::Missing { .. });
+        if !judged && !needs_body {
+            return base;
         }
+        // Conditions see every response's headers and body, whatever its status.
+        let headers = judged.then(|| header_map(response.headers()));
+        let body = match self.read_body(wait, &url, &mut response).await {
+            Ok(body) => body,
+            Err(obs) => return obs,
+        };
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        let base = if needs_body {
+            classify_body(&body, parsed.as_ref(), spec)
+        } else {
+            base
+        };
+        match headers {
+            Some(headers) => judge(spec, status.as_u16(), &headers, parsed.as_ref(), base),
+            None => base,
+        }
+    }
 
+    /// The body, read up to [`ProbeConfig::max_body`]; past it, a permanent error.
+    async fn read_body(
+        &self,
+        wait: uuid::Uuid,
+        url: &url::Url,
+        response: &mut reqwest::Response,
+    ) -> Result<Vec<u8>, Observation> {
         let max = self.inner.max_body;
         let too_large = || Observation::Permanent {
             error: format!("the response body exceeded the {} limit", format_size(max)),
         };
         if response.content_length().is_some_and(|n| n > max as u64) {
-            return too_large();
+            return Err(too_large());
         }
         let mut body: Vec<u8> =
             Vec::with_capacity(response.content_length().map_or(0, |n| n as usize));
@@ -354,15 +385,14 @@ impl Prober {
             match response.chunk().await {
                 Ok(Some(chunk)) => {
                     if body.len() + chunk.len() > max {
-                        return too_large();
+                        return Err(too_large());
                     }
                     body.extend_from_slice(&chunk);
                 }
-                Ok(None) => break,
-                Err(e) => return self.request_error(wait, &url, e),
+                Ok(None) => return Ok(body),
+                Err(e) => return Err(self.request_error(wait, url, e)),
             }
         }
-        classify_body(&body, spec)
     }
 
     /// A failed request or body read: an SSRF refusal is permanent, anything else
@@ -448,34 +478,36 @@ impl Drop for HostSlot {
     }
 }
 
-/// A 2xx body: the state, or why there is none. The state path (and the error
-/// path, read only when a state is in `fail`) are evaluated under one
-/// [`Budget`]; an evaluation past it is a permanent error.
-fn classify_body(body: &[u8], spec: &Spec) -> Observation {
+/// A 2xx body (and its JSON, when it parsed): the state, or why there is none.
+/// The state path (and the error path, read only when a state is in `fail`) are
+/// evaluated under one [`Budget`]; an evaluation past it is a permanent error.
+fn classify_body(body: &[u8], json: Option<&Value>, spec: &Spec) -> Observation {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Observation::Missing {
             reason: "the response body is empty, not JSON".to_string(),
         };
     }
-    let json: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(_) => {
-            return Observation::Missing {
-                reason: "the response body is not JSON".to_string(),
-            };
-        }
+    let Some(json) = json else {
+        return Observation::Missing {
+            reason: "the response body is not JSON".to_string(),
+        };
     };
-    let path = spec.state.as_str();
+    let Some(state) = &spec.state else {
+        return Observation::Missing {
+            reason: "the wait has no state path".to_string(),
+        };
+    };
+    let path = state.as_str();
     let mut budget = Budget::default();
     let over = |which: &str, p: &str, e: Exceeded| Observation::Permanent {
         error: format!("the {which} path {p} could not be evaluated on this response: {e}"),
     };
-    match spec.state.state_values(&json, &mut budget) {
+    match state.state_values(json, &mut budget) {
         Err(e) => over("state", path, e),
         Ok(Selected::Values(values)) => {
             let failed = values.iter().any(|v| spec.set_contains(&spec.fail, v));
             let detail = match &spec.error {
-                Some(p) if failed => match p.detail(&json, &mut budget) {
+                Some(p) if failed => match p.detail(json, &mut budget) {
                     Ok(d) => d,
                     Err(e) => return over("error", p.as_str(), e),
                 },
@@ -489,6 +521,82 @@ fn classify_body(body: &[u8], spec: &Spec) -> Observation {
         Ok(Selected::OnlyNull) => Observation::Missing {
             reason: format!("the value at {path} is null"),
         },
+    }
+}
+
+/// Header names in lower case (as `http` keeps them), repeated ones joined with ", ";
+/// a value that is not UTF-8 is read lossily.
+fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in headers {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        out.entry(name.as_str().to_string())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(&value);
+            })
+            .or_insert_with(|| value.into_owned());
+    }
+    out
+}
+
+/// Evaluates the wait's conditions on a response: [`Observation::Judged`], or why
+/// they could not be (an error is a missing state, retried; the budget is
+/// permanent, as for paths).
+pub fn judge(
+    spec: &Spec,
+    status: u16,
+    headers: &BTreeMap<String, String>,
+    body: Option<&Value>,
+    base: Observation,
+) -> Observation {
+    // `state` is what the state path yields: one value, the list a JSONPath
+    // selects, or the status for `@status`.
+    let state: Option<Value> = match (&spec.state, body) {
+        (Some(ValuePath::HttpStatus), _) => Some(Value::from(status)),
+        (Some(ValuePath::Query { .. }), Some(body)) => spec
+            .state
+            .as_ref()
+            .and_then(|p| p.select(body, &mut Budget::default()).ok())
+            .map(|nodes| Value::Array(nodes.into_iter().cloned().collect())),
+        (Some(p), Some(body)) => p
+            .select(body, &mut Budget::default())
+            .ok()
+            .and_then(|nodes| nodes.into_iter().next().cloned()),
+        _ => None,
+    };
+    let vars = condition::Vars::new(body, status, headers, state.as_ref());
+    let mut budget = condition::Budget::default();
+    let mut run =
+        |name: &str, c: &Option<condition::Condition>| -> Result<Option<bool>, Observation> {
+            let Some(c) = c else { return Ok(None) };
+            match c.evaluate(&vars, &mut budget) {
+                Ok(b) => Ok(Some(b)),
+                Err(condition::Failure::Error(e)) => Err(Observation::Missing {
+                    reason: format!("the {name} could not be evaluated on this response: {e}"),
+                }),
+                Err(f @ condition::Failure::Budget) => Err(Observation::Permanent {
+                    error: format!("the {name} could not be evaluated on this response: {f}"),
+                }),
+            }
+        };
+    let failure = match run("failure_condition", &spec.failure_condition) {
+        Ok(f) => f.unwrap_or(false),
+        Err(obs) => return obs,
+    };
+    let success = if failure {
+        None
+    } else {
+        match run("success_condition", &spec.success_condition) {
+            Ok(s) => s,
+            Err(obs) => return obs,
+        }
+    };
+    Observation::Judged {
+        status,
+        failure,
+        success,
+        base: Box::new(base),
     }
 }
 

@@ -1,0 +1,606 @@
+//! Conditions as CEL expressions (`success_condition`, `failure_condition`).
+//!
+//! An expression is parsed once, when a wait is created or held, by the `cel` crate
+//! (cel-rust, the maintained Rust implementation of the Common Expression Language),
+//! checked for what can be checked before any response exists (size, nesting, the
+//! variables and functions it names), and rewritten so that its evaluation is
+//! metered. It is then evaluated on every response against four variables:
+//!
+//! | variable | value |
+//! |---|---|
+//! | `body` | the parsed JSON body; `null` when the body is not JSON |
+//! | `status` | the HTTP status, an int |
+//! | `headers` | lower-case header name → value; repeated headers joined with `", "` |
+//! | `state` | what the wait's `state` path yields (one value, a list for a JSONPath, the status for `@status`); `null` without one |
+//!
+//! ## The budget
+//!
+//! cel-rust has no cost limit of its own, and the macros (`all`, `exists`,
+//! `exists_one`, `map`, `filter`) over a 1 MiB body nest into quadratic work, while
+//! `+` and `map` can copy the body over and over. So every place where work grows
+//! with the size of a value is charged, before the work, to one budget per
+//! evaluation ([`BUDGET`] units; a unit is one value, or 16 bytes of a string):
+//!
+//! - a comprehension's range, by its deep size, each time the comprehension starts
+//!   (its iterations clone each element);
+//! - each element a `map` or `filter` appends, by its deep size;
+//! - the operands of `==`, `!=`, `in` and `+`, by their deep size;
+//! - the operands of every other function by their length (strings and bytes), and
+//!   a `matches` pattern by 16 units a byte (it is compiled on each call).
+//!
+//! What is not charged costs a bounded amount per node of the expression, and the
+//! expression itself is bounded ([`MAX_LEN`], [`MAX_DEPTH`]). An evaluation past the
+//! budget stops at the next charge and is reported as [`Failure::Budget`], whatever
+//! its result would have been.
+//!
+//! Pure: no I/O, no clock.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+
+use cel::common::ast::{ComprehensionExpr, EntryExpr, Expr, IdedExpr, operators};
+use cel::common::types::{
+    CelBool, CelBytes, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+    DYN_TYPE,
+};
+use cel::common::value::{CowVal, Val};
+use cel::{Context, Env, ExecutionError};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+/// The most bytes of one expression.
+pub const MAX_LEN: usize = 2048;
+/// The deepest nesting the parser accepts (parentheses, calls, operators).
+pub const MAX_DEPTH: u16 = 32;
+/// What one evaluation of a response's conditions may spend, in units.
+pub const BUDGET: u64 = 1_000_000;
+/// Bytes of a string that cost one unit.
+const BYTES_PER_UNIT: u64 = 16;
+
+/// The variables an expression may name.
+pub const VARIABLES: [&str; 4] = ["body", "status", "headers", "state"];
+
+/// The functions an expression may call, besides operators and macros: CEL's
+/// standard functions as cel-rust provides them (without timestamps and durations).
+pub const FUNCTIONS: &[&str] = &[
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bytes",
+    "bool",
+    "type",
+    "dyn",
+    "max",
+    "min",
+    "optional.of",
+    "optional.ofNonZeroValue",
+    "optional.none",
+    "hasValue",
+    "value",
+    "or",
+    "orValue",
+];
+
+const DEEP: &str = "@waitd_deep";
+const FLAT: &str = "@waitd_flat";
+const PATTERN: &str = "@waitd_pattern";
+
+static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
+    let mut env = Env::stdlib();
+    // The meters: identity functions that charge their argument's size first.
+    for (name, f) in [
+        (DEEP, charge_deep as cel::common::functions::Function),
+        (FLAT, charge_flat),
+        (PATTERN, charge_pattern),
+    ] {
+        env.add_overload(name, name, vec![DYN_TYPE], f)
+            .expect("the meters are declared once");
+    }
+    Arc::new(env)
+});
+
+thread_local! {
+    /// Units left in the evaluation running on this thread.
+    static LEFT: Cell<u64> = const { Cell::new(0) };
+    /// The evaluation on this thread ran past its budget.
+    static SPENT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A compiled condition: its source, and the metered expression evaluated.
+#[derive(Clone)]
+pub struct Condition {
+    source: String,
+    expr: Arc<IdedExpr>,
+}
+
+impl PartialEq for Condition {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl fmt::Debug for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Condition({:?})", self.source)
+    }
+}
+
+impl Serialize for Condition {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.source)
+    }
+}
+
+impl<'de> Deserialize<'de> for Condition {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let source = String::deserialize(d)?;
+        Condition::compile(&source).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Why a condition gave no answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Failure {
+    /// CEL's own error (a missing field without `has()`, a type mismatch, a result
+    /// that is not a bool): the response counts as a missing state.
+    Error(String),
+    /// The evaluation ran past [`BUDGET`].
+    Budget,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Error(e) => f.write_str(e),
+            Failure::Budget => write!(
+                f,
+                "evaluating it on this response ran past its budget of {BUDGET} units (a unit is one value, or 16 bytes of a string); nested macros over large lists cost the product of their sizes"
+            ),
+        }
+    }
+}
+
+impl Condition {
+    /// Parses and checks `source`; the error is a sentence with the position.
+    pub fn compile(source: &str) -> Result<Condition, String> {
+        if source.trim().is_empty() {
+            return Err("is empty; write a CEL expression such as status == 200".into());
+        }
+        if source.len() > MAX_LEN {
+            return Err(format!(
+                "is {} bytes long; the limit is {MAX_LEN}",
+                source.len()
+            ));
+        }
+        if source.contains('\0') {
+            return Err("contains a NUL character (\\u0000), which waitd does not store".into());
+        }
+        let parser = ENV.parser().max_recursion_depth(MAX_DEPTH);
+        // The parser is a stranger's input's first reader: a panic in it is a 400,
+        // not a lost worker.
+        let parsed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)))
+                .map_err(|_| "could not be parsed (the CEL parser failed on it)".to_string())?;
+        let mut expr = parsed.map_err(|errors| parse_message(source, &errors))?;
+        let mut problems = Vec::new();
+        check(&expr, &mut Vec::new(), &mut problems);
+        if let Some(first) = problems.into_iter().next() {
+            return Err(first);
+        }
+        meter(&mut expr);
+        Ok(Condition {
+            source: source.to_string(),
+            expr: Arc::new(expr),
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Evaluates the condition against `vars`, charging `budget`.
+    pub fn evaluate(&self, vars: &Vars<'_>, budget: &mut Budget) -> Result<bool, Failure> {
+        if budget.left == 0 {
+            return Err(Failure::Budget);
+        }
+        LEFT.with(|l| l.set(budget.left));
+        SPENT.with(|s| s.set(false));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            vars.context.resolve(&self.expr)
+        }));
+        budget.left = LEFT.with(Cell::get);
+        if SPENT.with(Cell::get) {
+            budget.left = 0;
+            return Err(Failure::Budget);
+        }
+        match result {
+            Ok(Ok(cel::Value::Bool(b))) => Ok(b),
+            Ok(Ok(other)) => Err(Failure::Error(format!(
+                "it evaluated to {}, not a bool",
+                type_name(&other)
+            ))),
+            Ok(Err(e)) => Err(Failure::Error(e.to_string())),
+            Err(_) => Err(Failure::Error(
+                "the CEL interpreter failed on this response".into(),
+            )),
+        }
+    }
+}
+
+/// What one response's evaluations may still spend: both conditions share one.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    left: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { left: BUDGET }
+    }
+}
+
+impl Budget {
+    /// Units spent so far.
+    pub fn spent(&self) -> u64 {
+        BUDGET - self.left.min(BUDGET)
+    }
+}
+
+/// The variables of one response, converted once for both conditions. Strings are
+/// borrowed from the parsed body, not copied.
+pub struct Vars<'v> {
+    context: Context<'v, 'v>,
+}
+
+impl<'v> Vars<'v> {
+    pub fn new(
+        body: Option<&'v Value>,
+        status: u16,
+        headers: &'v BTreeMap<String, String>,
+        state: Option<&'v Value>,
+    ) -> Vars<'v> {
+        let mut context = Context::with_env(Arc::clone(&ENV));
+        context.add_variable_as_val(
+            "body",
+            body.map_or_else(|| Box::new(CelNull) as Box<dyn Val>, json),
+        );
+        context.add_variable_as_val("status", Box::new(CelInt::from(i64::from(status))));
+        let headers: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    CelMapKey::from(k.as_str()),
+                    Box::new(CelString::from(v.as_str())) as Box<dyn Val>,
+                )
+            })
+            .collect();
+        context.add_variable_as_val("headers", Box::new(CelMap::from(headers)));
+        context.add_variable_as_val(
+            "state",
+            state.map_or_else(|| Box::new(CelNull) as Box<dyn Val>, json),
+        );
+        Vars { context }
+    }
+}
+
+/// A JSON value as CEL sees it: integers that fit are `int` (then `uint`), other
+/// numbers `double`.
+fn json<'v>(v: &'v Value) -> Box<dyn Val + 'v> {
+    match v {
+        Value::Null => Box::new(CelNull),
+        Value::Bool(b) => Box::new(CelBool::from(*b)),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Box::new(CelInt::from(i)),
+            (None, Some(u)) => Box::new(CelUInt::from(u)),
+            _ => Box::new(CelDouble::from(n.as_f64().unwrap_or(f64::NAN))),
+        },
+        Value::String(s) => Box::new(CelString::from(s.as_str())),
+        Value::Array(items) => Box::new(CelList::from(
+            items.iter().map(json).collect::<Vec<Box<dyn Val + 'v>>>(),
+        )),
+        Value::Object(map) => Box::new(CelMap::from(
+            map.iter()
+                .map(|(k, v)| (CelMapKey::from(k.as_str()), json(v)))
+                .collect::<HashMap<CelMapKey<'v>, Box<dyn Val + 'v>>>(),
+        )),
+    }
+}
+
+fn type_name(v: &cel::Value) -> &'static str {
+    match v {
+        cel::Value::List(_) => "a list",
+        cel::Value::Map(_) => "a map",
+        cel::Value::Int(_) => "an int",
+        cel::Value::UInt(_) => "a uint",
+        cel::Value::Float(_) => "a double",
+        cel::Value::String(_) => "a string",
+        cel::Value::Bytes(_) => "bytes",
+        cel::Value::Null => "null",
+        _ => "a value of another type",
+    }
+}
+
+/// "at line 1, column 8: mismatched input…", the first of the parser's errors.
+fn parse_message(source: &str, errors: &cel::ParseErrors) -> String {
+    let Some(e) = errors.errors.first() else {
+        return "could not be parsed".into();
+    };
+    let (line, column) = e.pos;
+    let shown: String = source.chars().take(120).collect();
+    format!(
+        "is not a valid CEL expression: at line {line}, column {}: {} (in \"{shown}\")",
+        column + 1,
+        e.msg
+    )
+}
+
+/// Names that are neither a variable, a bound comprehension variable nor a known
+/// function, reported as sentences.
+fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
+    match &e.expr {
+        Expr::Ident(name) => {
+            if !VARIABLES.contains(&name.as_str()) && !bound.iter().any(|b| b == name) {
+                let hint = VARIABLES
+                    .iter()
+                    .find(|v| super::spec::close(v, name))
+                    .map(|v| format!(" (did you mean {v}?)"))
+                    .unwrap_or_default();
+                problems.push(format!(
+                    "names {name}, which is not a variable{hint}; the variables are body, status, headers and state"
+                ));
+            }
+        }
+        Expr::Call(call) => {
+            let name = call.func_name.as_str();
+            let builtin = name.starts_with('_')
+                || name.starts_with('@')
+                || name == operators::LOGICAL_NOT
+                || name == operators::NEGATE;
+            if !builtin && !FUNCTIONS.contains(&name) {
+                let hint = FUNCTIONS
+                    .iter()
+                    .find(|f| super::spec::close(f, name))
+                    .map(|f| format!(" (did you mean {f}?)"))
+                    .unwrap_or_default();
+                problems.push(format!(
+                    "calls {name}(), which is not a function waitd provides{hint}; see README \"Conditions\" for the list"
+                ));
+            }
+            if let Some(t) = &call.target {
+                check(t, bound, problems);
+            }
+            for a in &call.args {
+                check(a, bound, problems);
+            }
+        }
+        Expr::Comprehension(c) => {
+            check(&c.iter_range, bound, problems);
+            check(&c.accu_init, bound, problems);
+            let before = bound.len();
+            bound.push(c.iter_var.clone());
+            bound.extend(c.iter_var2.clone());
+            bound.push(c.accu_var.clone());
+            for part in [&c.loop_cond, &c.loop_step, &c.result] {
+                check(part, bound, problems);
+            }
+            bound.truncate(before);
+        }
+        Expr::List(l) => l.elements.iter().for_each(|x| check(x, bound, problems)),
+        Expr::Map(m) => {
+            for entry in &m.entries {
+                if let EntryExpr::MapEntry(me) = &entry.expr {
+                    check(&me.key, bound, problems);
+                    check(&me.value, bound, problems);
+                }
+            }
+        }
+        Expr::Select(s) => check(&s.operand, bound, problems),
+        Expr::Struct(_) => problems.push(
+            "builds a message (struct) literal, which waitd's conditions have no types for".into(),
+        ),
+        Expr::Literal(_) | Expr::Unspecified => {}
+    }
+}
+
+/// Rewrites `e` so that evaluating it charges the budget (see the module's text).
+fn meter(e: &mut IdedExpr) {
+    match &mut e.expr {
+        Expr::Call(call) => {
+            let name = call.func_name.clone();
+            if let Some(t) = call.target.as_deref_mut() {
+                meter(t);
+            }
+            for a in &mut call.args {
+                meter(a);
+            }
+            let meter_fn = match name.as_str() {
+                // Short-circuits and cheap operators: bounded per node.
+                operators::LOGICAL_AND
+                | operators::LOGICAL_OR
+                | operators::LOGICAL_NOT
+                | operators::CONDITIONAL
+                | operators::NOT_STRICTLY_FALSE
+                | operators::INDEX
+                | operators::OPT_INDEX
+                | operators::OPT_SELECT
+                | operators::NEGATE
+                | "size"
+                | "type"
+                | "dyn" => None,
+                operators::EQUALS | operators::NOT_EQUALS | operators::IN | operators::ADD => {
+                    Some(DEEP)
+                }
+                n if n.starts_with("@waitd_") => None,
+                _ => Some(FLAT),
+            };
+            let Some(meter_fn) = meter_fn else { return };
+            if let Some(t) = call.target.as_deref_mut() {
+                wrap(t, meter_fn);
+            }
+            let member = call.target.is_some();
+            for (i, a) in call.args.iter_mut().enumerate() {
+                // The pattern of `s.matches(p)` or `matches(s, p)`.
+                let pattern = name == "matches" && i == usize::from(!member);
+                wrap(a, if pattern { PATTERN } else { meter_fn });
+            }
+        }
+        Expr::Comprehension(c) => {
+            meter_comprehension(c);
+        }
+        Expr::List(l) => l.elements.iter_mut().for_each(meter),
+        Expr::Map(m) => {
+            for entry in &mut m.entries {
+                if let EntryExpr::MapEntry(me) = &mut entry.expr {
+                    meter(&mut me.key);
+                    meter(&mut me.value);
+                }
+            }
+        }
+        Expr::Select(s) => meter(&mut s.operand),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Struct(_) | Expr::Unspecified => {}
+    }
+}
+
+fn meter_comprehension(c: &mut ComprehensionExpr) {
+    meter(&mut c.iter_range);
+    wrap(&mut c.iter_range, DEEP);
+    meter(&mut c.accu_init);
+    meter(&mut c.loop_cond);
+    meter(&mut c.result);
+    // `@result + [e]` (map, filter): the interpreter appends in place when it sees
+    // this shape, so the shape stays and the element is charged instead.
+    let accu = c.accu_var.clone();
+    let step = &mut c.loop_step;
+    let append = |e: &mut IdedExpr| -> bool {
+        if let Expr::Call(call) = &mut e.expr
+            && call.func_name == operators::ADD
+            && call.target.is_none()
+            && let [lhs, rhs] = call.args.as_mut_slice()
+            && matches!(&lhs.expr, Expr::Ident(n) if *n == accu)
+            && let Expr::List(list) = &mut rhs.expr
+        {
+            for el in &mut list.elements {
+                meter(el);
+                wrap(el, DEEP);
+            }
+            return true;
+        }
+        false
+    };
+    if append(step) {
+        return;
+    }
+    if let Expr::Call(call) = &mut step.expr
+        && call.func_name == operators::CONDITIONAL
+        && call.args.len() == 3
+    {
+        let (guard, rest) = call.args.split_at_mut(1);
+        if append(&mut rest[0]) {
+            meter(&mut guard[0]);
+            meter(&mut rest[1]);
+            return;
+        }
+    }
+    meter(step);
+}
+
+/// `e` becomes `f(e)`.
+fn wrap(e: &mut IdedExpr, f: &str) {
+    let inner = std::mem::take(e);
+    *e = IdedExpr {
+        id: inner.id,
+        expr: Expr::Call(cel::common::ast::CallExpr {
+            func_name: f.to_string(),
+            target: None,
+            args: vec![inner],
+        }),
+    };
+}
+
+fn charge(units: u64) -> Result<(), ExecutionError> {
+    let left = LEFT.with(Cell::get);
+    if units > left {
+        LEFT.with(|l| l.set(0));
+        SPENT.with(|s| s.set(true));
+        return Err(ExecutionError::function_error(
+            "budget",
+            "the evaluation ran past its budget",
+        ));
+    }
+    LEFT.with(|l| l.set(left - units));
+    Ok(())
+}
+
+fn only<'b, 'v>(mut args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    match (args.pop(), args.is_empty()) {
+        (Some(v), true) => Ok(v),
+        _ => Err(ExecutionError::invalid_argument_count(1, args.len() + 1)),
+    }
+}
+
+fn charge_deep<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let v = only(args)?;
+    let left = LEFT.with(Cell::get);
+    let mut units = 0;
+    deep_size(&*v, left.saturating_add(1), &mut units);
+    charge(units)?;
+    Ok(v)
+}
+
+fn charge_flat<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let v = only(args)?;
+    charge(1 + flat_len(&*v) / BYTES_PER_UNIT)?;
+    Ok(v)
+}
+
+fn charge_pattern<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let v = only(args)?;
+    charge(1 + flat_len(&*v) * BYTES_PER_UNIT)?;
+    Ok(v)
+}
+
+/// Bytes of a string or bytes value; 0 for anything else.
+fn flat_len(v: &dyn Val) -> u64 {
+    if let Some(s) = v.downcast_ref::<CelString>() {
+        s.inner().len() as u64
+    } else if let Some(b) = v.downcast_ref::<CelBytes>() {
+        b.inner().len() as u64
+    } else {
+        0
+    }
+}
+
+/// Adds the units of `v` (one a value, one per 16 bytes of string) to `units`,
+/// stopping once they pass `cap`, so that measuring costs no more than charging.
+fn deep_size(v: &dyn Val, cap: u64, units: &mut u64) {
+    *units += 1 + flat_len(v) / BYTES_PER_UNIT;
+    if *units > cap {
+        return;
+    }
+    if let Some(list) = v.downcast_ref::<CelList>() {
+        for item in list.inner() {
+            deep_size(&**item, cap, units);
+            if *units > cap {
+                return;
+            }
+        }
+    } else if let Some(map) = v.downcast_ref::<CelMap>() {
+        for (k, item) in map.inner() {
+            if let CelMapKey::String(s) = k {
+                *units += s.inner().len() as u64 / BYTES_PER_UNIT;
+            }
+            deep_size(&**item, cap, units);
+            if *units > cap {
+                return;
+            }
+        }
+    }
+}
