@@ -64,6 +64,10 @@ pub struct Metrics {
     pub held: AtomicI64,
     pub sse_subscribers: AtomicI64,
     pub created: AtomicU64,
+    /// Responses on which a wait's conditions were evaluated, and those decided
+    /// as the identical response before them was.
+    pub conditions_evaluated: AtomicU64,
+    pub conditions_reused: AtomicU64,
     /// This replica's id in the store (owner of the waits it holds), once its
     /// worker pool runs.
     pub owner: std::sync::OnceLock<uuid::Uuid>,
@@ -136,6 +140,12 @@ impl Metrics {
             out,
             "# HELP waitd_waits_created_total Waits created through this replica.\n# TYPE waitd_waits_created_total counter\nwaitd_waits_created_total {}",
             self.created.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_condition_responses_total Responses to waits with conditions: evaluated, or decided as the identical response before them.\n# TYPE waitd_condition_responses_total counter\nwaitd_condition_responses_total{{decided=\"evaluated\"}} {}\nwaitd_condition_responses_total{{decided=\"as_before\"}} {}",
+            self.conditions_evaluated.load(Relaxed),
+            self.conditions_reused.load(Relaxed)
         );
         let _ = writeln!(
             out,

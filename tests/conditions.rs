@@ -121,6 +121,26 @@ fn unknown_variables_and_functions_are_named_with_a_suggestion() {
 }
 
 #[test]
+fn an_expression_that_can_never_be_a_bool_is_refused() {
+    for (expr, kind) in [
+        ("1 + 2", "a number"),
+        ("size(body.items)", "a number"),
+        ("'done'", "a string"),
+        ("body.items.map(i, i.ok)", "a list"),
+        ("{'a': 1}", "a map"),
+    ] {
+        let errs = refused(json!({"success_condition": expr}));
+        assert!(
+            errs[0].1.contains(kind) && errs[0].1.contains("never a bool"),
+            "{expr}: {errs:?}"
+        );
+    }
+    // Known only on a response: accepted, and an error there.
+    spec(json!({"success_condition": "body.ready"}));
+    spec(json!({"success_condition": "body.items.exists(i, i.ok)"}));
+}
+
+#[test]
 fn size_and_nesting_limits_are_400s_not_crashes() {
     let long = format!("status == 200 {}", "|| status == 201 ".repeat(200));
     let errs = refused(json!({"success_condition": long}));
@@ -169,8 +189,16 @@ fn a_spec_with_conditions_reads_back_as_a_request_meaning_the_same() {
     assert_eq!(text["success_condition"], "body.count >= 3");
     let again = Spec::from_request(&text, &limits()).unwrap();
     assert_eq!(again, s);
-    let stored: Spec = serde_json::from_value(text).unwrap();
+    let stored: Spec = serde_json::from_value(text.clone()).unwrap();
     assert_eq!(stored, s);
+    // Waits held with the same expression share its compiled form.
+    let again: Spec = serde_json::from_value(text).unwrap();
+    let (a, b) = (
+        stored.success_condition.unwrap(),
+        again.success_condition.unwrap(),
+    );
+    assert!(a.shares_tree_with(&b));
+    assert!(!a.shares_tree_with(&s.success_condition.unwrap()));
 }
 
 // ---- Evaluation: the variables, CEL's semantics as waitd feeds it ----
@@ -647,7 +675,7 @@ fn kubernetes_rollout_decides_as_kubectl_rollout_status() {
         ),
         (
             "nothing observed yet",
-            json!({"metadata": {"generation": 1}, "spec": {"replicas": 1}}),
+            json!({"metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": {}}),
             Rollout::Waiting,
         ),
     ];
@@ -1114,4 +1142,54 @@ fn the_readme_examples_are_valid_and_mean_what_they_say() {
         let got = ended(&step(s, &mut st, obs, cx()).decision).map(|e| e.0);
         assert_eq!(got, (n == 3).then_some(End::Succeeded), "answer {n}");
     }
+}
+
+/// A wait's prober keeps what its conditions decided on the last response; an
+/// identical response is decided the same, a changed one is evaluated afresh.
+#[tokio::test]
+async fn an_unchanged_response_is_decided_as_before_and_a_changed_one_afresh() {
+    use waitd::probe::{ProbeConfig, Prober};
+    let up = Upstream::start().await;
+    let url = up.script(
+        "/d",
+        vec![
+            Reply::json(200, json!({"ready": 1})),
+            Reply::json(200, json!({"ready": 1})),
+            Reply::json(200, json!({"ready": 2})),
+        ],
+    );
+    let mut request = json!({"success_condition": "body.ready >= 2"});
+    request["target"] = json!({"url": url});
+    let s = Spec::from_request(&request, &limits()).unwrap();
+    let prober = Prober::new(ProbeConfig {
+        guard: waitd::probe::Guard::new(&["127.0.0.1".to_string()]).unwrap(),
+        ..ProbeConfig::default()
+    })
+    .unwrap();
+    let target = url::Url::parse(&url).unwrap();
+    let mut memo = None;
+    let judged = |o: &Observation| match o {
+        Observation::Judged { success, .. } => *success,
+        other => panic!("{other:?}"),
+    };
+    let o = prober
+        .probe_memo(uuid::Uuid::nil(), &s, target.clone(), &mut memo)
+        .await;
+    assert_eq!(judged(&o), Some(false));
+    let first = memo.expect("a decision is kept");
+    let o = prober
+        .probe_memo(uuid::Uuid::nil(), &s, target.clone(), &mut memo)
+        .await;
+    assert_eq!(judged(&o), Some(false));
+    let second = memo.expect("kept");
+    assert!(second.reused(), "the same response is decided as before");
+    assert!(!first.reused());
+    let o = prober
+        .probe_memo(uuid::Uuid::nil(), &s, target, &mut memo)
+        .await;
+    assert_eq!(judged(&o), Some(true), "a changed body is evaluated again");
+    let third = memo.expect("kept");
+    assert!(!third.reused());
+    assert_ne!(third, first);
+    assert_eq!(up.hits("/d"), 3);
 }

@@ -38,7 +38,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use cel::common::ast::{ComprehensionExpr, EntryExpr, Expr, IdedExpr, operators};
 use cel::common::types::{
@@ -114,11 +114,43 @@ thread_local! {
     static SPENT: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A compiled condition: its source, and the metered expression evaluated.
+/// A compiled condition: its source, the metered expression evaluated, and what
+/// of a response it reads.
 #[derive(Clone)]
 pub struct Condition {
     source: String,
-    expr: Arc<IdedExpr>,
+    expr: Arc<Compiled>,
+}
+
+struct Compiled {
+    expr: IdedExpr,
+    reads: Reads,
+}
+
+/// What an expression reads of a response: the parts of `body` it names (so only
+/// those are converted for it), and whether it names `headers` and `state`.
+#[derive(Debug, Default)]
+struct Reads {
+    body: Fields,
+    headers: bool,
+    state: bool,
+}
+
+/// The fields read under one JSON node: `whole` when the node itself is used as a
+/// value (compared, iterated, sized, passed), else by name the fields selected on it.
+#[derive(Debug, Default)]
+struct Fields {
+    whole: bool,
+    named: BTreeMap<String, Fields>,
+}
+
+impl Fields {
+    fn add(&mut self, path: &[&str]) {
+        match path.split_first() {
+            None => self.whole = true,
+            Some((first, rest)) => self.named.entry(first.to_string()).or_default().add(rest),
+        }
+    }
 }
 
 impl PartialEq for Condition {
@@ -142,7 +174,7 @@ impl Serialize for Condition {
 impl<'de> Deserialize<'de> for Condition {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let source = String::deserialize(d)?;
-        Condition::compile(&source).map_err(serde::de::Error::custom)
+        Condition::compile_shared(&source).map_err(serde::de::Error::custom)
     }
 }
 
@@ -192,18 +224,64 @@ impl Condition {
         let mut expr = parsed.map_err(|errors| parse_message(source, &errors))?;
         let mut problems = Vec::new();
         check(&expr, &mut Vec::new(), &mut problems);
+        if let Some(kind) = not_a_bool(&expr) {
+            problems.push(format!(
+                "always evaluates to {kind}, never a bool; compare it, e.g. \"… == …\" or \"… > 0\""
+            ));
+        }
         if let Some(first) = problems.into_iter().next() {
             return Err(first);
         }
+        let mut reads = Reads::default();
+        collect_reads(&expr, &mut reads);
         meter(&mut expr);
         Ok(Condition {
             source: source.to_string(),
-            expr: Arc::new(expr),
+            expr: Arc::new(Compiled { expr, reads }),
         })
+    }
+
+    /// Whether the expression names `headers` (the prober then collects them).
+    pub fn reads_headers(&self) -> bool {
+        self.expr.reads.headers
+    }
+
+    /// Whether the expression names `state` (the prober then selects it).
+    pub fn reads_state(&self) -> bool {
+        self.expr.reads.state
+    }
+
+    /// [`Condition::compile`], sharing the compiled form with every other held
+    /// wait whose expression is the same text (thousands of waits from one preset
+    /// hold one tree).
+    pub fn compile_shared(source: &str) -> Result<Condition, String> {
+        static SHARED: LazyLock<Mutex<HashMap<String, Weak<Compiled>>>> =
+            LazyLock::new(Mutex::default);
+        let lock = || SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(expr) = lock().get(source).and_then(Weak::upgrade) {
+            return Ok(Condition {
+                source: source.to_string(),
+                expr,
+            });
+        }
+        let c = Condition::compile(source)?;
+        let mut shared = lock();
+        // Forget the texts no wait holds any more, so the map stays as large as
+        // the set of distinct expressions held.
+        if shared.len() >= 1024 && shared.len().is_power_of_two() {
+            shared.retain(|_, w| w.strong_count() > 0);
+        }
+        shared.insert(source.to_string(), Arc::downgrade(&c.expr));
+        Ok(c)
     }
 
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Whether `self` and `other` hold one compiled tree ([`Condition::compile_shared`]).
+    pub fn shares_tree_with(&self, other: &Condition) -> bool {
+        Arc::ptr_eq(&self.expr, &other.expr)
     }
 
     /// Evaluates the condition against `vars`, charging `budget`.
@@ -214,7 +292,7 @@ impl Condition {
         LEFT.with(|l| l.set(budget.left));
         SPENT.with(|s| s.set(false));
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            vars.context.resolve(&self.expr)
+            vars.context.resolve(&self.expr.expr)
         }));
         budget.left = LEFT.with(Cell::get);
         if SPENT.with(Cell::get) {
@@ -261,33 +339,167 @@ pub struct Vars<'v> {
 }
 
 impl<'v> Vars<'v> {
+    /// Every variable, whole.
     pub fn new(
         body: Option<&'v Value>,
         status: u16,
         headers: &'v BTreeMap<String, String>,
         state: Option<&'v Value>,
     ) -> Vars<'v> {
+        Vars::build(None, body, status, headers, state)
+    }
+
+    /// The variables as `conditions` read them: of the body only the fields they
+    /// name (a field selected on a node is all that is read of it, unless the node
+    /// is itself used), and `headers` and `state` only if they name them. What an
+    /// expression can observe is the same; what is converted per response is less.
+    pub fn for_conditions(
+        conditions: &[&Condition],
+        body: Option<&'v Value>,
+        status: u16,
+        headers: &'v BTreeMap<String, String>,
+        state: Option<&'v Value>,
+    ) -> Vars<'v> {
+        Vars::build(Some(conditions), body, status, headers, state)
+    }
+
+    fn build(
+        conditions: Option<&[&Condition]>,
+        body: Option<&'v Value>,
+        status: u16,
+        headers: &'v BTreeMap<String, String>,
+        state: Option<&'v Value>,
+    ) -> Vars<'v> {
+        let reads: Option<Vec<&Reads>> =
+            conditions.map(|cs| cs.iter().map(|c| &c.expr.reads).collect());
+        let any = |f: fn(&Reads) -> bool| reads.as_ref().is_none_or(|r| r.iter().any(|x| f(x)));
         let mut context = Context::with_env(Arc::clone(&ENV));
-        context.add_variable_as_val(
-            "body",
-            body.map_or_else(|| Box::new(CelNull) as Box<dyn Val>, json),
-        );
+        let body: Box<dyn Val + 'v> = match (body, &reads) {
+            (None, _) => Box::new(CelNull),
+            (Some(b), None) => json(b),
+            (Some(b), Some(r)) => {
+                let fields: Vec<&Fields> = r.iter().map(|x| &x.body).collect();
+                pruned(b, &fields)
+            }
+        };
+        context.add_variable_as_val("body", body);
         context.add_variable_as_val("status", Box::new(CelInt::from(i64::from(status))));
-        let headers: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    CelMapKey::from(k.as_str()),
-                    Box::new(CelString::from(v.as_str())) as Box<dyn Val>,
-                )
-            })
-            .collect();
+        let headers: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = if any(|r| r.headers) {
+            headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        CelMapKey::from(k.as_str()),
+                        Box::new(CelString::from(v.as_str())) as Box<dyn Val>,
+                    )
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         context.add_variable_as_val("headers", Box::new(CelMap::from(headers)));
-        context.add_variable_as_val(
-            "state",
-            state.map_or_else(|| Box::new(CelNull) as Box<dyn Val>, json),
-        );
+        let state = match state {
+            Some(v) if any(|r| r.state) => json(v),
+            _ => Box::new(CelNull),
+        };
+        context.add_variable_as_val("state", state);
         Vars { context }
+    }
+}
+
+/// `v` as CEL sees it, keeping of an object only the fields some of `fields` name
+/// (all of it where one uses the node whole, and any non-object as it is).
+fn pruned<'v>(v: &'v Value, fields: &[&Fields]) -> Box<dyn Val + 'v> {
+    let Value::Object(map) = v else {
+        return json(v);
+    };
+    if fields.iter().any(|f| f.whole) {
+        return json(v);
+    }
+    let mut out: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = HashMap::new();
+    let mut under: Vec<&Fields> = Vec::with_capacity(fields.len());
+    for f in fields {
+        for name in f.named.keys() {
+            if out.contains_key(&CelMapKey::from(name.as_str())) {
+                continue;
+            }
+            let Some((key, child)) = map.get_key_value(name.as_str()) else {
+                continue;
+            };
+            under.clear();
+            under.extend(fields.iter().filter_map(|g| g.named.get(name)));
+            out.insert(CelMapKey::from(key.as_str()), pruned(child, &under));
+        }
+    }
+    Box::new(CelMap::from(out))
+}
+
+/// The path of `e` when it is `body` followed by field selections (`.a`, `.?a`,
+/// `['a']`, `has(….a)`).
+fn body_path(e: &IdedExpr) -> Option<Vec<&str>> {
+    fn literal(x: &IdedExpr) -> Option<&str> {
+        match &x.expr {
+            Expr::Literal(cel::common::ast::LiteralValue::String(s)) => Some(s.inner()),
+            _ => None,
+        }
+    }
+    match &e.expr {
+        Expr::Ident(n) if n == "body" => Some(Vec::new()),
+        Expr::Select(sel) => {
+            let mut p = body_path(&sel.operand)?;
+            p.push(&sel.field);
+            Some(p)
+        }
+        Expr::Call(c)
+            if c.target.is_none()
+                && c.args.len() == 2
+                && (c.func_name == operators::OPT_SELECT || c.func_name == operators::INDEX) =>
+        {
+            let field = literal(&c.args[1])?;
+            let mut p = body_path(&c.args[0])?;
+            p.push(field);
+            Some(p)
+        }
+        _ => None,
+    }
+}
+
+/// Adds what `e` reads to `reads`. (A comprehension variable named like a
+/// variable only makes this read more.)
+fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
+    if let Some(path) = body_path(e) {
+        reads.body.add(&path);
+        return;
+    }
+    match &e.expr {
+        Expr::Ident(n) if n == "headers" => reads.headers = true,
+        Expr::Ident(n) if n == "state" => reads.state = true,
+        Expr::Call(c) => {
+            c.target.iter().for_each(|t| collect_reads(t, reads));
+            c.args.iter().for_each(|a| collect_reads(a, reads));
+        }
+        Expr::Comprehension(c) => {
+            for part in [
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ] {
+                collect_reads(part, reads);
+            }
+        }
+        Expr::List(l) => l.elements.iter().for_each(|x| collect_reads(x, reads)),
+        Expr::Map(m) => {
+            for entry in &m.entries {
+                if let EntryExpr::MapEntry(me) = &entry.expr {
+                    collect_reads(&me.key, reads);
+                    collect_reads(&me.value, reads);
+                }
+            }
+        }
+        Expr::Select(sel) => collect_reads(&sel.operand, reads),
+        _ => {}
     }
 }
 
@@ -340,6 +552,41 @@ fn parse_message(source: &str, errors: &cel::ParseErrors) -> String {
         column + 1,
         e.msg
     )
+}
+
+/// What the whole expression evaluates to when that is known without a response
+/// and is not a bool.
+fn not_a_bool(e: &IdedExpr) -> Option<&'static str> {
+    use cel::common::ast::LiteralValue as L;
+    match &e.expr {
+        Expr::Literal(L::Boolean(_)) => None,
+        Expr::Literal(L::Int(_) | L::UInt(_)) => Some("a number"),
+        Expr::Literal(L::Double(_)) => Some("a double"),
+        Expr::Literal(L::String(_)) => Some("a string"),
+        Expr::Literal(L::Bytes(_)) => Some("bytes"),
+        Expr::Literal(L::Null) => Some("null"),
+        Expr::List(_) => Some("a list"),
+        Expr::Map(_) => Some("a map"),
+        Expr::Call(c) => match c.func_name.as_str() {
+            operators::ADD
+            | operators::SUBSTRACT
+            | operators::MULTIPLY
+            | operators::DIVIDE
+            | operators::MODULO
+            | operators::NEGATE
+            | "size"
+            | "int"
+            | "uint"
+            | "double" => Some("a number"),
+            "string" => Some("a string"),
+            "bytes" => Some("bytes"),
+            "type" => Some("a type"),
+            _ => None,
+        },
+        // `map` and `filter` build a list.
+        Expr::Comprehension(c) if matches!(&c.accu_init.expr, Expr::List(_)) => Some("a list"),
+        _ => None,
+    }
 }
 
 /// Names that are neither a variable, a bound comprehension variable nor a known
@@ -434,7 +681,11 @@ fn meter(e: &mut IdedExpr) {
                 | operators::NEGATE
                 | "size"
                 | "type"
-                | "dyn" => None,
+                | "dyn"
+                | "hasValue"
+                | "value"
+                | "or"
+                | "orValue" => None,
                 operators::EQUALS | operators::NOT_EQUALS | operators::IN | operators::ADD => {
                     Some(DEEP)
                 }
@@ -512,8 +763,11 @@ fn meter_comprehension(c: &mut ComprehensionExpr) {
     meter(step);
 }
 
-/// `e` becomes `f(e)`.
+/// `e` becomes `f(e)`; a literal, bounded by the expression's length, stays as it is.
 fn wrap(e: &mut IdedExpr, f: &str) {
+    if matches!(e.expr, Expr::Literal(_)) {
+        return;
+    }
     let inner = std::mem::take(e);
     *e = IdedExpr {
         id: inner.id,

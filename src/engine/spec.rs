@@ -455,6 +455,14 @@ impl Spec {
         s
     }
 
+    /// The wait's conditions, failure first.
+    pub fn conditions(&self) -> Vec<&Condition> {
+        self.failure_condition
+            .iter()
+            .chain(self.success_condition.iter())
+            .collect()
+    }
+
     /// Whether `value` is in `set`, honouring `ignore_case`.
     pub fn set_contains(&self, set: &[String], value: &str) -> bool {
         if self.ignore_case {

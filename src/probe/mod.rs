@@ -251,6 +251,18 @@ impl Prober {
     /// [`Prober::probe`] with the target URL parsed already ([`target_url`]), for a
     /// wait polled many times.
     pub async fn probe_url(&self, wait: uuid::Uuid, spec: &Spec, url: url::Url) -> Observation {
+        self.probe_memo(wait, spec, url, &mut None).await
+    }
+
+    /// [`Prober::probe_url`] with what the wait's conditions decided on the last
+    /// response ([`Memo`]), updated.
+    pub async fn probe_memo(
+        &self,
+        wait: uuid::Uuid,
+        spec: &Spec,
+        url: url::Url,
+        memo: &mut Option<Memo>,
+    ) -> Observation {
         // Address literals never reach the resolver, so they are judged here; names
         // are judged by the resolver, on the addresses it returns.
         if let Err(refused) = self.inner.guard.check_url(&url) {
@@ -276,7 +288,7 @@ impl Prober {
         }
 
         let _slot = self.host_slot(&url).await;
-        self.get(wait, url, headers, spec).await
+        self.get(wait, url, headers, spec, memo).await
     }
 
     /// How many hosts the per-host limit tracks now: those with a probe in flight.
@@ -294,6 +306,7 @@ impl Prober {
         url: url::Url,
         headers: HeaderMap,
         spec: &Spec,
+        memo: &mut Option<Memo>,
     ) -> Observation {
         let sent = self
             .inner
@@ -348,21 +361,58 @@ impl Prober {
             return base;
         }
         // Conditions see every response's headers and body, whatever its status.
-        let headers = judged.then(|| header_map(response.headers()));
+        let conditions = spec.conditions();
+        let headers = judged.then(|| {
+            if conditions.iter().any(|c| c.reads_headers()) {
+                header_map(response.headers())
+            } else {
+                BTreeMap::new()
+            }
+        });
         let body = match self.read_body(wait, &url, &mut response).await {
             Ok(body) => body,
             Err(obs) => return obs,
         };
-        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        let status = status.as_u16();
+        let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
+        let hit = memo.filter(|m| Some(m.key) == key);
+        // A response the conditions already decided, and no state path to read:
+        // the body need not even be parsed.
+        let parsed: Option<Value> = if hit.is_some() && !needs_body {
+            None
+        } else {
+            serde_json::from_slice(&body).ok()
+        };
         let base = if needs_body {
             classify_body(&body, parsed.as_ref(), spec)
         } else {
             base
         };
-        match headers {
-            Some(headers) => judge(spec, status.as_u16(), &headers, parsed.as_ref(), base),
-            None => base,
+        let (Some(headers), Some(key)) = (headers, key) else {
+            return base;
+        };
+        if let Some(m) = hit {
+            *memo = Some(Memo { reused: true, ..m });
+            return Observation::Judged {
+                status,
+                failure: m.failure,
+                success: m.success,
+                base: Box::new(base),
+            };
         }
+        let obs = judge(spec, status, &headers, parsed.as_ref(), base);
+        *memo = match &obs {
+            Observation::Judged {
+                failure, success, ..
+            } => Some(Memo {
+                key,
+                failure: *failure,
+                success: *success,
+                reused: false,
+            }),
+            _ => None,
+        };
+        obs
     }
 
     /// The body, read up to [`ProbeConfig::max_body`]; past it, a permanent error.
@@ -540,6 +590,39 @@ fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
     out
 }
 
+/// What a wait's conditions decided on the last response they were evaluated on,
+/// under a 64-bit hash of what they can see of it (the status, the body's bytes,
+/// the headers they read). They are pure functions of it, so the next response
+/// with the same hash is decided without converting or evaluating anything: most
+/// polls of a wait see an unchanged resource. (The hash is not cryptographic; a
+/// target that wanted an earlier decision could as well send the earlier body, so
+/// only accidental collisions matter, one in 2^64.) Evaluations that fail are not
+/// kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Memo {
+    key: u64,
+    failure: bool,
+    success: Option<bool>,
+    /// The last response was decided by this memo, not evaluated.
+    reused: bool,
+}
+
+impl Memo {
+    /// Whether the last response was decided as the one before it.
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// The key a response is kept under: a hash of its status, its body's bytes
+    /// and the headers the conditions read.
+    pub fn key_of(status: u16, body: &[u8], headers: &BTreeMap<String, String>) -> u64 {
+        use std::hash::BuildHasher;
+        static SEED: std::sync::LazyLock<foldhash::fast::RandomState> =
+            std::sync::LazyLock::new(foldhash::fast::RandomState::default);
+        SEED.hash_one((status, body, headers))
+    }
+}
+
 /// Evaluates the wait's conditions on a response: [`Observation::Judged`], or why
 /// they could not be (an error is a missing state, retried; the budget is
 /// permanent, as for paths).
@@ -552,7 +635,10 @@ pub fn judge(
 ) -> Observation {
     // `state` is what the state path yields: one value, the list a JSONPath
     // selects, or the status for `@status`.
+    let conditions = spec.conditions();
+    let reads_state = conditions.iter().any(|c| c.reads_state());
     let state: Option<Value> = match (&spec.state, body) {
+        _ if !reads_state => None,
         (Some(ValuePath::HttpStatus), _) => Some(Value::from(status)),
         (Some(ValuePath::Query { .. }), Some(body)) => spec
             .state
@@ -565,7 +651,7 @@ pub fn judge(
             .and_then(|nodes| nodes.into_iter().next().cloned()),
         _ => None,
     };
-    let vars = condition::Vars::new(body, status, headers, state.as_ref());
+    let vars = condition::Vars::for_conditions(&conditions, body, status, headers, state.as_ref());
     let mut budget = condition::Budget::default();
     let mut run =
         |name: &str, c: &Option<condition::Condition>| -> Result<Option<bool>, Observation> {

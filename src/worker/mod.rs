@@ -103,6 +103,8 @@ struct Held {
     written_at: Instant,
     /// The store knows that a poll of this wait began since it was claimed.
     marked: bool,
+    /// What the wait's conditions decided on its last response.
+    memo: Option<crate::probe::Memo>,
     /// A poll of this wait completed and was written since it was claimed: until
     /// then the first poll is written even if it changed nothing, which clears the
     /// store's count of polls begun and not completed ([`MAX_CLAIMS`]).
@@ -147,6 +149,7 @@ enum Msg {
         id: Uuid,
         generation: u64,
         obs: Observation,
+        memo: Option<crate::probe::Memo>,
         at: DateTime<Utc>,
     },
     Recorded {
@@ -553,6 +556,7 @@ impl Loop {
         };
         let spec = h.spec.clone();
         let url = h.url.clone();
+        let mut memo = h.memo;
         let probes = self.probes.clone();
         let w = self.w.clone();
         let tx = self.tx.clone();
@@ -565,7 +569,7 @@ impl Loop {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;
                 match url {
-                    Ok(url) => w.prober.probe_url(id, &spec, url).await,
+                    Ok(url) => w.prober.probe_memo(id, &spec, url, &mut memo).await,
                     Err(error) => Observation::Permanent { error },
                 }
             };
@@ -583,6 +587,7 @@ impl Loop {
                 id,
                 generation: g,
                 obs,
+                memo,
                 at: clock.now(),
             });
         });
@@ -628,6 +633,7 @@ impl Loop {
             busy: false,
             dirty: false,
             marked: false,
+            memo: None,
             confirmed: false,
         };
         self.held.insert(c.id, held);
@@ -662,8 +668,21 @@ impl Loop {
                 id,
                 generation,
                 obs,
+                memo,
                 at,
-            } => self.observed(id, generation, obs, at),
+            } => {
+                if let Some(h) = self.held.get_mut(&id) {
+                    if h.spec.success_condition.is_some() || h.spec.failure_condition.is_some() {
+                        let counter = match memo {
+                            Some(m) if m.reused() => &self.w.metrics.conditions_reused,
+                            _ => &self.w.metrics.conditions_evaluated,
+                        };
+                        counter.fetch_add(1, Relaxed);
+                    }
+                    h.memo = memo;
+                }
+                self.observed(id, generation, obs, at)
+            }
             Msg::Marked { first, result } => self.marked(first, result),
             Msg::Recorded { batch } => {
                 self.writing -= 1;
