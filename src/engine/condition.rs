@@ -115,14 +115,14 @@ thread_local! {
 }
 
 /// A compiled condition: its source, the metered expression evaluated, and what
-/// of a response it reads.
+/// of a response it reads, shared by the waits that hold the same text.
 #[derive(Clone)]
 pub struct Condition {
-    source: String,
     expr: Arc<Compiled>,
 }
 
 struct Compiled {
+    source: String,
     expr: IdedExpr,
     reads: Reads,
 }
@@ -155,19 +155,19 @@ impl Fields {
 
 impl PartialEq for Condition {
     fn eq(&self, other: &Self) -> bool {
-        self.source == other.source
+        self.expr.source == other.expr.source
     }
 }
 
 impl fmt::Debug for Condition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Condition({:?})", self.source)
+        write!(f, "Condition({:?})", self.expr.source)
     }
 }
 
 impl Serialize for Condition {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.source)
+        s.serialize_str(&self.expr.source)
     }
 }
 
@@ -236,8 +236,11 @@ impl Condition {
         collect_reads(&expr, &mut reads);
         meter(&mut expr);
         Ok(Condition {
-            source: source.to_string(),
-            expr: Arc::new(Compiled { expr, reads }),
+            expr: Arc::new(Compiled {
+                source: source.to_string(),
+                expr,
+                reads,
+            }),
         })
     }
 
@@ -259,10 +262,7 @@ impl Condition {
             LazyLock::new(Mutex::default);
         let lock = || SHARED.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(expr) = lock().get(source).and_then(Weak::upgrade) {
-            return Ok(Condition {
-                source: source.to_string(),
-                expr,
-            });
+            return Ok(Condition { expr });
         }
         let c = Condition::compile(source)?;
         let mut shared = lock();
@@ -276,7 +276,7 @@ impl Condition {
     }
 
     pub fn source(&self) -> &str {
-        &self.source
+        &self.expr.source
     }
 
     /// Whether `self` and `other` hold one compiled tree ([`Condition::compile_shared`]).
