@@ -150,9 +150,11 @@ fn size_and_nesting_limits_are_400s_not_crashes() {
     let errs = refused(json!({"success_condition": deep}));
     assert_eq!(errs[0].0, "success_condition", "{errs:?}");
     let deep = format!("{}1{}", "[".repeat(500), "]".repeat(500));
-    assert_eq!(
-        refused(json!({"success_condition": deep}))[0].0,
-        "success_condition"
+    let errs = refused(json!({"success_condition": deep}));
+    assert_eq!(errs[0].0, "success_condition");
+    assert!(
+        errs[0].1.contains("nests deeper than 32 levels"),
+        "{errs:?}"
     );
     for bad in [json!(""), json!("   "), json!(7), json!(["status == 200"])] {
         let errs = refused(json!({"success_condition": bad}));

@@ -192,9 +192,8 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Error(e) => f.write_str(e),
-            Failure::Budget => write!(
-                f,
-                "evaluating it on this response ran past its budget of {BUDGET} units (a unit is one value, or 16 bytes of a string); nested macros over large lists cost the product of their sizes"
+            Failure::Budget => f.write_str(
+                "it ran past its budget, the 1,000,000 units one response's evaluation may spend (a unit is one value, or 16 bytes of a string); nested macros over large lists cost the product of their sizes",
             ),
         }
     }
@@ -547,6 +546,11 @@ fn parse_message(source: &str, errors: &cel::ParseErrors) -> String {
     };
     let (line, column) = e.pos;
     let shown: String = source.chars().take(120).collect();
+    if e.msg.contains("Recursion limit") {
+        return format!(
+            "nests deeper than {MAX_DEPTH} levels (parentheses, lists, maps, calls and operators) at line {line}; flatten it"
+        );
+    }
     format!(
         "is not a valid CEL expression: at line {line}, column {}: {} (in \"{shown}\")",
         column + 1,
