@@ -64,7 +64,7 @@ pub struct Metrics {
     pub held: AtomicI64,
     pub sse_subscribers: AtomicI64,
     pub created: AtomicU64,
-    /// Responses on which a wait's conditions were evaluated, and those decided
+    /// Responses a wait's conditions decided by evaluating them, and those decided
     /// as the identical response before them was.
     pub conditions_evaluated: AtomicU64,
     pub conditions_reused: AtomicU64,
@@ -143,7 +143,7 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP waitd_condition_responses_total Responses to waits with conditions: evaluated, or decided as the identical response before them.\n# TYPE waitd_condition_responses_total counter\nwaitd_condition_responses_total{{decided=\"evaluated\"}} {}\nwaitd_condition_responses_total{{decided=\"as_before\"}} {}",
+            "# HELP waitd_condition_responses_total Responses that waits' conditions decided: by evaluating them, or as the identical response before (a response that never reached them, or on which they failed, is not counted).\n# TYPE waitd_condition_responses_total counter\nwaitd_condition_responses_total{{decided=\"evaluated\"}} {}\nwaitd_condition_responses_total{{decided=\"as_before\"}} {}",
             self.conditions_evaluated.load(Relaxed),
             self.conditions_reused.load(Relaxed)
         );

@@ -863,6 +863,78 @@ fn hostile_body() -> impl Strategy<Value = Value> {
     })
 }
 
+/// JSON over a few keys, nested, as the bodies of the pruning test.
+fn nested_body() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(json!(null)),
+        any::<bool>().prop_map(Value::from),
+        (-3i64..4).prop_map(Value::from),
+        prop_oneof![Just("x"), Just("y")].prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 40, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(
+                prop_oneof![Just("a"), Just("b"), Just("c"), Just("l")].prop_map(String::from),
+                inner,
+                0..4
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Expressions that read a body by paths, whole, by optional and `has` forms, by
+/// index, and inside macros.
+fn reading_expr() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        Just("body"),
+        Just("body.a"),
+        Just("body.a.b"),
+        Just("body.l"),
+        Just("body['a']"),
+        Just("body.?a.?b.orValue(0)"),
+        Just("has(body.a.c)"),
+        Just("size(body.a)"),
+        Just("x"),
+        Just("x.b"),
+        Just("1"),
+        Just("'x'"),
+    ]
+    .prop_map(String::from);
+    leaf.prop_recursive(3, 24, 2, |inner| {
+        prop_oneof![
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a} == {b})")),
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a} || {b})")),
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a} && {b})")),
+            inner.clone().prop_map(|a| format!("body.l.exists(x, {a})")),
+            inner.clone().prop_map(|a| format!("body.a.all(x, {a})")),
+            inner.prop_map(|a| format!("body.l.map(x, {a}).size() > 0")),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Converting only what the conditions read decides as converting the whole
+    /// body would: the same bool, or an error on both.
+    #[test]
+    fn converting_only_what_is_read_decides_as_the_whole_body(e in reading_expr(), body in nested_body()) {
+        let Ok(c) = Condition::compile(&e) else { return Ok(()) };
+        let headers = BTreeMap::new();
+        let whole = Vars::new(Some(&body), 200, &headers, None);
+        let read = Vars::for_conditions(&[&c], Some(&body), 200, &headers, None);
+        let a = c.evaluate(&whole, &mut condition::Budget::default());
+        let b = c.evaluate(&read, &mut condition::Budget::default());
+        match (&a, &b) {
+            (Ok(x), Ok(y)) => prop_assert_eq!(x, y, "{} on {}", e, body),
+            (Err(Failure::Error(_)), Err(Failure::Error(_))) => {}
+            _ => prop_assert!(false, "{} on {}: whole {:?}, read {:?}", e, body, a, b),
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
 
@@ -955,6 +1027,12 @@ async fn a_wait_with_a_success_condition_runs_to_its_end() {
             "success_condition true (HTTP 200)"
         ],
         "{events}"
+    );
+    // Two different bodies: both evaluated.
+    let metrics = app.get("/metrics").send().await.text;
+    assert!(
+        metrics.contains("waitd_condition_responses_total{decided=\"evaluated\"} 2"),
+        "{metrics}"
     );
     app.stop().await;
 }

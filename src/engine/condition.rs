@@ -473,9 +473,16 @@ fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
     match &e.expr {
         Expr::Ident(n) if n == "headers" => reads.headers = true,
         Expr::Ident(n) if n == "state" => reads.state = true,
+        _ => children(e, |c| collect_reads(c, reads)),
+    }
+}
+
+/// Calls `f` on each direct sub-expression of `e`, in evaluation order.
+fn children<'e>(e: &'e IdedExpr, mut f: impl FnMut(&'e IdedExpr)) {
+    match &e.expr {
         Expr::Call(c) => {
-            c.target.iter().for_each(|t| collect_reads(t, reads));
-            c.args.iter().for_each(|a| collect_reads(a, reads));
+            c.target.iter().for_each(|t| f(t));
+            c.args.iter().for_each(f);
         }
         Expr::Comprehension(c) => {
             for part in [
@@ -485,20 +492,20 @@ fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
                 &c.loop_step,
                 &c.result,
             ] {
-                collect_reads(part, reads);
+                f(part);
             }
         }
-        Expr::List(l) => l.elements.iter().for_each(|x| collect_reads(x, reads)),
+        Expr::List(l) => l.elements.iter().for_each(f),
         Expr::Map(m) => {
             for entry in &m.entries {
                 if let EntryExpr::MapEntry(me) = &entry.expr {
-                    collect_reads(&me.key, reads);
-                    collect_reads(&me.value, reads);
+                    f(&me.key);
+                    f(&me.value);
                 }
             }
         }
-        Expr::Select(sel) => collect_reads(&sel.operand, reads),
-        _ => {}
+        Expr::Select(sel) => f(&sel.operand),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Struct(_) | Expr::Unspecified => {}
     }
 }
 
@@ -599,13 +606,9 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
     match &e.expr {
         Expr::Ident(name) => {
             if !VARIABLES.contains(&name.as_str()) && !bound.iter().any(|b| b == name) {
-                let hint = VARIABLES
-                    .iter()
-                    .find(|v| super::spec::close(v, name))
-                    .map(|v| format!(" (did you mean {v}?)"))
-                    .unwrap_or_default();
                 problems.push(format!(
-                    "names {name}, which is not a variable{hint}; the variables are body, status, headers and state"
+                    "names {name}, which is not a variable{}; the variables are body, status, headers and state",
+                    hint(&VARIABLES, name)
                 ));
             }
         }
@@ -616,23 +619,15 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
                 || name == operators::LOGICAL_NOT
                 || name == operators::NEGATE;
             if !builtin && !FUNCTIONS.contains(&name) {
-                let hint = FUNCTIONS
-                    .iter()
-                    .find(|f| super::spec::close(f, name))
-                    .map(|f| format!(" (did you mean {f}?)"))
-                    .unwrap_or_default();
                 problems.push(format!(
-                    "calls {name}(), which is not a function waitd provides{hint}; see README \"Conditions\" for the list"
+                    "calls {name}(), which is not a function waitd provides{}; see README \"Conditions\" for the list",
+                    hint(FUNCTIONS, name)
                 ));
             }
-            if let Some(t) = &call.target {
-                check(t, bound, problems);
-            }
-            for a in &call.args {
-                check(a, bound, problems);
-            }
+            children(e, |c| check(c, bound, problems));
         }
         Expr::Comprehension(c) => {
+            // The range and the start are outside the comprehension's scope.
             check(&c.iter_range, bound, problems);
             check(&c.accu_init, bound, problems);
             let before = bound.len();
@@ -644,21 +639,20 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
             }
             bound.truncate(before);
         }
-        Expr::List(l) => l.elements.iter().for_each(|x| check(x, bound, problems)),
-        Expr::Map(m) => {
-            for entry in &m.entries {
-                if let EntryExpr::MapEntry(me) = &entry.expr {
-                    check(&me.key, bound, problems);
-                    check(&me.value, bound, problems);
-                }
-            }
-        }
-        Expr::Select(s) => check(&s.operand, bound, problems),
         Expr::Struct(_) => problems.push(
             "builds a message (struct) literal, which waitd's conditions have no types for".into(),
         ),
-        Expr::Literal(_) | Expr::Unspecified => {}
+        _ => children(e, |c| check(c, bound, problems)),
     }
+}
+
+/// " (did you mean x?)" when one of `known` is a likely typo of `name`.
+fn hint(known: &[&str], name: &str) -> String {
+    known
+        .iter()
+        .find(|k| super::spec::close(k, name))
+        .map(|k| format!(" (did you mean {k}?)"))
+        .unwrap_or_default()
 }
 
 /// Rewrites `e` so that evaluating it charges the budget (see the module's text).

@@ -672,10 +672,13 @@ impl Loop {
                 at,
             } => {
                 if let Some(h) = self.held.get_mut(&id) {
-                    if h.spec.success_condition.is_some() || h.spec.failure_condition.is_some() {
-                        let counter = match memo {
-                            Some(m) if m.reused() => &self.w.metrics.conditions_reused,
-                            _ => &self.w.metrics.conditions_evaluated,
+                    // A memo is there when the conditions decided the response
+                    // (not when it never reached them, or they failed on it).
+                    if let Some(m) = memo {
+                        let counter = if m.reused() {
+                            &self.w.metrics.conditions_reused
+                        } else {
+                            &self.w.metrics.conditions_evaluated
                         };
                         counter.fetch_add(1, Relaxed);
                     }
