@@ -68,7 +68,7 @@ pub struct ServerArg {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create a wait and print it; with --wait, follow it to its end.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Print a wait.
     Get(OneArgs),
     /// List waits, newest first.
@@ -106,6 +106,14 @@ pub struct CreateArgs {
     /// A label, KEY=VALUE; repeat for several.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     pub labels: Vec<String>,
+    /// A webhook to POST to when the wait ends (signed, Standard Webhooks); repeat
+    /// for several. Needs --notify-secret-file.
+    #[arg(long = "notify", value_name = "URL", requires = "notify_secret_file")]
+    pub notify: Vec<String>,
+    /// A file holding the webhooks' signing secret (whsec_…, one line), so that it
+    /// never shows in a process list or a shell history.
+    #[arg(long, value_name = "FILE", requires = "notify")]
+    pub notify_secret_file: Option<PathBuf>,
     /// The wait's timeout (its deadline is now plus this), e.g. 30m.
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
@@ -271,7 +279,7 @@ async fn interrupted() -> u8 {
 
 async fn execute(api: &Api, cmd: Command, current: Arc<Mutex<Option<String>>>) -> Outcome {
     match cmd {
-        Command::Create(a) => create(api, a, current).await,
+        Command::Create(a) => create(api, *a, current).await,
         Command::Get(a) => {
             let w = api.get_wait(&a.id).await?;
             print_wait(&w, a.json);
@@ -380,6 +388,32 @@ fn build_request(a: &CreateArgs) -> Result<Value, Problem> {
             labels.insert(k.into(), json!(v));
         }
         req.insert("labels".into(), Value::Object(labels));
+    }
+    if let Some(path) = &a.notify_secret_file {
+        let secret = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "cannot read the --notify-secret-file {}: {e}",
+                path.display()
+            )
+        })?;
+        let secret = secret.trim();
+        if crate::engine::spec::secret_key(secret).is_none() {
+            // Never print the secret itself.
+            return Err(format!(
+                "{} does not hold a webhook secret: write whsec_ followed by base64, e.g. `echo whsec_$(openssl rand -base64 32) > {}`",
+                path.display(),
+                path.display()
+            )
+            .into());
+        }
+        let mut notify = match req.remove("notify") {
+            Some(Value::Array(v)) => v,
+            _ => Vec::new(),
+        };
+        for url in &a.notify {
+            notify.push(json!({"url": url, "secret": secret}));
+        }
+        req.insert("notify".into(), Value::Array(notify));
     }
     if let Some(t) = &a.timeout {
         crate::engine::duration::parse(t).map_err(|e| format!("--timeout {e}"))?;

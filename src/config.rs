@@ -159,7 +159,20 @@ pub struct Config {
     #[arg(long, env = "WAITD_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
 
-    /// Do not run the worker pool (serve the API only).
+    /// The bound on one webhook delivery attempt (at most half the lease TTL).
+    #[arg(long, env = "WAITD_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
+
+    /// The unit of the webhook retry schedule: retries come 1, 6, 24, 120, 360, 720,
+    /// 1440, 2880, 4320 and 5760 times this after the attempt before (±10%).
+    #[arg(long, env = "WAITD_WEBHOOK_RETRY_BASE", default_value = "5s", value_parser = parse_duration)]
+    pub webhook_retry_base: Duration,
+
+    /// Most webhook delivery attempts in flight at once on this replica.
+    #[arg(long, env = "WAITD_WEBHOOK_CONCURRENCY", default_value_t = 64)]
+    pub webhook_concurrency: usize,
+
+    /// Do not run the worker pool or deliver webhooks (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]
     pub no_worker: bool,
 

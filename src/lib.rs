@@ -14,6 +14,7 @@ pub mod engine;
 pub mod events;
 pub mod metrics;
 pub mod model;
+pub mod notify;
 pub mod presets;
 pub mod probe;
 pub mod server;
@@ -165,9 +166,30 @@ impl App {
         let metrics = Arc::new(metrics::Metrics::default());
         // The sequencer and the LISTEN adapter (Postgres), and the feed.
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
+        let deliveries_wake = Arc::new(tokio::sync::Notify::new());
         let worker = (!config.no_worker).then(|| {
             let w = worker_for(&config, &store, prober, &bus, &metrics);
-            tokio::spawn(w.run(stopped(stop_rx.clone())))
+            let d = notify::Deliverer {
+                store: store.clone(),
+                bus: bus.clone(),
+                metrics: metrics.clone(),
+                owner: w.owner,
+                cfg: notify::NotifyConfig {
+                    timeout: config.webhook_timeout.min(config.lease_ttl / 2),
+                    retry_base: config.webhook_retry_base,
+                    lease_ttl: config.lease_ttl,
+                    concurrency: config.webhook_concurrency.max(1),
+                    guard: guard.clone(),
+                    resolve_overrides: parse_resolve(&config.resolve).unwrap_or_default(),
+                },
+                wake: deliveries_wake.clone(),
+            };
+            let worker = tokio::spawn(w.run(stopped(stop_rx.clone())));
+            let deliverer = tokio::spawn(d.run(stopped(stop_rx.clone())));
+            tokio::spawn(async move {
+                let _ = worker.await;
+                let _ = deliverer.await;
+            })
         });
         let fd_limit = server::raise_fd_limit();
         let max_connections = server::connection_cap(config.max_connections, fd_limit);
@@ -190,6 +212,7 @@ impl App {
             ),
             body_timeout: config.body_timeout,
             cors_origins: Arc::new(cors_origins),
+            deliveries_wake,
             replays: Arc::new(tokio::sync::Semaphore::new(
                 (config.db_connections as usize / 4).max(1),
             )),

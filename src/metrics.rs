@@ -68,12 +68,29 @@ pub struct Metrics {
     /// as the identical response before them was.
     pub conditions_evaluated: AtomicU64,
     pub conditions_reused: AtomicU64,
+    /// Webhook attempts by outcome ([`WEBHOOK_OUTCOMES`]).
+    pub webhooks: [AtomicU64; 4],
+    /// Age of the oldest pending webhook delivery in the store, in milliseconds
+    /// (read about once a second by the deliverer).
+    pub webhook_oldest_pending_ms: AtomicI64,
+    /// From an event to its webhook's 2xx.
+    pub webhook_latency: Histogram,
     /// This replica's id in the store (owner of the waits it holds), once its
     /// worker pool runs.
     pub owner: std::sync::OnceLock<uuid::Uuid>,
 }
 
+/// What a webhook attempt came to: delivered (2xx), retry (to be tried again),
+/// failed (the schedule is spent, or the SSRF guard refused), stopped (410 Gone).
+pub const WEBHOOK_OUTCOMES: [&str; 4] = ["delivered", "retry", "failed", "stopped"];
+
 impl Metrics {
+    pub fn webhook(&self, outcome: &str) {
+        if let Some(i) = WEBHOOK_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.webhooks[i].fetch_add(1, Relaxed);
+        }
+    }
+
     pub fn poll(&self, obs: &Observation) {
         if let Some(i) = Observation::KINDS.iter().position(|o| *o == obs.kind()) {
             self.polls[i].fetch_add(1, Relaxed);
@@ -156,6 +173,27 @@ impl Metrics {
             out,
             "# HELP waitd_sse_subscribers Open event streams.\n# TYPE waitd_sse_subscribers gauge\nwaitd_sse_subscribers {}",
             self.sse_subscribers.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_webhook_attempts_total Webhook delivery attempts this replica made, by outcome.\n# TYPE waitd_webhook_attempts_total counter"
+        );
+        for (i, o) in WEBHOOK_OUTCOMES.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "waitd_webhook_attempts_total{{outcome=\"{o}\"}} {}",
+                self.webhooks[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP waitd_webhook_oldest_pending_seconds Age of the oldest webhook delivery still pending in the store (0 when none is).\n# TYPE waitd_webhook_oldest_pending_seconds gauge\nwaitd_webhook_oldest_pending_seconds {}",
+            self.webhook_oldest_pending_ms.load(Relaxed) as f64 / 1e3
+        );
+        self.webhook_latency.render(
+            &mut out,
+            "waitd_webhook_delivery_seconds",
+            "From an event to its webhook's 2xx.",
         );
         self.probe_latency.render(
             &mut out,

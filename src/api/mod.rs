@@ -9,6 +9,7 @@
 //! imports no handler.
 
 pub mod auth;
+mod deliveries;
 pub mod error;
 mod events;
 pub mod extract;
@@ -75,6 +76,8 @@ pub struct AppState {
     /// Permits to read history for a stream: at most this many such reads at once,
     /// so replays cannot take every pooled connection.
     pub replays: Arc<tokio::sync::Semaphore>,
+    /// Wakes this replica's webhook deliverer (a redelivery was queued).
+    pub deliveries_wake: Arc<tokio::sync::Notify>,
 }
 
 /// The API's routes, each registered once with its OpenAPI operation (one
@@ -87,6 +90,8 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(waits::cancel_wait))
         .routes(routes!(events::list_wait_events))
         .routes(routes!(events::list_events))
+        .routes(routes!(deliveries::list_deliveries))
+        .routes(routes!(deliveries::retry_delivery))
         .routes(routes!(presets::list_presets))
         .routes(routes!(presets::get_preset))
 }

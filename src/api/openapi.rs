@@ -30,6 +30,7 @@ use crate::model::{EventBody, Status};
         (name = "waits", description = "Create, read, list, block on and cancel waits"),
         (name = "events", description = "A wait's history, and live streams"),
         (name = "presets", description = "Named waiter definitions a create request can start from"),
+        (name = "webhooks", description = "A wait's webhook deliveries (its `notify` entries), and redelivery"),
         (name = "operations", description = "Liveness, readiness, metrics and this document; no token needed"),
     )
 )]

@@ -204,7 +204,7 @@ fn blocked_response(wait: &Wait, why: Held, created: bool) -> Response {
         (status = 412, description = "Held and timed out", body = Wait),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Held and failed (the wait), or an unknown preset, bad preset params, or a target the SSRF guard refuses (a problem)",
+        (status = 422, description = "Held and failed (the wait), or an unknown preset, bad preset params, or a target or webhook URL the SSRF guard refuses (a problem)",
          content((Wait = "application/json"), (Problem = "application/problem+json"))),
         (status = 424, description = "Held and ended in error", body = Wait),
         (status = 503, description = "The store is unreachable, or a held request was cut by the server stopping or outlived the wait's deadline: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
@@ -227,6 +227,21 @@ pub async fn create_wait(
     s.guard
         .check_url(&url)
         .map_err(|refused| ApiError::unprocessable(refused.to_string()))?;
+    for (i, n) in spec.notify.iter().enumerate() {
+        let url = url::Url::parse(&n.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        s.guard.check_url(&url).map_err(|refused| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Webhook refused",
+                format!(
+                    "notify[{i}].url: {}",
+                    refused
+                        .to_string()
+                        .replacen("the target host", "the webhook host", 1)
+                ),
+            )
+        })?;
+    }
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex::encode(Sha256::digest(body.to_string().as_bytes()))

@@ -155,3 +155,34 @@ schema_type!(
         .pattern(Some(URL_PATTERN))
         .examples(["https://api.example.com/servers/1"])
 );
+
+/// What `notify[].secret` looks like: a Standard Webhooks secret, or `<redacted>` as
+/// every read shows it.
+pub const WEBHOOK_SECRET_PATTERN: &str = "^(whsec_[A-Za-z0-9+/]{32,88}={0,2}|<redacted>)$";
+
+schema_type!(
+    /// `notify[].secret`: `whsec_` and base64; write-only.
+    WebhookSecret,
+    "WebhookSecret",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(WEBHOOK_SECRET_PATTERN))
+        .description(Some(
+            "A Standard Webhooks secret: `whsec_` and the base64 of 24 to 64 random bytes. Write-only: reads show `<redacted>`"
+        ))
+        .examples(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])
+);
+
+schema_type!(
+    /// One entry of `notify[].events`.
+    NotifyEvent,
+    "NotifyEvent",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(
+            super::spec::NOTIFY_EVENTS.iter().map(|(n, _)| *n)
+        ))
+        .description(Some(
+            "`ended` (any terminal event) or an event kind"
+        ))
+);

@@ -179,15 +179,35 @@ pub fn target_url(spec: &Spec) -> Result<url::Url, String> {
         .map_err(|e| format!("the target URL is not a valid absolute URL ({e})"))
 }
 
+/// An HTTP client builder for waitd's outbound requests (probes, webhooks): names
+/// resolved only through `resolver` (the SSRF guard), no redirects, no proxy, a
+/// bound on each request, and `User-Agent: waitd/<version>`.
+pub fn guarded_client(resolver: GuardedResolver, timeout: Duration) -> reqwest::ClientBuilder {
+    // Another part of the process may have installed a provider first; either way
+    // one is installed afterwards, which is all reqwest needs.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .user_agent(USER_AGENT)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(timeout)
+        .dns_resolver(resolver)
+}
+
+/// Whether a request failed because the SSRF guard refused every address of its
+/// host (permanent, not worth retrying): the refusal's sentence.
+pub fn guard_refusal(e: &reqwest::Error) -> Option<String> {
+    find_source::<ResolveError>(e)
+        .filter(|r| matches!(r, ResolveError::Forbidden { .. }))
+        .map(|r| r.to_string())
+}
+
 impl Prober {
     /// Builds the shared client: rustls with the ring provider (installed as the
     /// process default if none is), the guarded resolver, no redirects, no proxy, the
     /// per-request timeout, `User-Agent: waitd/<version>` and `Accept:
     /// application/json` (a target header of the same name replaces it).
     pub fn new(config: ProbeConfig) -> Result<Prober, crate::config::SettingError> {
-        // Another part of the process may have installed a provider first; either
-        // way one is installed afterwards, which is all reqwest needs.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let guard = Arc::new(config.guard);
         let resolver = GuardedResolver::new(guard.clone(), &config.resolve_overrides);
         let mut defaults = HeaderMap::new();
@@ -201,13 +221,8 @@ impl Prober {
             })?;
             defaults.insert(HeaderName::from_static(IDENTITY_HEADER), value);
         }
-        let client = reqwest::Client::builder()
-            .user_agent(USER_AGENT)
+        let client = guarded_client(resolver, config.timeout)
             .default_headers(defaults)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .timeout(config.timeout)
-            .dns_resolver(resolver)
             .build()
             .map_err(|e| {
                 crate::config::SettingError(format!(
@@ -449,10 +464,8 @@ impl Prober {
     /// (DNS, connection, TLS, timeout, a broken body) transient.
     fn request_error(&self, wait: uuid::Uuid, url: &url::Url, e: reqwest::Error) -> Observation {
         let e = e.without_url();
-        if let Some(refused) = find_source::<ResolveError>(&e)
-            && matches!(refused, ResolveError::Forbidden { .. })
-        {
-            return refusal(wait, url, refused.to_string());
+        if let Some(refused) = guard_refusal(&e) {
+            return refusal(wait, url, refused);
         }
         let error = if e.is_timeout() {
             format!(

@@ -295,6 +295,8 @@ pub(crate) struct NewWait {
     pub engine_json: Value,
     /// The `created` event: kind and fields.
     pub created: (&'static str, Value),
+    /// Its webhooks, secrets sealed.
+    pub notify: Vec<deliveries::NotifyRow>,
 }
 
 /// What one progress entry writes, computed once for every backend.
@@ -399,6 +401,7 @@ impl NewWait {
             labels: to_json(&spec.labels, "labels")?,
             engine_json: to_json(&engine, "engine state")?,
             created: created.to_parts(),
+            notify: deliveries::NotifyRow::of(&spec.notify, cipher)?,
             engine,
         })
     }
@@ -596,6 +599,9 @@ macro_rules! sql {
         }
     };
 }
+
+mod deliveries;
+pub use deliveries::{Due, KEPT_ATTEMPTS, Outcome, Redeliver};
 
 /// The store. Cloning is shallow.
 #[derive(Clone, Debug)]

@@ -17,12 +17,14 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use super::deliveries::Outcome;
+use super::deliveries::{DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, due_columns};
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, LIMIT_MARGIN, ListFilter,
     NewWait, ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
 };
 use crate::bus::notice::{self, Notice};
-use crate::model::{Event, EventBody};
+use crate::model::{DeliveryStatus, Event, EventBody};
 
 /// The channel notices of new events go out on.
 pub const EVENTS_CHANNEL: &str = "waitd_events";
@@ -840,13 +842,25 @@ fn insert_wait<'q>(
     now: DateTime<Utc>,
     nw: &'q NewWait,
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(
-        "WITH w AS (
+    // With webhooks, their rows go in the same statement: the outbox trigger, which
+    // fires at its end, finds them for the `created` event.
+    const PLAIN: &str = "WITH w AS (
              INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
-         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)",
-    )
+         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)";
+    const WITH_NOTIFY: &str = "WITH w AS (
+             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
+         s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9)),
+         n AS (INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret)
+               SELECT $1, e, u, k, x::jsonb FROM unnest($12::int[], $13::text[], $14::int[], $15::text[]) AS t(e, u, k, x))
+         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)";
+    let q = sqlx::query(if nw.notify.is_empty() {
+        PLAIN
+    } else {
+        WITH_NOTIFY
+    })
     .bind(nw.id)
     .bind(tenant)
     .bind(now)
@@ -857,5 +871,171 @@ fn insert_wait<'q>(
     .bind(&nw.spec)
     .bind(&nw.headers)
     .bind(nw.created.0)
-    .bind(&nw.created.1)
+    .bind(&nw.created.1);
+    if nw.notify.is_empty() {
+        return q;
+    }
+    q.bind(nw.notify.iter().map(|n| n.endpoint).collect::<Vec<i32>>())
+        .bind(
+            nw.notify
+                .iter()
+                .map(|n| n.url.clone())
+                .collect::<Vec<String>>(),
+        )
+        .bind(nw.notify.iter().map(|n| n.kinds).collect::<Vec<i32>>())
+        .bind(
+            nw.notify
+                .iter()
+                .map(|n| n.secret.to_string())
+                .collect::<Vec<String>>(),
+        )
+}
+
+/// Webhook deliveries (see [`super::deliveries`]).
+impl PgDialect {
+    pub(super) async fn claim_deliveries(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        ttl: Duration,
+        limit: i64,
+    ) -> Result<Vec<DueRow>, StoreError> {
+        let sql = format!(
+            "WITH c AS (
+                 UPDATE deliveries d SET owner = $1, lease_until = $2 + $3 * interval '1 millisecond',
+                        epoch = d.epoch + 1
+                 FROM (SELECT x.id FROM deliveries x
+                       WHERE x.status = 'pending' AND x.next_attempt_at <= $2
+                         AND (x.owner IS NULL OR x.lease_until < $2)
+                         AND NOT EXISTS (SELECT 1 FROM deliveries p
+                                         WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
+                                           AND p.seq < x.seq AND p.status = 'pending')
+                       ORDER BY x.next_attempt_at LIMIT $4
+                       FOR UPDATE SKIP LOCKED) t
+                 WHERE d.id = t.id
+                 RETURNING d.*)
+             SELECT {} FROM c d {DUE_JOINS}",
+            due_columns()
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(owner)
+            .bind(now)
+            .bind(ttl.as_millis() as f64)
+            .bind(limit)
+            .fetch_all(&self.lease_pool)
+            .await?)
+    }
+
+    pub(super) async fn finish_delivery(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        o: &Outcome,
+        attempts: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let done = o.status != DeliveryStatus::Pending;
+        let n = sqlx::query(
+            "UPDATE deliveries SET status = $4, next_attempt_at = $5, finished_at = $6, tries = $7,
+                    attempts_total = attempts_total + 1, attempts = $8::jsonb,
+                    owner = NULL, lease_until = NULL
+             WHERE id = $1 AND owner = $2 AND epoch = $3",
+        )
+        .bind(o.id)
+        .bind(owner)
+        .bind(o.epoch)
+        .bind(o.status.as_str())
+        .bind(o.next_attempt_at)
+        .bind(done.then_some(now))
+        .bind(o.tries)
+        .bind(attempts)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n == 1 && o.status == DeliveryStatus::Stopped {
+            sqlx::query(
+                "UPDATE wait_notify SET stopped_at = $3 WHERE wait_id = $1 AND endpoint = $2",
+            )
+            .bind(o.wait_id)
+            .bind(o.endpoint)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE deliveries SET status = 'stopped', next_attempt_at = NULL, finished_at = $3
+                 WHERE wait_id = $1 AND endpoint = $2 AND status = 'pending'",
+            )
+            .bind(o.wait_id)
+            .bind(o.endpoint)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(n == 1)
+    }
+
+    pub(super) async fn deliveries(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d
+             JOIN wait_notify n ON n.wait_id = d.wait_id AND n.endpoint = d.endpoint
+             WHERE d.wait_id = $1 AND d.tenant = $2 AND d.id > $3 ORDER BY d.id LIMIT $4"
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(wait_id)
+            .bind(tenant)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub(super) async fn redeliver(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        id: i64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let endpoint: Option<(i32,)> = sqlx::query_as(
+            "UPDATE deliveries SET status = 'pending', next_attempt_at = $4, finished_at = NULL,
+                    tries = 0, owner = NULL, lease_until = NULL
+             WHERE id = $1 AND wait_id = $2 AND tenant = $3 AND status <> 'pending'
+             RETURNING endpoint",
+        )
+        .bind(id)
+        .bind(wait_id)
+        .bind(tenant)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((endpoint,)) = endpoint {
+            sqlx::query(
+                "UPDATE wait_notify SET stopped_at = NULL WHERE wait_id = $1 AND endpoint = $2",
+            )
+            .bind(wait_id)
+            .bind(endpoint)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(endpoint.is_some())
+    }
+
+    pub(super) async fn oldest_pending_delivery(
+        &self,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let (t,): (Option<DateTime<Utc>>,) =
+            sqlx::query_as("SELECT min(created_at) FROM deliveries WHERE status = 'pending'")
+                .fetch_one(&self.lease_pool)
+                .await?;
+        Ok(t)
+    }
 }

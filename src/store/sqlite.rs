@@ -20,12 +20,13 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Connection, Sqlite, Transaction};
 use uuid::Uuid;
 
+use super::deliveries::{DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, Outcome, due_columns};
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, ListFilter, NewWait,
     ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
 };
 use crate::bus::{Bus, BusMsg, Notice};
-use crate::model::{Event, EventBody};
+use crate::model::{DeliveryStatus, Event, EventBody};
 
 /// A handle on the embedded database. Cloning is shallow.
 #[derive(Clone, Debug)]
@@ -255,6 +256,19 @@ impl SqliteDialect {
                 tx.rollback().await?;
                 return Ok(Inserted::KeyTaken);
             }
+        }
+        // Before the `created` event, so that the outbox trigger finds them.
+        for n in &nw.notify {
+            sqlx::query(
+                "INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret) VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(nw.id)
+            .bind(n.endpoint)
+            .bind(&n.url)
+            .bind(n.kinds)
+            .bind(n.secret.to_string())
+            .execute(&mut *tx)
+            .await?;
         }
         let notice = append_events(
             &mut tx,
@@ -662,4 +676,161 @@ async fn append_events(
         }
     }
     Ok((!appended.is_empty()).then(|| Notice::announcing(wait_id, appended)))
+}
+
+/// Webhook deliveries (see [`super::deliveries`]).
+impl SqliteDialect {
+    pub(super) async fn claim_deliveries(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        ttl: Duration,
+        limit: i64,
+    ) -> Result<Vec<DueRow>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<(i64,)> = sqlx::query_as(
+            "UPDATE deliveries SET owner = ?, lease_until = ?, epoch = epoch + 1
+             WHERE id IN (SELECT x.id FROM deliveries x
+                          WHERE x.status = 'pending' AND x.next_attempt_at <= ?
+                            AND (x.owner IS NULL OR x.lease_until < ?)
+                            AND NOT EXISTS (SELECT 1 FROM deliveries p
+                                            WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
+                                              AND p.seq < x.seq AND p.status = 'pending')
+                          ORDER BY x.next_attempt_at LIMIT ?)
+             RETURNING id",
+        )
+        .bind(owner)
+        .bind(ms(now) + ttl.as_millis() as i64)
+        .bind(ms(now))
+        .bind(ms(now))
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let list = Value::from(ids.iter().map(|(id,)| *id).collect::<Vec<i64>>()).to_string();
+        let sql = format!(
+            "SELECT {} FROM deliveries d {DUE_JOINS} WHERE d.id IN (SELECT value FROM json_each(?))",
+            due_columns()
+        );
+        let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(list)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    pub(super) async fn finish_delivery(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        o: &Outcome,
+        attempts: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let done = o.status != DeliveryStatus::Pending;
+        let n = sqlx::query(
+            "UPDATE deliveries SET status = ?, next_attempt_at = ?, finished_at = ?, tries = ?,
+                    attempts_total = attempts_total + 1, attempts = ?,
+                    owner = NULL, lease_until = NULL
+             WHERE id = ? AND owner = ? AND epoch = ?",
+        )
+        .bind(o.status.as_str())
+        .bind(o.next_attempt_at.map(ms))
+        .bind(done.then_some(ms(now)))
+        .bind(o.tries)
+        .bind(attempts)
+        .bind(o.id)
+        .bind(owner)
+        .bind(o.epoch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n == 1 && o.status == DeliveryStatus::Stopped {
+            sqlx::query("UPDATE wait_notify SET stopped_at = ? WHERE wait_id = ? AND endpoint = ?")
+                .bind(ms(now))
+                .bind(o.wait_id)
+                .bind(o.endpoint)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "UPDATE deliveries SET status = 'stopped', next_attempt_at = NULL, finished_at = ?
+                 WHERE wait_id = ? AND endpoint = ? AND status = 'pending'",
+            )
+            .bind(ms(now))
+            .bind(o.wait_id)
+            .bind(o.endpoint)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(n == 1)
+    }
+
+    pub(super) async fn deliveries(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d
+             JOIN wait_notify n ON n.wait_id = d.wait_id AND n.endpoint = d.endpoint
+             WHERE d.wait_id = ? AND d.tenant = ? AND d.id > ? ORDER BY d.id LIMIT ?"
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(wait_id)
+            .bind(tenant)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub(super) async fn redeliver(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        id: i64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let endpoint: Option<(i32,)> = sqlx::query_as(
+            "UPDATE deliveries SET status = 'pending', next_attempt_at = ?, finished_at = NULL,
+                    tries = 0, owner = NULL, lease_until = NULL
+             WHERE id = ? AND wait_id = ? AND tenant = ? AND status <> 'pending'
+             RETURNING endpoint",
+        )
+        .bind(ms(now))
+        .bind(id)
+        .bind(wait_id)
+        .bind(tenant)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((endpoint,)) = endpoint {
+            sqlx::query(
+                "UPDATE wait_notify SET stopped_at = NULL WHERE wait_id = ? AND endpoint = ?",
+            )
+            .bind(wait_id)
+            .bind(endpoint)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(endpoint.is_some())
+    }
+
+    pub(super) async fn oldest_pending_delivery(
+        &self,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let (t,): (Option<i64>,) =
+            sqlx::query_as("SELECT min(created_at) FROM deliveries WHERE status = 'pending'")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(t.map(at))
+    }
 }

@@ -1,0 +1,287 @@
+//! Webhook deliveries: the outbox.
+//!
+//! A wait's `notify` entries are rows of `wait_notify`, written with the wait. A
+//! trigger on `wait_events` adds, in the transaction that writes an event, one
+//! `deliveries` row per entry that announces the event's kind: an event committed
+//! is a delivery owed, whichever path wrote it (a create, a poll's progress, a
+//! cancel, an abandoned wait). Replicas take due deliveries under a lease of their
+//! own (owner, `lease_until`, epoch), and write each attempt's outcome fenced by
+//! owner and epoch, as the worker pool does for waits.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::columns::{Json, Time};
+use super::{Dialect, Store, StoreError, WaitRow};
+use crate::engine::spec::Notify;
+use crate::model::{Attempt, Delivery, DeliveryStatus, Event, EventBody, Wait, webhook_id};
+
+/// The attempts a delivery keeps for `GET /waits/{id}/deliveries` (the count of all
+/// of them is kept apart).
+pub const KEPT_ATTEMPTS: usize = 20;
+
+/// A `notify` entry as stored: its index, URL, event kinds, and sealed secret.
+pub(crate) struct NotifyRow {
+    pub endpoint: i32,
+    pub url: String,
+    pub kinds: i32,
+    pub secret: Value,
+}
+
+impl NotifyRow {
+    pub(crate) fn of(
+        notify: &[Notify],
+        cipher: &super::secrets::Cipher,
+    ) -> Result<Vec<NotifyRow>, StoreError> {
+        notify
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let secret = cipher
+                    .seal(&BTreeMap::from([("secret".to_string(), n.secret.clone())]))
+                    .map_err(|why| StoreError::Decode {
+                        what: "webhook secret",
+                        why,
+                    })?;
+                Ok(NotifyRow {
+                    endpoint: i as i32,
+                    url: n.url.clone(),
+                    kinds: n.kinds(),
+                    secret,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The columns a [`DeliveryRow`] reads, from `deliveries d JOIN wait_notify n`.
+pub(crate) const DELIVERY_COLUMNS: &str = "d.id AS d_id, d.wait_id AS d_wait_id, d.tenant AS d_tenant, \
+     d.endpoint AS d_endpoint, d.seq AS d_seq, d.kind AS d_kind, d.status AS d_status, \
+     d.created_at AS d_created_at, d.next_attempt_at AS d_next_attempt_at, \
+     d.finished_at AS d_finished_at, d.tries AS d_tries, d.attempts_total AS d_attempts_total, \
+     d.attempts AS d_attempts, d.epoch AS d_epoch, n.url AS d_url";
+
+/// A delivery as both dialects read it back.
+#[derive(sqlx::FromRow)]
+pub(crate) struct DeliveryRow {
+    d_id: i64,
+    d_wait_id: Uuid,
+    d_tenant: String,
+    d_endpoint: i32,
+    d_seq: i32,
+    d_kind: String,
+    d_status: String,
+    d_created_at: Time,
+    d_next_attempt_at: Option<Time>,
+    d_finished_at: Option<Time>,
+    d_tries: i32,
+    d_attempts_total: i32,
+    d_attempts: Json,
+    d_epoch: i64,
+    d_url: String,
+}
+
+impl DeliveryRow {
+    fn into_delivery(self) -> Result<Delivery, StoreError> {
+        Ok(Delivery {
+            id: self.d_id,
+            webhook_id: webhook_id(self.d_wait_id, self.d_seq, self.d_endpoint),
+            endpoint: self.d_endpoint,
+            url: self.d_url,
+            seq: self.d_seq,
+            kind: self.d_kind,
+            status: DeliveryStatus::parse(&self.d_status).ok_or_else(|| StoreError::Decode {
+                what: "delivery status",
+                why: self.d_status.clone(),
+            })?,
+            created_at: self.d_created_at.0,
+            next_attempt_at: self.d_next_attempt_at.map(|t| t.0),
+            finished_at: self.d_finished_at.map(|t| t.0),
+            attempts_total: self.d_attempts_total,
+            attempts: serde_json::from_value(self.d_attempts.0).unwrap_or_default(),
+        })
+    }
+}
+
+/// A due delivery as the claim reads it: the delivery, its webhook's sealed secret,
+/// the event, and the wait.
+#[derive(sqlx::FromRow)]
+pub(crate) struct DueRow {
+    #[sqlx(flatten)]
+    d: DeliveryRow,
+    d_secret: Json,
+    d_event_at: Time,
+    d_event_data: Json,
+    #[sqlx(flatten)]
+    wait: WaitRow,
+}
+
+/// A delivery this replica has just taken, with everything its attempt needs.
+#[derive(Clone, Debug)]
+pub struct Due {
+    pub delivery: Delivery,
+    pub tenant: String,
+    pub wait_id: Uuid,
+    pub epoch: i64,
+    /// Attempts in the current round (the retry schedule's position).
+    pub tries: i32,
+    /// The webhook's signing secret (`whsec_…`).
+    pub secret: String,
+    pub event: Event,
+    /// The wait as it stands now.
+    pub wait: Wait,
+}
+
+/// What one attempt changed, written fenced by owner and epoch.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub id: i64,
+    pub epoch: i64,
+    pub wait_id: Uuid,
+    pub endpoint: i32,
+    pub status: DeliveryStatus,
+    /// When pending: the next attempt.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub tries: i32,
+    /// The latest attempts, this one last ([`KEPT_ATTEMPTS`] at most).
+    pub attempts: Vec<Attempt>,
+}
+
+/// The answer to a redelivery request.
+#[derive(Debug)]
+pub enum Redeliver {
+    /// Queued again: its next attempt is due now.
+    Queued(Delivery),
+    /// Already pending: nothing changed.
+    Pending(Delivery),
+    /// No such delivery of this wait.
+    NotFound,
+}
+
+/// The columns of a due row: the delivery's, the secret, the event, the wait.
+pub(crate) fn due_columns() -> String {
+    format!(
+        "{DELIVERY_COLUMNS}, n.secret AS d_secret, e.at AS d_event_at, e.data AS d_event_data, {}",
+        super::WAIT_COLUMNS
+    )
+}
+
+/// The joins of a due row, after `FROM deliveries d`.
+pub(crate) const DUE_JOINS: &str = "JOIN wait_notify n ON n.wait_id = d.wait_id AND n.endpoint = d.endpoint \
+     JOIN wait_events e ON e.wait_id = d.wait_id AND e.seq = d.seq \
+     JOIN waits w ON w.id = d.wait_id JOIN wait_specs s ON s.wait_id = d.wait_id";
+
+impl Store {
+    /// Takes up to `limit` due pending deliveries (none of whose wait's earlier
+    /// deliveries to the same webhook are still pending) under a lease of `ttl`:
+    /// unowned, or whose lease ran out (epoch + 1).
+    pub async fn claim_deliveries(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        ttl: Duration,
+        limit: i64,
+    ) -> Result<Vec<Due>, StoreError> {
+        let rows = sql!(self.claim_deliveries(owner, now, ttl, limit))?;
+        let mut due = Vec::with_capacity(rows.len());
+        for row in rows {
+            let secret = self
+                .cipher
+                .open(&row.d_secret.0)
+                .ok()
+                .and_then(|mut m| m.remove("secret"))
+                .unwrap_or_default();
+            let event = Event {
+                id: None,
+                seq: row.d.d_seq,
+                wait_id: row.d.d_wait_id,
+                at: row.d_event_at.0,
+                body: EventBody::from_parts(&row.d.d_kind, row.d_event_data.0).map_err(|e| {
+                    StoreError::Decode {
+                        what: "event",
+                        why: e.to_string(),
+                    }
+                })?,
+            };
+            let tenant = row.d.d_tenant.clone();
+            let epoch = row.d.d_epoch;
+            let tries = row.d.d_tries;
+            let wait_id = row.d.d_wait_id;
+            due.push(Due {
+                delivery: row.d.into_delivery()?,
+                tenant,
+                wait_id,
+                epoch,
+                tries,
+                secret,
+                event,
+                wait: row.wait.into_wait()?,
+            });
+        }
+        Ok(due)
+    }
+
+    /// Writes an attempt's outcome, fenced by owner and epoch: false when the
+    /// delivery is no longer this owner's. A `stopped` outcome (410 Gone) also stops
+    /// the webhook: its other pending deliveries, and those of later events.
+    pub async fn finish_delivery(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        outcome: &Outcome,
+    ) -> Result<bool, StoreError> {
+        let attempts =
+            serde_json::to_string(&outcome.attempts).map_err(|e| StoreError::Decode {
+                what: "attempts",
+                why: e.to_string(),
+            })?;
+        sql!(self.finish_delivery(owner, now, outcome, &attempts))
+    }
+
+    /// A tenant's wait's deliveries with id `> after`, in id order (event order per
+    /// webhook).
+    pub async fn deliveries(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        sql!(self.deliveries(tenant, wait_id, after, limit))?
+            .into_iter()
+            .map(DeliveryRow::into_delivery)
+            .collect()
+    }
+
+    /// Queues a delivered, failed or stopped delivery again, due now, with a fresh
+    /// retry schedule; a stopped webhook is started again.
+    pub async fn redeliver(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        id: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Redeliver, StoreError> {
+        let queued = sql!(self.redeliver(tenant, wait_id, id, now))?;
+        let found = sql!(self.deliveries(tenant, wait_id, id - 1, 1))?
+            .into_iter()
+            .next()
+            .filter(|d| d.d_id == id)
+            .map(DeliveryRow::into_delivery)
+            .transpose()?;
+        Ok(match found {
+            None => Redeliver::NotFound,
+            Some(d) if queued => Redeliver::Queued(d),
+            Some(d) => Redeliver::Pending(d),
+        })
+    }
+
+    /// When the oldest pending delivery was created, if any is pending.
+    pub async fn oldest_pending_delivery(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        sql!(self.oldest_pending_delivery())
+    }
+}
