@@ -54,7 +54,9 @@ BEGIN
     WHERE n.stopped_at IS NULL
       AND (n.kinds & CASE e.kind WHEN 'created' THEN 1 WHEN 'state' THEN 2 WHEN 'retry' THEN 4
                                  WHEN 'succeeded' THEN 8 WHEN 'failed' THEN 16 WHEN 'timed_out' THEN 32
-                                 WHEN 'canceled' THEN 64 WHEN 'error' THEN 128 ELSE 0 END) <> 0;
+                                 WHEN 'canceled' THEN 64 WHEN 'error' THEN 128 ELSE 0 END) <> 0
+    -- Ids in event order, so that a wait's deliveries list in that order.
+    ORDER BY e.seq, n.endpoint;
     RETURN NULL;
 END
 $$;

@@ -211,6 +211,27 @@ impl Deliverer {
     /// Sends one delivery and writes what came of it; the time of its next attempt
     /// when it stays pending.
     async fn attempt(&self, client: &reqwest::Client, due: Due) -> Option<DateTime<Utc>> {
+        if due.stopped {
+            let outcome = Outcome {
+                id: due.delivery.id,
+                epoch: due.epoch,
+                wait_id: due.wait_id,
+                endpoint: due.delivery.endpoint,
+                status: DeliveryStatus::Stopped,
+                next_attempt_at: None,
+                tries: due.tries,
+                attempts: due.delivery.attempts.clone(),
+                attempted: false,
+            };
+            if let Err(e) = self
+                .store
+                .finish_delivery(self.owner, Utc::now(), &outcome)
+                .await
+            {
+                tracing::warn!(delivery = due.delivery.id, error = %e, "cannot record a webhook delivery's outcome");
+            }
+            return None;
+        }
         let sent = self.send(client, &due).await;
         let now = Utc::now();
         let tries = due.tries + 1;
@@ -252,6 +273,7 @@ impl Deliverer {
             next_attempt_at: next,
             tries,
             attempts,
+            attempted: true,
         };
         match self.store.finish_delivery(self.owner, now, &outcome).await {
             Ok(true) => {}

@@ -114,6 +114,7 @@ pub(crate) struct DueRow {
     #[sqlx(flatten)]
     d: DeliveryRow,
     d_secret: Json,
+    d_stopped_at: Option<Time>,
     d_event_at: Time,
     d_event_data: Json,
     #[sqlx(flatten)]
@@ -131,6 +132,9 @@ pub struct Due {
     pub tries: i32,
     /// The webhook's signing secret (`whsec_…`).
     pub secret: String,
+    /// The webhook answered 410 Gone to an earlier delivery (this one was written
+    /// meanwhile): it is stopped without an attempt.
+    pub stopped: bool,
     pub event: Event,
     /// The wait as it stands now.
     pub wait: Wait,
@@ -149,6 +153,9 @@ pub struct Outcome {
     pub tries: i32,
     /// The latest attempts, this one last ([`KEPT_ATTEMPTS`] at most).
     pub attempts: Vec<Attempt>,
+    /// Whether an attempt was made (a delivery to a stopped webhook is stopped
+    /// without one).
+    pub attempted: bool,
 }
 
 /// The answer to a redelivery request.
@@ -165,7 +172,7 @@ pub enum Redeliver {
 /// The columns of a due row: the delivery's, the secret, the event, the wait.
 pub(crate) fn due_columns() -> String {
     format!(
-        "{DELIVERY_COLUMNS}, n.secret AS d_secret, e.at AS d_event_at, e.data AS d_event_data, {}",
+        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, {}",
         super::WAIT_COLUMNS
     )
 }
@@ -211,6 +218,7 @@ impl Store {
             let epoch = row.d.d_epoch;
             let tries = row.d.d_tries;
             let wait_id = row.d.d_wait_id;
+            let stopped = row.d_stopped_at.is_some();
             due.push(Due {
                 delivery: row.d.into_delivery()?,
                 tenant,
@@ -218,6 +226,7 @@ impl Store {
                 epoch,
                 tries,
                 secret,
+                stopped,
                 event,
                 wait: row.wait.into_wait()?,
             });

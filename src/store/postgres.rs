@@ -937,7 +937,7 @@ impl PgDialect {
         let done = o.status != DeliveryStatus::Pending;
         let n = sqlx::query(
             "UPDATE deliveries SET status = $4, next_attempt_at = $5, finished_at = $6, tries = $7,
-                    attempts_total = attempts_total + 1, attempts = $8::jsonb,
+                    attempts_total = attempts_total + $9, attempts = $8::jsonb,
                     owner = NULL, lease_until = NULL
              WHERE id = $1 AND owner = $2 AND epoch = $3",
         )
@@ -949,6 +949,7 @@ impl PgDialect {
         .bind(done.then_some(now))
         .bind(o.tries)
         .bind(attempts)
+        .bind(i32::from(o.attempted))
         .execute(&mut *tx)
         .await?
         .rows_affected();

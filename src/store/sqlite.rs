@@ -734,7 +734,7 @@ impl SqliteDialect {
         let done = o.status != DeliveryStatus::Pending;
         let n = sqlx::query(
             "UPDATE deliveries SET status = ?, next_attempt_at = ?, finished_at = ?, tries = ?,
-                    attempts_total = attempts_total + 1, attempts = ?,
+                    attempts_total = attempts_total + ?, attempts = ?,
                     owner = NULL, lease_until = NULL
              WHERE id = ? AND owner = ? AND epoch = ?",
         )
@@ -742,6 +742,7 @@ impl SqliteDialect {
         .bind(o.next_attempt_at.map(ms))
         .bind(done.then_some(ms(now)))
         .bind(o.tries)
+        .bind(i32::from(o.attempted))
         .bind(attempts)
         .bind(o.id)
         .bind(owner)

@@ -12,6 +12,7 @@
 pub mod follower;
 pub mod in_process;
 pub mod pg;
+pub mod receiver;
 pub mod recorder;
 pub mod replica;
 

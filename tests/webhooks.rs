@@ -1,0 +1,679 @@
+//! Webhooks (`notify`), from the outside: what a receiver gets, checked by the
+//! `standardwebhooks` package; the retry schedule, `Retry-After`, 410 and
+//! redelivery; what a create refuses; the SSRF guard at creation and at connect
+//! time; bounded attempts. On both stores. The crash and two-replica cases are in
+//! `tests/webhook_replicas.rs`.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::receiver::{Answer, Receiver, verify_with_standardwebhooks};
+use support::*;
+
+/// A secret of 32 random bytes, as `whsec_$(openssl rand -base64 32)` makes one.
+fn secret() -> String {
+    use std::fmt::Write;
+    let bytes: Vec<u8> = (0..32).map(|_| fastrand::u8(..)).collect();
+    let mut b64 = String::new();
+    // Standard base64, written out here so the test does not share waitd's encoder.
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                let _ = write!(b64, "{}", A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    format!("whsec_{b64}")
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+const BOTH: [Kind; 2] = [Kind::Sqlite, Kind::Postgres];
+
+/// waitd on a store of `kind`, with millisecond webhook retries (`--webhook-retry-base`).
+struct Running {
+    app: App,
+    db: Option<TestDb>,
+    _dir: TempDir,
+}
+
+impl Running {
+    async fn start(kind: Kind, extra: &[&str]) -> Running {
+        let dir = TempDir::new("waitd-webhooks");
+        let db = match kind {
+            Kind::Postgres => Some(TestDb::new().await),
+            Kind::Sqlite => None,
+        };
+        let url = db
+            .as_ref()
+            .map_or_else(|| dir.sqlite_url(), |d| d.url.clone());
+        let mut args = set_flag(test_args(&url), "--webhook-retry-base", "20ms");
+        args.extend(["--rate-limit", "0"].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let app = App::start_args(args).await;
+        Running { app, db, _dir: dir }
+    }
+
+    async fn stop(self) {
+        self.app.stop().await.0.unwrap();
+        if let Some(db) = self.db {
+            db.drop_db().await;
+        }
+    }
+}
+
+/// A wait that succeeds at once, announcing `events` to `hook`.
+fn notifying(up: &Upstream, path: &str, hook: &str, secret: &str, events: Value) -> Value {
+    let mut s = spec(&up.script(path, vec![Reply::status("on")]));
+    s["notify"] = json!([{"url": hook, "secret": secret, "events": events}]);
+    s
+}
+
+async fn deliveries(app: &App, id: &str) -> Vec<Value> {
+    let (status, page) = app.get(&format!("/waits/{id}/deliveries")).await;
+    assert_eq!(status, 200, "{page}");
+    page["items"].as_array().unwrap().clone()
+}
+
+/// Until the wait's deliveries all stand as `f` says (bounded): them.
+async fn deliveries_until(app: &App, id: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let last = std::sync::Mutex::new(Vec::new());
+    let found = poll_for(Duration::from_secs(10), || async {
+        let d = deliveries(app, id).await;
+        *last.lock().unwrap() = d.clone();
+        f(&d).then_some(d)
+    })
+    .await;
+    found.unwrap_or_else(|| {
+        panic!(
+            "the deliveries never got there: {:#?}",
+            last.lock().unwrap()
+        )
+    })
+}
+
+#[tokio::test]
+async fn every_announced_event_arrives_signed_so_that_the_standardwebhooks_package_verifies_it() {
+    for kind in BOTH {
+        let run = Running::start(kind, &[]).await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let secret = secret();
+        let hook = rx.url("/hook");
+        let (status, w) = run
+            .app
+            .create(notifying(
+                &up,
+                "/s/1",
+                &hook,
+                &secret,
+                json!(["created", "state", "ended"]),
+            ))
+            .await;
+        assert_eq!(status, 201, "{w}");
+        let id = w["id"].as_str().unwrap().to_string();
+        assert_eq!(w["spec"]["notify"][0]["secret"], "<redacted>", "{w}");
+        assert!(
+            rx.until_got("/hook", 3, Duration::from_secs(10)).await,
+            "{kind:?}: got {:?}",
+            rx.all().len()
+        );
+        let got = rx.got("/hook");
+        let verdicts = verify_with_standardwebhooks(&secret, &got);
+        assert_eq!(
+            verdicts,
+            ["ok wait.created", "ok wait.state", "ok wait.succeeded"],
+            "{kind:?}"
+        );
+        // Tampered, the same message fails: the verifier does check.
+        let mut forged = got[2].clone();
+        forged.body = String::from_utf8(forged.body)
+            .unwrap()
+            .replace("succeeded", "failed")
+            .into_bytes();
+        assert!(verify_with_standardwebhooks(&secret, &[forged])[0].starts_with("error"));
+        let other = self::secret();
+        assert!(verify_with_standardwebhooks(&other, &got[..1])[0].starts_with("error"));
+
+        // The headers and the body.
+        let last = &got[2];
+        assert!(
+            last.header("user-agent").starts_with("waitd/"),
+            "{:?}",
+            last.headers
+        );
+        assert_eq!(last.header("content-type"), "application/json");
+        let body = last.json();
+        assert_eq!(body["type"], "wait.succeeded");
+        assert_eq!(body["data"]["id"], id.as_str());
+        assert_eq!(body["data"]["status"], "succeeded");
+        assert_eq!(body["event"]["seq"], 3);
+        assert_eq!(body["event"]["kind"], "succeeded");
+        assert_eq!(body["data"]["spec"]["notify"][0]["secret"], "<redacted>");
+        let text = String::from_utf8_lossy(&last.body);
+        assert!(!text.contains(&secret[6..]), "the secret is never sent");
+
+        // GET /waits/{id}/deliveries says the same, with the same webhook ids.
+        let d = deliveries_until(&run.app, &id, |d| {
+            d.len() == 3 && d.iter().all(|x| x["status"] == "delivered")
+        })
+        .await;
+        let ids: Vec<&str> = d
+            .iter()
+            .map(|x| x["webhook_id"].as_str().unwrap())
+            .collect();
+        let sent: Vec<String> = got.iter().map(|r| r.header("webhook-id")).collect();
+        assert_eq!(ids, sent, "{kind:?}");
+        assert_eq!(d[0]["kind"], "created");
+        assert_eq!(d[2]["attempts"][0]["status_code"], 200);
+        assert_eq!(d[2]["attempts_total"], 1);
+        // Reads never show the secret.
+        for path in [
+            format!("/waits/{id}"),
+            "/waits".into(),
+            format!("/waits/{id}/events"),
+            format!("/waits/{id}/deliveries"),
+        ] {
+            let r = run.app.client.get(run.app.url(&path)).send().await.unwrap();
+            let t = r.text().await.unwrap();
+            assert!(!t.contains(&secret[6..]), "{path} shows the secret");
+        }
+        run.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_that_answers_500_three_times_gets_it_on_the_fourth_attempt_on_schedule() {
+    for kind in BOTH {
+        let run = Running::start(kind, &[]).await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let hook = rx.script(
+            "/flaky",
+            vec![
+                Answer::code(500),
+                Answer::code(500),
+                Answer::code(500),
+                Answer::code(200),
+            ],
+        );
+        let (_, w) = run
+            .app
+            .create(notifying(&up, "/s/2", &hook, &secret(), json!(["ended"])))
+            .await;
+        let id = w["id"].as_str().unwrap().to_string();
+        let d = deliveries_until(&run.app, &id, |d| {
+            d.len() == 1 && d[0]["status"] == "delivered"
+        })
+        .await;
+        let got = rx.got("/flaky");
+        assert_eq!(got.len(), 4, "{kind:?}: delivered on the fourth attempt");
+        assert!(
+            got.iter()
+                .all(|r| r.header("webhook-id") == got[0].header("webhook-id"))
+        );
+        // The schedule at a base of 20 ms: 20, 120, 480 ms (±10%), and the worker
+        // wakes for its own retries, so each comes within a little of it.
+        for (i, planned) in [20.0, 120.0, 480.0].into_iter().enumerate() {
+            let gap = (got[i + 1].at - got[i].at).as_secs_f64() * 1e3;
+            assert!(
+                gap >= planned * 0.9 - 2.0 && gap <= planned * 1.1 + 150.0,
+                "{kind:?}: retry {} came {gap:.0} ms after the attempt before; planned {planned} ms ±10%",
+                i + 1
+            );
+        }
+        let codes: Vec<u64> = d[0]["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["status_code"].as_u64().unwrap())
+            .collect();
+        assert_eq!(codes, [500, 500, 500, 200]);
+        assert_eq!(d[0]["attempts_total"], 4);
+        let metrics = run
+            .app
+            .client
+            .get(run.app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("waitd_webhook_attempts_total{outcome=\"retry\"} 3"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("waitd_webhook_attempts_total{outcome=\"delivered\"} 1"),
+            "{metrics}"
+        );
+        run.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_that_is_down_for_a_while_gets_the_delivery_once_it_is_back() {
+    for kind in BOTH {
+        let run = Running::start(kind, &[]).await;
+        let up = Upstream::start().await;
+        let down = Receiver::down();
+        let (_, w) = run
+            .app
+            .create(notifying(
+                &up,
+                "/s/3",
+                &down.url("/back"),
+                &secret(),
+                json!(["ended"]),
+            ))
+            .await;
+        let id = w["id"].as_str().unwrap().to_string();
+        // Refused connections: a few attempts fail (20 ms, then 120 ms, then 480 ms
+        // apart), while the delivery stays pending.
+        let d = deliveries_until(&run.app, &id, |d| {
+            d.len() == 1 && d[0]["attempts_total"].as_i64() >= Some(2)
+        })
+        .await;
+        assert_eq!(d[0]["status"], "pending");
+        assert!(d[0]["attempts"][0]["error"].as_str().is_some(), "{d:?}");
+        assert!(d[0]["next_attempt_at"].is_string());
+        let rx = Receiver::start_on(down.port, None).await;
+        let d = deliveries_until(&run.app, &id, |d| d[0]["status"] == "delivered").await;
+        assert_eq!(rx.got("/back").len(), 1, "{kind:?}");
+        let last = d[0]["attempts"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(last["status_code"], 200);
+        run.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn retry_after_sets_the_next_attempt_and_410_stops_the_webhook() {
+    for kind in BOTH {
+        let run = Running::start(kind, &[]).await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        // 503 with Retry-After: 120 → the next attempt is planned two minutes on,
+        // not 20 ms on as the schedule says.
+        let hook = rx.script(
+            "/busy",
+            vec![Answer::Status(
+                503,
+                vec![("retry-after".into(), "120".into())],
+            )],
+        );
+        let (_, w) = run
+            .app
+            .create(notifying(&up, "/s/4", &hook, &secret(), json!(["ended"])))
+            .await;
+        let id = w["id"].as_str().unwrap().to_string();
+        let d = deliveries_until(&run.app, &id, |d| {
+            d.len() == 1 && d[0]["attempts_total"] == 1
+        })
+        .await;
+        let at = chrono::DateTime::parse_from_rfc3339(d[0]["attempts"][0]["at"].as_str().unwrap())
+            .unwrap();
+        let next = chrono::DateTime::parse_from_rfc3339(d[0]["next_attempt_at"].as_str().unwrap())
+            .unwrap();
+        let after = (next - at).num_milliseconds();
+        assert!(
+            (119_000..=121_500).contains(&after),
+            "{kind:?}: next attempt {after} ms after; {d:?}"
+        );
+
+        // 410 on the first event: that delivery and every later one to it stop.
+        let gone = rx.script("/gone", vec![Answer::code(410)]);
+        let mut s = spec(&up.script(
+            "/s/5",
+            vec![
+                Reply::status("deploying"),
+                Reply::status("deploying"),
+                Reply::status("on"),
+            ],
+        ));
+        s["notify"] =
+            json!([{"url": gone, "secret": secret(), "events": ["created", "state", "ended"]}]);
+        let (_, w) = run.app.create(s).await;
+        let id = w["id"].as_str().unwrap().to_string();
+        run.app.wait_end(&id).await;
+        let d = deliveries_until(&run.app, &id, |d| {
+            !d.is_empty() && d.iter().all(|x| x["status"] == "stopped")
+        })
+        .await;
+        assert_eq!(d[0]["attempts"][0]["status_code"], 410);
+        assert_eq!(
+            rx.got("/gone").len(),
+            1,
+            "{kind:?}: nothing more after the 410: {d:?}"
+        );
+        run.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_can_be_sent_again_with_the_same_webhook_id_but_not_while_pending() {
+    for kind in BOTH {
+        let run = Running::start(
+            kind,
+            &[
+                "--tokens",
+                "alice:alice-token-0123456789,bob:bob-token-0123456789",
+            ],
+        )
+        .await;
+        let app = &run.app;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let hook = rx.url("/again");
+        let post = |path: String, token: &'static str| {
+            let c = app.client.post(app.url(&path)).bearer_auth(token);
+            async move {
+                let r = c.send().await.unwrap();
+                let status = r.status().as_u16();
+                (status, r.json::<Value>().await.unwrap_or(Value::Null))
+            }
+        };
+        let r = app
+            .client
+            .post(app.url("/waits"))
+            .bearer_auth("alice-token-0123456789")
+            .json(&notifying(&up, "/s/6", &hook, &secret(), json!(["ended"])))
+            .send()
+            .await
+            .unwrap();
+        let w: Value = r.json().await.unwrap();
+        let id = w["id"].as_str().unwrap().to_string();
+        assert!(rx.until_got("/again", 1, Duration::from_secs(10)).await);
+        let listed = poll_for(Duration::from_secs(5), || async {
+            let r = app
+                .client
+                .get(app.url(&format!("/waits/{id}/deliveries")))
+                .bearer_auth("alice-token-0123456789")
+                .send()
+                .await
+                .unwrap();
+            let page: Value = r.json().await.unwrap();
+            (page["items"][0]["status"] == "delivered").then_some(page)
+        })
+        .await
+        .unwrap();
+        let did = listed["items"][0]["id"].as_i64().unwrap();
+        let (status, d) = post(
+            format!("/waits/{id}/deliveries/{did}/retry"),
+            "alice-token-0123456789",
+        )
+        .await;
+        assert_eq!(status, 202, "{d}");
+        assert!(rx.until_got("/again", 2, Duration::from_secs(10)).await);
+        let got = rx.got("/again");
+        assert_eq!(got[0].header("webhook-id"), got[1].header("webhook-id"));
+        // While pending (a receiver now answering 500 keeps it so), a retry is a 409.
+        rx.script("/again", vec![Answer::code(500)]);
+        let (status, _) = poll_for(Duration::from_secs(5), || async {
+            let a = post(
+                format!("/waits/{id}/deliveries/{did}/retry"),
+                "alice-token-0123456789",
+            )
+            .await;
+            (a.0 == 202).then_some(a)
+        })
+        .await
+        .unwrap();
+        assert_eq!(status, 202);
+        let (status, p) = post(
+            format!("/waits/{id}/deliveries/{did}/retry"),
+            "alice-token-0123456789",
+        )
+        .await;
+        assert_eq!(status, 409, "{p}");
+        assert!(
+            p["detail"].as_str().unwrap().contains("still pending"),
+            "{p}"
+        );
+        // Another tenant sees no such wait; no such delivery is a 404 too.
+        let (status, _) = post(
+            format!("/waits/{id}/deliveries/{did}/retry"),
+            "bob-token-0123456789",
+        )
+        .await;
+        assert_eq!(status, 404);
+        let r = app
+            .client
+            .get(app.url(&format!("/waits/{id}/deliveries")))
+            .bearer_auth("bob-token-0123456789")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        for bad in ["999999", "x", "-1", "99999999999999999999"] {
+            let (status, p) = post(
+                format!("/waits/{id}/deliveries/{bad}/retry"),
+                "alice-token-0123456789",
+            )
+            .await;
+            assert_eq!(status, 404, "{bad}: {p}");
+        }
+        run.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_create_refuses_a_webhook_without_a_usable_secret_or_with_unknown_events_and_never_echoes_the_secret()
+ {
+    let app = in_process::InProcess::start().await;
+    let url = "https://ci.example.com/hook";
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!([{"url": url}]), "notify[0].secret", "is required"),
+        (
+            json!([{"url": url, "secret": "hunter2-is-my-password"}]),
+            "notify[0].secret",
+            "is not a Standard Webhooks secret",
+        ),
+        (
+            json!([{"url": url, "secret": "whsec_c2hvcnQ="}]),
+            "notify[0].secret",
+            "holds a key of 5 bytes",
+        ),
+        (
+            json!([{"url": url, "secret": secret(), "events": ["endd"]}]),
+            "notify[0].events[0]",
+            "did you mean \"ended\"",
+        ),
+        (
+            json!([{"url": url, "secret": secret(), "events": []}]),
+            "notify[0].events",
+            "non-empty",
+        ),
+        (
+            json!([{"url": url, "secret": secret(), "evnts": ["ended"]}]),
+            "notify[0].evnts",
+            "did you mean \"events\"",
+        ),
+        (
+            json!([{"secret": secret()}]),
+            "notify[0].url",
+            "is required",
+        ),
+        (
+            json!([{"url": "ftp://x/", "secret": secret()}]),
+            "notify[0].url",
+            "scheme",
+        ),
+        (
+            json!([{"url": "https://user:pw@x/", "secret": secret()}]),
+            "notify[0].url",
+            "credentials",
+        ),
+        (
+            json!(vec![json!({"url": url, "secret": secret()}); 5]),
+            "notify",
+            "the limit is 4",
+        ),
+        (json!({"url": url}), "notify", "must be an array"),
+    ];
+    for (notify, field, says) in cases {
+        let mut s = spec("https://api.example.com/x");
+        s["notify"] = notify.clone();
+        let (status, p) = app.create(s).await;
+        assert_eq!(status, 400, "{notify}: {p}");
+        let text = p.to_string();
+        assert!(
+            p["errors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["field"] == field && e["message"].as_str().unwrap().contains(says)),
+            "{notify}: {p}"
+        );
+        assert!(
+            !text.contains("hunter2"),
+            "a wrong secret is never echoed: {p}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_webhook_at_loopback_or_the_metadata_address_is_refused_at_creation_and_at_connect_time()
+{
+    // Targets are allowed by name here, so that the webhook's address is the only
+    // thing the guard judges.
+    for kind in BOTH {
+        let rx = Receiver::start().await;
+        let up = Upstream::start().await;
+        let resolve = "target.test=127.0.0.1,evil.test=127.0.0.1";
+        let dir = TempDir::new("waitd-webhooks");
+        let db = match kind {
+            Kind::Postgres => Some(TestDb::new().await),
+            Kind::Sqlite => None,
+        };
+        let url = db
+            .as_ref()
+            .map_or_else(|| dir.sqlite_url(), |d| d.url.clone());
+        let args = set_flag(
+            set_flag(test_args(&url), "--allow-targets", "target.test"),
+            "--resolve",
+            resolve,
+        );
+        let app = App::start_args(args).await;
+        let target = up.script("/s/7", vec![Reply::status("on")]);
+        let target = target.replace("127.0.0.1", "target.test");
+        for hook in [
+            rx.url("/hook"),
+            "http://169.254.169.254/latest/meta-data/".to_string(),
+            "http://localhost:9/hook".to_string(),
+            "http://[::1]:9/hook".to_string(),
+            "http://2130706433/hook".to_string(),
+        ] {
+            let mut s = spec(&target);
+            s["notify"] = json!([{"url": hook, "secret": secret()}]);
+            let (status, p) = app.create(s).await;
+            assert_eq!(status, 422, "{kind:?} {hook}: {p}");
+            assert!(
+                p["detail"].as_str().unwrap().starts_with("notify[0].url"),
+                "{p}"
+            );
+        }
+        // A name that resolves to loopback passes creation and is refused when the
+        // deliverer connects: the delivery fails, saying why, and nothing arrives.
+        let mut s = spec(&target);
+        s["notify"] =
+            json!([{"url": format!("http://evil.test:{}/hook", rx.port), "secret": secret()}]);
+        let (status, w) = app.create(s).await;
+        assert_eq!(status, 201, "{w}");
+        let id = w["id"].as_str().unwrap().to_string();
+        let d = deliveries_until(&app, &id, |d| d.len() == 1 && d[0]["status"] == "failed").await;
+        let error = d[0]["attempts"][0]["error"].as_str().unwrap();
+        assert!(
+            error.contains("evil.test") && error.contains("loopback"),
+            "{error}"
+        );
+        assert_eq!(d[0]["attempts_total"], 1, "a refusal is not retried");
+        assert!(rx.all().is_empty());
+        app.stop().await.0.unwrap();
+        if let Some(db) = db {
+            db.drop_db().await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_is_bounded_by_the_timeout_and_reads_no_more_than_a_few_kib_of_the_answer() {
+    for kind in BOTH {
+        let run = Running::start(kind, &["--webhook-timeout", "300ms"]).await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let held = rx.script("/held", vec![Answer::Hold, Answer::code(204)]);
+        let endless = rx.script("/endless", vec![Answer::Endless]);
+        let (_, a) = run
+            .app
+            .create(notifying(&up, "/s/8", &held, &secret(), json!(["ended"])))
+            .await;
+        let (_, b) = run
+            .app
+            .create(notifying(
+                &up,
+                "/s/9",
+                &endless,
+                &secret(),
+                json!(["ended"]),
+            ))
+            .await;
+        let a = a["id"].as_str().unwrap().to_string();
+        let b = b["id"].as_str().unwrap().to_string();
+        let d = deliveries_until(&run.app, &a, |d| {
+            d.len() == 1 && d[0]["status"] == "delivered"
+        })
+        .await;
+        let first = &d[0]["attempts"][0];
+        assert!(
+            first["error"]
+                .as_str()
+                .unwrap()
+                .contains("did not answer within 300ms"),
+            "{first}"
+        );
+        let took = first["duration_ms"].as_u64().unwrap();
+        assert!(
+            (300..1500).contains(&took),
+            "{kind:?}: the held attempt took {took} ms"
+        );
+        // An answer that never ends: 200 is read, then the connection dropped.
+        let d = deliveries_until(&run.app, &b, |d| {
+            d.len() == 1 && d[0]["status"] == "delivered"
+        })
+        .await;
+        let took = d[0]["attempts"][0]["duration_ms"].as_u64().unwrap();
+        assert!(
+            took < 300,
+            "{kind:?}: the endless answer was read for {took} ms"
+        );
+        run.stop().await;
+    }
+}
+
+#[test]
+fn the_retry_schedule_spans_about_22_hours_in_eleven_attempts_and_jitters_by_ten_percent() {
+    use waitd::notify::retry_delay;
+    let base = Duration::from_secs(5);
+    let total: Duration = (1..=10).map(|t| retry_delay(t, base, 0.5).unwrap()).sum();
+    assert_eq!(total, Duration::from_secs(78_155));
+    assert!(total < Duration::from_secs(24 * 3600));
+    assert_eq!(retry_delay(11, base, 0.5), None, "eleven attempts in all");
+    assert_eq!(retry_delay(0, base, 0.5), None);
+    assert_eq!(retry_delay(1, base, 0.0), Some(Duration::from_millis(4500)));
+    assert_eq!(retry_delay(1, base, 1.0), Some(Duration::from_millis(5500)));
+    assert_eq!(retry_delay(3, base, 0.5), Some(Duration::from_secs(120)));
+}
