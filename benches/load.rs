@@ -33,7 +33,7 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover, fanout, cel.
+    /// takeover, fanout, cel, webhooks.
     only: Vec<String>,
 }
 
@@ -102,8 +102,8 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 9] = [
-    "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel",
+const PHASES: [&str; 10] = [
+    "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel", "webhooks",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -639,6 +639,32 @@ struct Run {
     /// (10b) the same without the service: path, evaluated, decided before, and
     /// compiling both conditions, µs.
     cel_micro: (f64, f64, f64, f64),
+    /// (11) waits ending at once, each announcing it to a webhook.
+    hooks: Hooks,
+}
+
+/// (11) The webhook phase's figures.
+#[derive(Clone, Copy)]
+struct Hooks {
+    /// From the end's event to the receiver's 2xx: p50 / p99, ms.
+    p50: f64,
+    p99: f64,
+    /// From the flip to the last delivery, ms.
+    all: f64,
+    /// What a delivery adds to the same ends without webhooks: rows written and WAL
+    /// bytes, per delivery.
+    rows: f64,
+    wal: f64,
+}
+
+impl Hooks {
+    const NONE: Hooks = Hooks {
+        p50: f64::NAN,
+        p99: f64::NAN,
+        all: f64::NAN,
+        rows: f64::NAN,
+        wal: f64::NAN,
+    };
 }
 
 /// (9) The fan-out phase's figures.
@@ -697,6 +723,7 @@ async fn one_run(a: &Args) -> Run {
         fanout: Fanout::NONE,
         cel_cpu: [f64::NAN; 3],
         cel_micro: (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
+        hooks: Hooks::NONE,
     };
     if a.runs("cel") {
         run.cel_micro = cel_micro();
@@ -821,7 +848,143 @@ async fn one_run(a: &Args) -> Run {
     if a.runs("fanout") {
         run.fanout = fanout(a.followers, a.seconds).await;
     }
+    if a.runs("webhooks") {
+        run.hooks = webhooks(a.followers).await;
+    }
     run
+}
+
+/// What one flip of `n` waits at once cost the database, and, with webhooks, the
+/// latency from each end's event to the receiver's 2xx (ms).
+struct Ends {
+    latencies: Vec<f64>,
+    all_ms: f64,
+    rows: i64,
+    wal: i64,
+}
+
+/// `n` waits polling every 100 ms flip to `on` at once; with `notify`, each announces
+/// its end to a local receiver that answers 204. Rows and WAL are read from the flip
+/// until everything is over, plus the statistics collector's flush interval.
+async fn ends_at_once(n: usize, notify: bool) -> Ends {
+    let (up, flipped) = flipping_upstream().await;
+    let got = Arc::new(std::sync::Mutex::new(Vec::<f64>::new()));
+    let g = got.clone();
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let g = g.clone();
+            async move {
+                let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                if let Some(at) = v["event"]["at"].as_str()
+                    && let Ok(at) = chrono::DateTime::parse_from_rfc3339(at)
+                {
+                    let d = chrono::Utc::now() - at.with_timezone(&chrono::Utc);
+                    g.lock()
+                        .unwrap()
+                        .push(d.num_microseconds().unwrap_or(0) as f64 / 1e3);
+                }
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(l, receiver).await;
+    });
+    let db = TestDb::new().await;
+    let w = start_waitd(&db, 256, &[]).await;
+    let c = client();
+    let specs: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut spec = json!({
+                "target": {"url": format!("{up}/servers/{i}")},
+                "state": "/data/attributes/status",
+                "want": ["on"],
+                "timeout": "10m",
+                "poll": {"initial": "100ms", "factor": 1, "max": "100ms", "jitter": 0},
+            });
+            if notify {
+                spec["notify"] =
+                    json!([{"url": hook, "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}]);
+            }
+            spec
+        })
+        .collect();
+    let created: Vec<u16> = futures_util::StreamExt::collect(futures_util::StreamExt::buffered(
+        futures_util::stream::iter(specs.iter().map(|spec| {
+            let (c, url) = (c.clone(), format!("{}/waits", w.base));
+            async move {
+                c.post(url)
+                    .json(spec)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            }
+        })),
+        32,
+    ))
+    .await;
+    assert!(created.iter().all(|s| *s == 201), "creates failed");
+    until_held(&w.base, n).await;
+    // Lets the first polls' writes settle before the window opens.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r0 = rows_written(&db).await;
+    let t0 = Instant::now();
+    flipped.store(true, Relaxed);
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let over = support::eventually(Duration::from_secs(60), || {
+        let (got, pool) = (got.clone(), pool.clone());
+        async move {
+            let (running,): (i64,) =
+                sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            running == 0 && (!notify || got.lock().unwrap().len() >= n)
+        }
+    })
+    .await;
+    assert!(over, "the waits did not all end and deliver");
+    let all_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // pg_stat_database hears of an idle backend's writes up to 10 s late (Postgres
+    // 15 flushes them at most once a second, and then after 10 s of idleness).
+    tokio::time::sleep(Duration::from_millis(if n <= 100 { 1500 } else { 11_000 })).await;
+    let r1 = rows_written(&db).await;
+    pool.close().await;
+    w.stop().await.0.expect("waitd stops cleanly");
+    db.drop_db().await;
+    let mut latencies = got.lock().unwrap().clone();
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ends {
+        latencies,
+        all_ms,
+        rows: r1.0 - r0.0,
+        wal: r1.1 - r0.1,
+    }
+}
+
+/// (11) `n` waits ending at once, each with a webhook: end → receiver's 2xx, and what
+/// a delivery adds to the database's writes (against the same ends without webhooks).
+async fn webhooks(n: usize) -> Hooks {
+    let plain = ends_at_once(n, false).await;
+    let hooked = ends_at_once(n, true).await;
+    let l = &hooked.latencies;
+    let at = |q: f64| l[((l.len() as f64 * q) as usize).min(l.len() - 1)];
+    eprintln!(
+        "webhook phase: {n} ends at once; without webhooks {} rows, {} WAL bytes; with, {} rows, {} WAL bytes, last delivery {:.0} ms after the flip",
+        plain.rows, plain.wal, hooked.rows, hooked.wal, hooked.all_ms
+    );
+    Hooks {
+        p50: at(0.5),
+        p99: at(0.99),
+        all: hooked.all_ms,
+        rows: (hooked.rows - plain.rows) as f64 / n as f64,
+        wal: (hooked.wal - plain.wal) as f64 / n as f64,
+    }
 }
 
 fn takeover_ttl(a: &Args) -> &'static str {
@@ -1442,6 +1605,10 @@ fn main() {
             println!("| 10 | CPU a poll of a 2 KB Deployment at the 1 ms floor (waitd and upstream, not Postgres): state path alone / with the kubernetes.rollout conditions, the body unchanged (decided as before) / the body changed at every answer (evaluated) | {path:.1} / {same:.1} / {vary:.1} µs: +{:.1} / +{:.1} µs (the runs' own, median +{:.1} / +{:.1}) | ≤ +5 µs |", same - path, vary - path, m(&|r| r.cel_cpu[1] - r.cel_cpu[0]), m(&|r| r.cel_cpu[2] - r.cel_cpu[0]));
             let (p, j, h, c) = (m(&|r| r.cel_micro.0), m(&|r| r.cel_micro.1), m(&|r| r.cel_micro.2), m(&|r| r.cel_micro.3));
             println!("| 10b | the body's share alone, one thread: parse + path / + both conditions evaluated / + a response decided before (compiling both, once per held wait: {c:.0} µs) | {p:.2} / {j:.2} / {h:.2} µs: +{:.2} / +{:.2} µs | ≤ +5 µs |", j - p, h - p);
+        }
+        if a.runs("webhooks") {
+            println!("| 11 | {} waits ending at once, each with a webhook: the end's event → the local receiver's 204, p50 / p99 (the last {:.0} ms after the flip) | {:.0} ms / {:.0} ms | p99 ≤ 1 s |", a.followers, m(&|r| r.hooks.all), m(&|r| r.hooks.p50), m(&|r| r.hooks.p99));
+            println!("| 11b | database writes a delivery adds (against the same ends without webhooks): rows / WAL bytes | {:.2} / {:.0} | |", m(&|r| r.hooks.rows), m(&|r| r.hooks.wal));
         }
         if a.runs("fanout") {
             let (waitd_cpu, pg_cpu) = (m(&|r| r.fanout.cpu_per_delivery), m(&|r| r.fanout.pg_cpu_per_event));

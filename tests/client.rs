@@ -755,3 +755,71 @@ async fn the_api_token_comes_from_waitd_token() {
     assert_eq!(run.code, 0, "{run:?}");
     finish(app, db).await;
 }
+
+#[tokio::test]
+async fn create_takes_webhooks_from_flags_with_the_secret_from_a_file_and_never_prints_it() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let rx = support::receiver::Receiver::start().await;
+    let ok = up.script("/servers/hooked", vec![status("on")]);
+    let app = App::start(&db).await;
+    let spec = fast_spec_file(json!({"state": "/data/attributes/status", "want": ["on"]}));
+    let spec = spec.to_str().unwrap();
+    let dir = TempDir::new("waitd-cli-hook");
+    let secret_file = dir.path.join("hook.secret");
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
+    let (a, b) = (rx.url("/a"), rx.url("/b"));
+    let run = waitd(
+        &app.base,
+        &[
+            "create",
+            "--wait",
+            "--json",
+            "--spec",
+            spec,
+            "--url",
+            &ok,
+            "--notify",
+            &a,
+            "--notify",
+            &b,
+            "--notify-secret-file",
+            secret_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(!run.stdout.contains(&secret[6..]) && !run.stderr.contains(&secret[6..]));
+    let w: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(w["spec"]["notify"][1]["url"], b.as_str());
+    assert_eq!(w["spec"]["notify"][0]["secret"], "<redacted>");
+    assert!(rx.until_got("/a", 1, Duration::from_secs(10)).await);
+    assert!(rx.until_got("/b", 1, Duration::from_secs(10)).await);
+    // A file without a secret: exit 5, and the file's text is not printed.
+    std::fs::write(&secret_file, "hunter2\n").unwrap();
+    let run = waitd(
+        &app.base,
+        &[
+            "create",
+            "--url",
+            &ok,
+            "--spec",
+            spec,
+            "--notify",
+            &a,
+            "--notify-secret-file",
+            secret_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(
+        run.stderr.contains("does not hold a webhook secret") && !run.stderr.contains("hunter2"),
+        "{run:?}"
+    );
+    // --notify without the secret file is a usage error.
+    let run = waitd(&app.base, &["create", "--url", &ok, "--notify", &a]).await;
+    assert_eq!(run.code, 5, "{run:?}");
+    finish(app, db).await;
+}

@@ -63,9 +63,11 @@ fn every_route_is_there_once_with_its_own_operation_id() {
             "GET /readyz readyz",
             "GET /waits list_waits",
             "GET /waits/{id} get_wait",
+            "GET /waits/{id}/deliveries list_deliveries",
             "GET /waits/{id}/events list_wait_events",
             "POST /waits create_wait",
             "POST /waits/{id}/cancel cancel_wait",
+            "POST /waits/{id}/deliveries/{delivery}/retry retry_delivery",
         ]
     );
 }

@@ -677,3 +677,126 @@ fn the_retry_schedule_spans_about_22_hours_in_eleven_attempts_and_jitters_by_ten
     assert_eq!(retry_delay(1, base, 1.0), Some(Duration::from_millis(5500)));
     assert_eq!(retry_delay(3, base, 0.5), Some(Duration::from_secs(120)));
 }
+
+#[tokio::test]
+async fn the_readme_receiver_verifies_and_prints_what_waitd_sends_and_refuses_a_forgery() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = &readme[readme.find("## Webhooks").expect("a Webhooks section")..];
+    let start = section.find("```python\n").expect("a Python receiver") + "```python\n".len();
+    let code = &section[start..start + section[start..].find("```").unwrap()];
+    assert!(
+        code.lines().count() <= 12,
+        "the receiver is about ten lines:\n{code}"
+    );
+    let port = support::replica::free_port();
+    let code = code.replace("9000", &port.to_string());
+    let dir = TempDir::new("waitd-readme-receiver");
+    let secret = secret();
+    std::fs::write(dir.path.join("hook.secret"), format!("{secret}\n")).unwrap();
+    let mut child = std::process::Command::new(support::receiver::python_with_standardwebhooks())
+        .args(["-c", &code])
+        .current_dir(&dir.path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listening = until(Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(listening.is_some(), "the README receiver did not start");
+    let run = Running::start(Kind::Sqlite, &[]).await;
+    let up = Upstream::start().await;
+    let hook = format!("http://127.0.0.1:{port}/hook");
+    let (_, w) = run
+        .app
+        .create(notifying(&up, "/s/10", &hook, &secret, json!(["ended"])))
+        .await;
+    let id = w["id"].as_str().unwrap().to_string();
+    let d = deliveries_until(&run.app, &id, |d| {
+        d.len() == 1 && d[0]["status"] == "delivered"
+    })
+    .await;
+    assert_eq!(d[0]["attempts"][0]["status_code"], 204);
+    // A forgery (signed with another secret) gets a 401.
+    let forged = reqwest::Client::new()
+        .post(&hook)
+        .header("webhook-id", "msg_forged")
+        .header(
+            "webhook-timestamp",
+            chrono::Utc::now().timestamp().to_string(),
+        )
+        .header("webhook-signature", "v1,bm90IGEgc2lnbmF0dXJl")
+        .body("{\"type\":\"wait.succeeded\",\"data\":{}}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        printed.starts_with(&format!("wait.succeeded {id} the target reached")),
+        "{printed}"
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others() {
+    for kind in BOTH {
+        // 20 attempts at once in all; a receiver gets at most 16 of them.
+        let run = Running::start(
+            kind,
+            &["--webhook-concurrency", "20", "--webhook-timeout", "1500ms"],
+        )
+        .await;
+        let up = Upstream::start().await;
+        let stuck = Receiver::start().await;
+        let fine = Receiver::start().await;
+        let held = stuck.script("/held", vec![Answer::Hold]);
+        for i in 0..40 {
+            let (status, _) = run
+                .app
+                .create(notifying(
+                    &up,
+                    &format!("/s/stuck{i}"),
+                    &held,
+                    &secret(),
+                    json!(["ended"]),
+                ))
+                .await;
+            assert_eq!(status, 201);
+        }
+        assert!(stuck.until_got("/held", 16, Duration::from_secs(10)).await);
+        // No 17th while those 16 are held (a short look: the timeout is 1.5 s).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            stuck.got("/held").len(),
+            16,
+            "{kind:?}: attempts at once to one receiver"
+        );
+        let t0 = std::time::Instant::now();
+        for i in 0..5 {
+            run.app
+                .create(notifying(
+                    &up,
+                    &format!("/s/fine{i}"),
+                    &fine.url("/ok"),
+                    &secret(),
+                    json!(["ended"]),
+                ))
+                .await;
+        }
+        assert!(fine.until_got("/ok", 5, Duration::from_secs(10)).await);
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(800),
+            "{kind:?}: the other receiver waited {took:?} behind the one that never answers"
+        );
+        run.stop().await;
+    }
+}

@@ -45,6 +45,15 @@ pub const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(5);
 /// The most of a receiver's answer that is read (then the connection is dropped).
 pub const MAX_RESPONSE: usize = 4096;
 
+/// Most attempts in flight to one receiver (host and port) from one replica, and
+/// most deliveries waiting for one of them: one receiver that hangs cannot take
+/// every slot from the others. A delivery claimed beyond both is given back, due
+/// after about as long as what is ahead of it takes that receiver (50 ms to 10 min).
+pub const PER_HOST: usize = 16;
+
+/// After a burst of events wakes the loop, it claims at most this often.
+const CLAIM_GAP: Duration = Duration::from_millis(20);
+
 /// The loop looks for due deliveries at least this often (another replica's
 /// retries, a missed notice).
 pub const IDLE: Duration = Duration::from_secs(1);
@@ -106,6 +115,92 @@ pub fn payload(due: &Due) -> Vec<u8> {
     serde_json::to_vec(&body).unwrap_or_default()
 }
 
+/// The receiver a webhook URL names, as the per-host limit counts them: host and
+/// port.
+fn receiver(url: &str) -> String {
+    url::Url::parse(url)
+        .ok()
+        .map(|u| {
+            format!(
+                "{}:{}",
+                u.host_str().unwrap_or(""),
+                u.port_or_known_default().unwrap_or(0)
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// What a task of the loop came to: the next attempt's time when the delivery stays
+/// pending, and, for an attempt, its receiver and how long it took.
+struct Done {
+    next: Option<DateTime<Utc>>,
+    sent: Option<(String, Duration)>,
+}
+
+/// Where a claimed delivery goes.
+enum Admit {
+    /// Sent now.
+    Send(Due),
+    /// Waits for a slot of its receiver.
+    Queued,
+    /// Given back, due this long from now.
+    PutBack(Due, Duration),
+}
+
+/// Per receiver: attempts in flight (at most [`PER_HOST`]), claimed deliveries
+/// waiting for a slot (at most as many again), and how long its attempts take.
+#[derive(Default)]
+struct Receivers(std::collections::HashMap<String, Slots>);
+
+#[derive(Default)]
+struct Slots {
+    flying: usize,
+    waiting: std::collections::VecDeque<(tokio::time::Instant, Due)>,
+    /// Recent attempts' duration, smoothed.
+    took: Duration,
+}
+
+impl Receivers {
+    fn admit(&mut self, host: &str, d: Due) -> Admit {
+        let slots = self.0.entry(host.to_string()).or_default();
+        if slots.flying < PER_HOST {
+            slots.flying += 1;
+            return Admit::Send(d);
+        }
+        if slots.waiting.len() < PER_HOST {
+            slots.waiting.push_back((tokio::time::Instant::now(), d));
+            return Admit::Queued;
+        }
+        // Back for about as long as what is ahead of it takes this receiver.
+        let ahead = (slots.flying + slots.waiting.len()) as u32 / PER_HOST as u32;
+        let after = (slots.took * ahead).clamp(Duration::from_millis(50), Duration::from_secs(600));
+        Admit::PutBack(d, after)
+    }
+
+    /// An attempt to `host` finished after `took`: what goes next in its slot.
+    fn finished(&mut self, host: &str, took: Duration, stale: Duration) -> Vec<Admit> {
+        let Some(slots) = self.0.get_mut(host) else {
+            return Vec::new();
+        };
+        slots.flying = slots.flying.saturating_sub(1);
+        slots.took = (slots.took * 3 + took) / 4;
+        let mut out = Vec::new();
+        while let Some((since, d)) = slots.waiting.pop_front() {
+            if since.elapsed() > stale {
+                out.push(Admit::PutBack(d, Duration::from_secs(1)));
+                continue;
+            }
+            slots.flying += 1;
+            out.push(Admit::Send(d));
+            break;
+        }
+        if slots.flying == 0 && slots.waiting.is_empty() {
+            self.0.remove(host);
+        }
+        out
+    }
+}
+
 /// One replica's delivery loop.
 pub struct Deliverer {
     pub store: Store,
@@ -125,8 +220,8 @@ struct Sent {
 }
 
 impl Deliverer {
-    /// Runs until `stop` resolves; attempts in flight then finish (each is bounded
-    /// by the timeout) and are written.
+    /// Runs until `stop` resolves; attempts in flight then have 5 s to finish and be
+    /// written (one cut short keeps its lease, and is sent again once it runs out).
     pub async fn run(self, stop: impl Future<Output = ()>) {
         let client = match crate::probe::guarded_client(
             GuardedResolver::new(
@@ -145,7 +240,9 @@ impl Deliverer {
         };
         let me = Arc::new(self);
         let mut bus = me.bus.subscribe();
-        let mut flying: JoinSet<Option<DateTime<Utc>>> = JoinSet::new();
+        let mut flying: JoinSet<Done> = JoinSet::new();
+        let mut receivers = Receivers::default();
+        let mut last_claim = tokio::time::Instant::now();
         // The soonest retry this replica scheduled.
         let mut soonest: Option<DateTime<Utc>> = None;
         let mut last_gauge = tokio::time::Instant::now() - IDLE;
@@ -158,6 +255,7 @@ impl Deliverer {
                 if soonest.is_some_and(|t| t <= now) {
                     soonest = None;
                 }
+                last_claim = tokio::time::Instant::now();
                 match me
                     .store
                     .claim_deliveries(me.owner, now, me.cfg.lease_ttl, free as i64)
@@ -166,9 +264,15 @@ impl Deliverer {
                     Ok(due) => {
                         full = due.len() == free;
                         for d in due {
-                            let me = me.clone();
-                            let client = client.clone();
-                            flying.spawn(async move { me.attempt(&client, d).await });
+                            let host = receiver(&d.delivery.url);
+                            match receivers.admit(&host, d) {
+                                Admit::Send(d) => me.spawn_attempt(&mut flying, &client, host, d),
+                                Admit::Queued => {}
+                                Admit::PutBack(d, after) => {
+                                    let me = me.clone();
+                                    flying.spawn(async move { me.put_back(d, after).await });
+                                }
+                            }
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot claim webhook deliveries"),
@@ -194,18 +298,102 @@ impl Deliverer {
                     if matches!(r, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
                         break;
                     }
-                    // Events come in bursts: take what a few milliseconds bring at once.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    // Events come in bursts: take what a few milliseconds bring at once,
+                    // and claim no more often than CLAIM_GAP.
+                    let gap = CLAIM_GAP.saturating_sub(last_claim.elapsed());
+                    tokio::time::sleep(gap.max(Duration::from_millis(5))).await;
                     while bus.try_recv().is_ok() {}
                 }
                 Some(done) = flying.join_next(), if !flying.is_empty() => {
-                    if let Ok(Some(next)) = done {
+                    let Ok(done) = done else { continue };
+                    if let Some(next) = done.next {
                         soonest = Some(soonest.map_or(next, |s| s.min(next)));
+                    }
+                    let Some((host, took)) = done.sent else { continue };
+                    // The receiver's slot is free: its next waiting delivery goes, or
+                    // one that waited past half its lease is given back.
+                    for next in receivers.finished(&host, took, me.cfg.lease_ttl / 2) {
+                        match next {
+                            Admit::Send(d) => me.spawn_attempt(&mut flying, &client, host.clone(), d),
+                            Admit::PutBack(d, after) => {
+                                let me = me.clone();
+                                flying.spawn(async move { me.put_back(d, after).await });
+                            }
+                            Admit::Queued => {}
+                        }
                     }
                 }
             }
         }
-        while flying.join_next().await.is_some() {}
+        // What waits in the queues keeps its lease until it runs out.
+        let drain = async { while flying.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(5), drain)
+            .await
+            .is_err()
+        {
+            flying.abort_all();
+        }
+    }
+
+    fn spawn_attempt(
+        self: &Arc<Self>,
+        flying: &mut JoinSet<Done>,
+        client: &reqwest::Client,
+        host: String,
+        d: Due,
+    ) {
+        let (me, client) = (self.clone(), client.clone());
+        flying.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let next = me.attempt(&client, d).await;
+            Done {
+                next,
+                sent: Some((host, started.elapsed())),
+            }
+        });
+    }
+
+    /// Gives a claimed delivery back unsent, due `after` from now (its receiver has
+    /// [`PER_HOST`] attempts in flight and as many waiting).
+    async fn put_back(&self, due: Due, after: Duration) -> Done {
+        let next = Utc::now() + chrono::Duration::from_std(after).unwrap_or_default();
+        let outcome = Outcome {
+            id: due.delivery.id,
+            epoch: due.epoch,
+            wait_id: due.wait_id,
+            endpoint: due.delivery.endpoint,
+            status: DeliveryStatus::Pending,
+            next_attempt_at: Some(next),
+            tries: due.tries,
+            attempts: due.delivery.attempts,
+            attempted: false,
+        };
+        self.write(&outcome).await;
+        Done {
+            next: Some(next),
+            sent: None,
+        }
+    }
+
+    /// Writes an outcome; a lost lease or a failed write leaves the delivery to be
+    /// taken again once its lease runs out (at least once).
+    async fn write(&self, outcome: &Outcome) {
+        match self
+            .store
+            .finish_delivery(self.owner, Utc::now(), outcome)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(
+                    delivery = outcome.id,
+                    "a webhook delivery's lease passed to another replica before its outcome was written"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(delivery = outcome.id, error = %e, "cannot record a webhook delivery's outcome");
+            }
+        }
     }
 
     /// Sends one delivery and writes what came of it; the time of its next attempt
@@ -223,13 +411,7 @@ impl Deliverer {
                 attempts: due.delivery.attempts.clone(),
                 attempted: false,
             };
-            if let Err(e) = self
-                .store
-                .finish_delivery(self.owner, Utc::now(), &outcome)
-                .await
-            {
-                tracing::warn!(delivery = due.delivery.id, error = %e, "cannot record a webhook delivery's outcome");
-            }
+            self.write(&outcome).await;
             return None;
         }
         let sent = self.send(client, &due).await;
@@ -275,19 +457,7 @@ impl Deliverer {
             attempts,
             attempted: true,
         };
-        match self.store.finish_delivery(self.owner, now, &outcome).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::info!(
-                    delivery = due.delivery.id,
-                    "a webhook delivery's lease passed to another replica before its outcome was written"
-                );
-            }
-            Err(e) => {
-                // The lease runs out and the delivery is taken again: at least once.
-                tracing::warn!(delivery = due.delivery.id, error = %e, "cannot record a webhook delivery's outcome");
-            }
-        }
+        self.write(&outcome).await;
         next
     }
 
