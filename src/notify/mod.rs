@@ -45,10 +45,11 @@ pub const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(5);
 /// The most of a receiver's answer that is read (then the connection is dropped).
 pub const MAX_RESPONSE: usize = 4096;
 
-/// Most attempts in flight to one receiver (host and port) from one replica, and
-/// most deliveries waiting for one of them: one receiver that hangs cannot take
-/// every slot from the others. A delivery claimed beyond both is given back, due
-/// after about as long as what is ahead of it takes that receiver (50 ms to 10 min).
+/// Most attempts in flight to one receiver (host and port) from one replica: one
+/// receiver that hangs cannot take every slot from the others. Claimed deliveries
+/// beyond it wait their turn, as many as that receiver answers in about a second;
+/// one claimed beyond that is given back, due after about as long as what is ahead
+/// of it takes that receiver (50 ms to 10 min).
 pub const PER_HOST: usize = 16;
 
 /// After a burst of events wakes the loop, it claims at most this often.
@@ -148,9 +149,16 @@ enum Admit {
 }
 
 /// Per receiver: attempts in flight (at most [`PER_HOST`]), claimed deliveries
-/// waiting for a slot (at most as many again), and how long its attempts take.
+/// waiting for a slot, and how long its attempts take.
 #[derive(Default)]
-struct Receivers(std::collections::HashMap<String, Slots>);
+struct Receivers {
+    slots: std::collections::HashMap<String, Slots>,
+    /// Deliveries waiting, over every receiver (at most [`MAX_WAITING`]).
+    waiting: usize,
+}
+
+/// Most claimed deliveries waiting for a slot on one replica (each holds its wait).
+const MAX_WAITING: usize = 1024;
 
 #[derive(Default)]
 struct Slots {
@@ -162,13 +170,22 @@ struct Slots {
 
 impl Receivers {
     fn admit(&mut self, host: &str, d: Due) -> Admit {
-        let slots = self.0.entry(host.to_string()).or_default();
+        let slots = self.slots.entry(host.to_string()).or_default();
         if slots.flying < PER_HOST {
             slots.flying += 1;
             return Admit::Send(d);
         }
-        if slots.waiting.len() < PER_HOST {
+        // As many wait as this receiver answers in about a second (and never fewer
+        // than PER_HOST): a fast one takes a burst at once, one that hangs does not
+        // hold more leases than it can use.
+        let per_second = if slots.took.is_zero() {
+            1000
+        } else {
+            (1_000_000 / slots.took.as_micros().max(1)).clamp(1, 1000) as usize
+        };
+        if slots.waiting.len() < PER_HOST * per_second && self.waiting < MAX_WAITING {
             slots.waiting.push_back((tokio::time::Instant::now(), d));
+            self.waiting += 1;
             return Admit::Queued;
         }
         // Back for about as long as what is ahead of it takes this receiver.
@@ -179,13 +196,14 @@ impl Receivers {
 
     /// An attempt to `host` finished after `took`: what goes next in its slot.
     fn finished(&mut self, host: &str, took: Duration, stale: Duration) -> Vec<Admit> {
-        let Some(slots) = self.0.get_mut(host) else {
+        let Some(slots) = self.slots.get_mut(host) else {
             return Vec::new();
         };
         slots.flying = slots.flying.saturating_sub(1);
         slots.took = (slots.took * 3 + took) / 4;
         let mut out = Vec::new();
         while let Some((since, d)) = slots.waiting.pop_front() {
+            self.waiting -= 1;
             if since.elapsed() > stale {
                 out.push(Admit::PutBack(d, Duration::from_secs(1)));
                 continue;
@@ -195,7 +213,7 @@ impl Receivers {
             break;
         }
         if slots.flying == 0 && slots.waiting.is_empty() {
-            self.0.remove(host);
+            self.slots.remove(host);
         }
         out
     }
@@ -238,7 +256,9 @@ impl Deliverer {
                 return;
             }
         };
-        let me = Arc::new(self);
+        let (writes, rx) = tokio::sync::mpsc::channel(4 * WRITE_BATCH);
+        let written = tokio::spawn(writer(self.store.clone(), self.owner, rx));
+        let me = Arc::new(Running { d: self, writes });
         let mut bus = me.bus.subscribe();
         let mut flying: JoinSet<Done> = JoinSet::new();
         let mut receivers = Receivers::default();
@@ -333,8 +353,56 @@ impl Deliverer {
         {
             flying.abort_all();
         }
+        // The last outcomes are written before the store closes.
+        drop(me);
+        let _ = written.await;
     }
+}
 
+/// A running deliverer: its settings, and where its outcomes go to be written in
+/// batches.
+struct Running {
+    d: Deliverer,
+    writes: tokio::sync::mpsc::Sender<Outcome>,
+}
+
+impl std::ops::Deref for Running {
+    type Target = Deliverer;
+
+    fn deref(&self) -> &Deliverer {
+        &self.d
+    }
+}
+
+/// Outcomes written in one transaction at most.
+const WRITE_BATCH: usize = 256;
+
+/// Writes the outcomes `rx` brings, as many at once as have come (one statement on
+/// Postgres), until every sender is gone.
+async fn writer(store: Store, owner: Uuid, mut rx: tokio::sync::mpsc::Receiver<Outcome>) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        match store.finish_deliveries(owner, Utc::now(), &batch).await {
+            Ok(written) => {
+                for (o, ok) in batch.iter().zip(written) {
+                    if !ok {
+                        tracing::info!(
+                            delivery = o.id,
+                            "a webhook delivery's lease passed to another replica before its outcome was written"
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                // Their leases run out and they are taken again: at least once.
+                tracing::warn!(deliveries = batch.len(), error = %e, "cannot record webhook deliveries' outcomes");
+            }
+        }
+        batch.clear();
+    }
+}
+
+impl Running {
     fn spawn_attempt(
         self: &Arc<Self>,
         flying: &mut JoinSet<Done>,
@@ -368,32 +436,16 @@ impl Deliverer {
             attempts: due.delivery.attempts,
             attempted: false,
         };
-        self.write(&outcome).await;
+        self.write(outcome).await;
         Done {
             next: Some(next),
             sent: None,
         }
     }
 
-    /// Writes an outcome; a lost lease or a failed write leaves the delivery to be
-    /// taken again once its lease runs out (at least once).
-    async fn write(&self, outcome: &Outcome) {
-        match self
-            .store
-            .finish_delivery(self.owner, Utc::now(), outcome)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::info!(
-                    delivery = outcome.id,
-                    "a webhook delivery's lease passed to another replica before its outcome was written"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(delivery = outcome.id, error = %e, "cannot record a webhook delivery's outcome");
-            }
-        }
+    /// Hands an outcome to the writer (the attempt's slot is free meanwhile).
+    async fn write(&self, outcome: Outcome) {
+        let _ = self.writes.send(outcome).await;
     }
 
     /// Sends one delivery and writes what came of it; the time of its next attempt
@@ -411,7 +463,7 @@ impl Deliverer {
                 attempts: due.delivery.attempts.clone(),
                 attempted: false,
             };
-            self.write(&outcome).await;
+            self.write(outcome).await;
             return None;
         }
         let sent = self.send(client, &due).await;
@@ -457,7 +509,7 @@ impl Deliverer {
             attempts,
             attempted: true,
         };
-        self.write(&outcome).await;
+        self.write(outcome).await;
         next
     }
 

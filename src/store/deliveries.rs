@@ -234,21 +234,33 @@ impl Store {
         Ok(due)
     }
 
-    /// Writes an attempt's outcome, fenced by owner and epoch: false when the
-    /// delivery is no longer this owner's. A `stopped` outcome (410 Gone) also stops
-    /// the webhook: its other pending deliveries, and those of later events.
-    pub async fn finish_delivery(
+    /// Writes attempts' outcomes in one transaction, each fenced by owner and
+    /// epoch: per outcome, false when the delivery is no longer this owner's. A
+    /// `stopped` outcome (410 Gone) also stops the webhook: its other pending
+    /// deliveries, and those of later events.
+    pub async fn finish_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
-        outcome: &Outcome,
-    ) -> Result<bool, StoreError> {
-        let attempts =
-            serde_json::to_string(&outcome.attempts).map_err(|e| StoreError::Decode {
-                what: "attempts",
-                why: e.to_string(),
-            })?;
-        sql!(self.finish_delivery(owner, now, outcome, &attempts))
+        outcomes: &[Outcome],
+    ) -> Result<Vec<bool>, StoreError> {
+        if outcomes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let attempts = outcomes
+            .iter()
+            .map(|o| {
+                serde_json::to_string(&o.attempts).map_err(|e| StoreError::Decode {
+                    what: "attempts",
+                    why: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<String>, _>>()?;
+        let written: std::collections::HashSet<i64> =
+            sql!(self.finish_deliveries(owner, now, outcomes, &attempts))?
+                .into_iter()
+                .collect();
+        Ok(outcomes.iter().map(|o| written.contains(&o.id)).collect())
     }
 
     /// A tenant's wait's deliveries with id `> after`, in id order (event order per

@@ -926,34 +926,42 @@ impl PgDialect {
             .await?)
     }
 
-    pub(super) async fn finish_delivery(
+    /// One statement for the batch, and for the `stopped` ones the webhook stops,
+    /// in the same transaction; the ids written.
+    pub(super) async fn finish_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
-        o: &Outcome,
-        attempts: &str,
-    ) -> Result<bool, StoreError> {
+        batch: &[Outcome],
+        attempts: &[String],
+    ) -> Result<Vec<i64>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let done = o.status != DeliveryStatus::Pending;
-        let n = sqlx::query(
-            "UPDATE deliveries SET status = $4, next_attempt_at = $5, finished_at = $6, tries = $7,
-                    attempts_total = attempts_total + $9, attempts = $8::jsonb,
-                    owner = NULL, lease_until = NULL
-             WHERE id = $1 AND owner = $2 AND epoch = $3",
+        let written: Vec<(i64,)> = sqlx::query_as(
+            "UPDATE deliveries d SET status = u.status, next_attempt_at = u.next,
+                    finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE $2 END,
+                    tries = u.tries, attempts_total = d.attempts_total + u.attempted,
+                    attempts = u.attempts::jsonb, owner = NULL, lease_until = NULL
+             FROM unnest($3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::int[],
+                         $8::int[], $9::text[]) AS u(id, epoch, status, next, tries, attempted, attempts)
+             WHERE d.id = u.id AND d.owner = $1 AND d.epoch = u.epoch
+             RETURNING d.id",
         )
-        .bind(o.id)
         .bind(owner)
-        .bind(o.epoch)
-        .bind(o.status.as_str())
-        .bind(o.next_attempt_at)
-        .bind(done.then_some(now))
-        .bind(o.tries)
+        .bind(now)
+        .bind(batch.iter().map(|o| o.id).collect::<Vec<i64>>())
+        .bind(batch.iter().map(|o| o.epoch).collect::<Vec<i64>>())
+        .bind(batch.iter().map(|o| o.status.as_str()).collect::<Vec<&str>>())
+        .bind(batch.iter().map(|o| o.next_attempt_at).collect::<Vec<Option<DateTime<Utc>>>>())
+        .bind(batch.iter().map(|o| o.tries).collect::<Vec<i32>>())
+        .bind(batch.iter().map(|o| i32::from(o.attempted)).collect::<Vec<i32>>())
         .bind(attempts)
-        .bind(i32::from(o.attempted))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if n == 1 && o.status == DeliveryStatus::Stopped {
+        .fetch_all(&mut *tx)
+        .await?;
+        let written: Vec<i64> = written.into_iter().map(|(id,)| id).collect();
+        for o in batch
+            .iter()
+            .filter(|o| o.status == DeliveryStatus::Stopped && written.contains(&o.id))
+        {
             sqlx::query(
                 "UPDATE wait_notify SET stopped_at = $3 WHERE wait_id = $1 AND endpoint = $2",
             )
@@ -973,7 +981,7 @@ impl PgDialect {
             .await?;
         }
         tx.commit().await?;
-        Ok(n == 1)
+        Ok(written)
     }
 
     pub(super) async fn deliveries(
