@@ -33,8 +33,14 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover, fanout, cel, webhooks.
+    /// takeover, fanout, cel, webhooks, scale.
     only: Vec<String>,
+    /// Waits and their poll interval in the scale phase.
+    scale_waits: usize,
+    scale_interval: Duration,
+    /// Replicas sharing the scale phase's waits.
+    scale_replicas: usize,
+    smoke: bool,
 }
 
 impl Args {
@@ -53,6 +59,10 @@ fn args() -> Args {
         interval: "1s".into(),
         followers: 1000,
         only: Vec::new(),
+        scale_waits: 1_000_000,
+        scale_interval: Duration::from_secs(60),
+        scale_replicas: 1,
+        smoke: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -72,6 +82,12 @@ fn args() -> Args {
             }
             "--interval" => a.interval = v,
             "--followers" => a.followers = v.parse().expect("--followers N"),
+            "--scale-waits" => a.scale_waits = v.parse().expect("--scale-waits N"),
+            "--scale-interval" => {
+                a.scale_interval =
+                    waitd::engine::duration::parse(&v).expect("--scale-interval DURATION")
+            }
+            "--scale-replicas" => a.scale_replicas = v.parse().expect("--scale-replicas N"),
             "--only" => {
                 a.only = v.split(',').map(str::to_string).collect();
                 for p in &a.only {
@@ -88,6 +104,9 @@ fn args() -> Args {
                 a.concurrency = 32;
                 a.rss_waits = vec![500];
                 a.followers = 20;
+                a.scale_waits = 2_000;
+                a.scale_interval = Duration::from_secs(2);
+                a.smoke = true;
                 i += 1;
                 continue;
             }
@@ -102,8 +121,9 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 10] = [
+const PHASES: [&str; 11] = [
     "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel", "webhooks",
+    "scale",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -641,6 +661,33 @@ struct Run {
     cel_micro: (f64, f64, f64, f64),
     /// (11) waits ending at once, each announcing it to a webhook.
     hooks: Hooks,
+    /// (12) many waits on one replica.
+    scale: Option<Scale>,
+}
+
+/// (12) The scale phase's figures.
+#[derive(Clone, Default)]
+struct Scale {
+    /// The SQL insert of the rows, s.
+    insert_s: f64,
+    /// From the insert's commit until every wait is held, s.
+    hold_s: f64,
+    /// Resident memory of the replicas at the end, GiB, and per wait, KiB.
+    rss_gib: f64,
+    rss_per_wait_kib: f64,
+    /// Polls a second over the window, and the schedule's.
+    polls_per_s: f64,
+    schedule_per_s: f64,
+    /// Schedule lag per sub-window: p50, p99 (s).
+    windows: Vec<(f64, f64)>,
+    /// CPU a poll: waitd's replicas, Postgres (µs); cores used by both.
+    waitd_us: f64,
+    pg_us: f64,
+    cores: f64,
+    /// Postgres over the window: rows written and WAL bytes per poll-hour of one wait
+    /// (that is, per 3,600 / interval polls).
+    rows_per_poll: f64,
+    wal_per_poll: f64,
 }
 
 /// (11) The webhook phase's figures.
@@ -724,6 +771,7 @@ async fn one_run(a: &Args) -> Run {
         cel_cpu: [f64::NAN; 3],
         cel_micro: (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
         hooks: Hooks::NONE,
+        scale: None,
     };
     if a.runs("cel") {
         run.cel_micro = cel_micro();
@@ -851,7 +899,237 @@ async fn one_run(a: &Args) -> Run {
     if a.runs("webhooks") {
         run.hooks = webhooks(a.followers).await;
     }
+    if a.runs("scale") {
+        run.scale = Some(scale(a).await);
+    }
     run
+}
+
+/// The scale phase's target: nginx answering one static in-progress state, in a
+/// process of its own (so that it shares no runtime with waitd), or, without nginx,
+/// the benchmark's own upstream. Its URL, and the nginx process to stop.
+async fn static_upstream(dir: &TempDir) -> (String, Option<std::process::Child>) {
+    let port = support::replica::free_port();
+    let conf = dir.path.join("nginx.conf");
+    let text = format!(
+        "worker_processes 1;\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 300s;\n\
+           server {{ listen 127.0.0.1:{port}; location / {{ default_type application/json;\n\
+             return 200 '{{\"data\":{{\"attributes\":{{\"status\":\"deploying\"}}}}}}'; }} }} }}\n",
+        dir = dir.path.display()
+    );
+    std::fs::write(&conf, text).unwrap();
+    let nginx = ["nginx", "/usr/sbin/nginx"].into_iter().find_map(|bin| {
+        std::process::Command::new(bin)
+            .args(["-c"])
+            .arg(&conf)
+            .args(["-p"])
+            .arg(&dir.path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()
+    });
+    if let Some(child) = nginx {
+        let base = format!("http://127.0.0.1:{port}");
+        let up = support::eventually(Duration::from_secs(5), || async {
+            client().get(format!("{base}/x")).send().await.is_ok()
+        })
+        .await;
+        if up {
+            eprintln!("scale phase: nginx serves the target on port {port}");
+            return (base, Some(child));
+        }
+    }
+    eprintln!("scale phase: no nginx; the benchmark's own upstream serves the target");
+    (upstream().await.0, None)
+}
+
+/// Sums the replicas' metrics (counters and histogram buckets add up).
+fn merged(
+    maps: Vec<std::collections::HashMap<String, f64>>,
+) -> std::collections::HashMap<String, f64> {
+    let mut out = std::collections::HashMap::new();
+    for m in maps {
+        for (k, v) in m {
+            *out.entry(k).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+/// (12) `--scale-waits` waits (1,000,000) polled every `--scale-interval` (60 s, 10%
+/// jitter) by `--scale-replicas` waitd processes (1): the rows inserted by SQL with
+/// their first polls spread over one interval; the time until all are held; then,
+/// one interval after that, one interval measured in windows of 10 s (a fifth of the
+/// interval when shorter): polls a second against the schedule, lag per window, CPU
+/// a poll of waitd and Postgres, RSS.
+async fn scale(a: &Args) -> Scale {
+    let n = a.scale_waits;
+    let interval = a.scale_interval;
+    let dir = TempDir::new("waitd-scale");
+    let (up, mut nginx) = static_upstream(&dir).await;
+    let db = TestDb::new().await;
+    let cap = (n + 1000).to_string();
+    let extra = [
+        "--capacity",
+        cap.as_str(),
+        "--max-active-waits",
+        cap.as_str(),
+        "--concurrency",
+        "512",
+        "--per-host-concurrency",
+        "512",
+        "--rate-limit",
+        "0",
+    ];
+    let mut replicas = Vec::new();
+    for i in 0..a.scale_replicas.max(1) {
+        replicas.push(spawn_replica(&db, &dir, &format!("scale{i}"), "30s", &extra).await);
+    }
+    let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
+    let every = engine_duration(interval);
+    let spec = json!({
+        "target": {"url": format!("{up}/servers/0")},
+        "state": "/data/attributes/status",
+        "want": ["on"],
+        "timeout": "4h",
+        "poll": {"initial": every, "factor": 1, "max": every, "jitter": 0.1},
+    });
+    let r = client()
+        .post(format!("{}/waits", bases[0]))
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+    let held_all = |want: usize| {
+        let bases = bases.clone();
+        async move {
+            let mut held = 0.0;
+            for b in &bases {
+                held += metrics(b)
+                    .await
+                    .get("waitd_held_waits")
+                    .copied()
+                    .unwrap_or(0.0);
+            }
+            held as usize >= want
+        }
+    };
+    assert!(support::eventually(Duration::from_secs(30), || held_all(1)).await);
+    // The other n - 1 as copies of its rows, due over one interval from now.
+    let t0 = Instant::now();
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
+         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline,
+                now() + random() * $2 * interval '1 millisecond', w.labels, w.engine, 1
+         FROM waits w, generate_series(1, $1) WHERE w.status = 'running'",
+    )
+    .bind((n - 1) as i64)
+    .bind(interval.as_millis() as f64)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO wait_specs (wait_id, spec, headers)
+         SELECT w.id, s.spec, s.headers FROM waits w, (SELECT spec, headers FROM wait_specs LIMIT 1) s
+         WHERE NOT EXISTS (SELECT 1 FROM wait_specs x WHERE x.wait_id = w.id)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE waits").execute(&mut c).await.unwrap();
+    let insert_s = t0.elapsed().as_secs_f64();
+    let inserted = Instant::now();
+    eprintln!("scale phase: {n} waits inserted in {insert_s:.1} s; waiting until all are held");
+    // Claims are woken by NOTIFY on creates; rows inserted by SQL are found by the
+    // claim sweep.
+    assert!(
+        support::eventually(Duration::from_secs(1800), || held_all(n)).await,
+        "the replicas never held all {n} waits"
+    );
+    let hold_s = inserted.elapsed().as_secs_f64();
+    eprintln!("scale phase: all held {hold_s:.1} s after the insert; one interval to settle");
+    tokio::time::sleep(interval).await;
+    let window = (interval / 5)
+        .min(Duration::from_secs(10))
+        .max(Duration::from_secs(1));
+    let windows_n = (interval.as_secs_f64() / window.as_secs_f64())
+        .round()
+        .max(1.0) as usize;
+    let snapshot = || {
+        let bases = bases.clone();
+        async move {
+            let mut ms = Vec::new();
+            for b in &bases {
+                ms.push(metrics(b).await);
+            }
+            merged(ms)
+        }
+    };
+    let pids: Vec<String> = replicas.iter().map(|r| r.pid.to_string()).collect();
+    let waitd_cpu = || pids.iter().map(|p| cpu_of(p)).sum::<f64>();
+    let pg_cpu = || cpu_seconds() - cpu_of("self");
+    let (first, r0, w0, p0) = (
+        snapshot().await,
+        rows_written(&db).await,
+        waitd_cpu(),
+        pg_cpu(),
+    );
+    let started = Instant::now();
+    let mut prev = first.clone();
+    let mut windows = Vec::new();
+    for i in 0..windows_n {
+        tokio::time::sleep_until((started + window * (i as u32 + 1)).into()).await;
+        let now = snapshot().await;
+        windows.push((
+            lag_percentile(&prev, &now, 0.5),
+            lag_percentile(&prev, &now, 0.99),
+        ));
+        prev = now;
+    }
+    let took = started.elapsed().as_secs_f64();
+    let (r1, w1, p1) = (rows_written(&db).await, waitd_cpu(), pg_cpu());
+    let polls_n = polls(&prev) - polls(&first);
+    let rss_kib: u64 = replicas.iter().map(|r| rss_kib(r.pid)).sum();
+    let out = Scale {
+        insert_s,
+        hold_s,
+        rss_gib: rss_kib as f64 / (1024.0 * 1024.0),
+        rss_per_wait_kib: rss_kib as f64 / n as f64,
+        polls_per_s: polls_n / took,
+        schedule_per_s: n as f64 / interval.as_secs_f64(),
+        windows,
+        waitd_us: (w1 - w0) * 1e6 / polls_n,
+        pg_us: (p1 - p0) * 1e6 / polls_n,
+        cores: ((w1 - w0) + (p1 - p0)) / took,
+        rows_per_poll: (r1.0 - r0.0) as f64 / polls_n,
+        wal_per_poll: (r1.1 - r0.1) as f64 / polls_n,
+    };
+    eprintln!(
+        "scale phase: {:.0} polls/s of {:.0} scheduled; lag p99 by window: {:?} ms",
+        out.polls_per_s,
+        out.schedule_per_s,
+        out.windows
+            .iter()
+            .map(|w| (w.1 * 1e3).round())
+            .collect::<Vec<_>>()
+    );
+    drop(replicas);
+    if let Some(n) = nginx.as_mut() {
+        let _ = n.kill();
+        let _ = n.wait();
+    }
+    db.drop_db().await;
+    out
+}
+
+/// A duration as a request writes it (whole milliseconds).
+fn engine_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 /// What one flip of `n` waits at once cost the database, and, with webhooks, the
@@ -1542,6 +1820,102 @@ fn median(v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The scale phase's rows of the table (medians of the runs), then each run's lag
+/// per window.
+fn scale_table(a: &Args, runs: &[Run]) -> String {
+    use std::fmt::Write;
+    let sc: Vec<&Scale> = runs.iter().filter_map(|r| r.scale.as_ref()).collect();
+    let m = |f: &dyn Fn(&Scale) -> f64| median(sc.iter().map(|s| f(s)).collect());
+    let mut t = String::new();
+    let n = a.scale_waits;
+    let every = engine_duration(a.scale_interval);
+    let who = if a.scale_replicas > 1 {
+        format!("{} replicas", a.scale_replicas)
+    } else {
+        "one replica".to_string()
+    };
+    let _ = writeln!(
+        t,
+        "| 12 | {n} waits every {every} (±10%) on {who}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
+        m(&|s| s.insert_s),
+        m(&|s| s.hold_s)
+    );
+    let _ = writeln!(
+        t,
+        "| 12b | RSS of waitd | {:.2} GiB ({:.2} KiB a wait) | ≤ 2 GiB |",
+        m(&|s| s.rss_gib),
+        m(&|s| s.rss_per_wait_kib)
+    );
+    let _ = writeln!(
+        t,
+        "| 12c | polls a second against the schedule's {:.0} | {:.0} ({:.3}) | ≥ 0.99 |",
+        m(&|s| s.schedule_per_s),
+        m(&|s| s.polls_per_s),
+        m(&|s| s.polls_per_s / s.schedule_per_s)
+    );
+    let worst = m(&|s| s.windows.iter().map(|w| w.1).fold(0.0, f64::max));
+    let _ = writeln!(
+        t,
+        "| 12d | schedule lag over one interval: the median window's p50 / p99, the worst window's p99 | {:.1} / {:.1} ms, worst {:.1} ms | p99 ≤ 100 ms in every window |",
+        m(&|s| median(s.windows.iter().map(|w| w.0).collect())) * 1e3,
+        m(&|s| median(s.windows.iter().map(|w| w.1).collect())) * 1e3,
+        worst * 1e3
+    );
+    let _ = writeln!(
+        t,
+        "| 12e | CPU a poll: waitd / Postgres (cores used by both) | {:.1} / {:.1} µs ({:.2}) | ≤ 40 / ≤ 5 µs |",
+        m(&|s| s.waitd_us),
+        m(&|s| s.pg_us),
+        m(&|s| s.cores)
+    );
+    let _ = writeln!(
+        t,
+        "| 12f | Postgres rows written / WAL bytes a poll | {:.4} / {:.1} | |",
+        m(&|s| s.rows_per_poll),
+        m(&|s| s.wal_per_poll)
+    );
+    for (i, s) in sc.iter().enumerate() {
+        let _ = writeln!(
+            t,
+            "\nrun {}: held after {:.1} s; {:.0} polls/s; lag p99 per window (ms): {}",
+            i + 1,
+            s.hold_s,
+            s.polls_per_s,
+            s.windows
+                .iter()
+                .map(|w| format!("{:.0}", w.1 * 1e3))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    t
+}
+
+/// Puts the scale phase's table into BENCHMARKS.md, between its markers.
+fn write_scale_section(a: &Args, table: &str) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md");
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let (begin, end) = ("<!-- scale:begin -->", "<!-- scale:end -->");
+    let (Some(i), Some(j)) = (text.find(begin), text.find(end)) else {
+        eprintln!("BENCHMARKS.md has no {begin} … {end} markers; the table is above");
+        return;
+    };
+    let body = format!(
+        "{begin}\n`cargo bench --bench load -- --only scale --runs {} --scale-waits {} --scale-interval {} --scale-replicas {}`, {}:\n\n| # | figure | value | target |\n|---|---|---|---|\n{table}\n",
+        a.runs,
+        a.scale_waits,
+        engine_duration(a.scale_interval),
+        a.scale_replicas,
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    );
+    let out = format!("{}{}{}", &text[..i], body, &text[j..]);
+    if std::fs::write(path, out).is_ok() {
+        eprintln!("scale phase: the table is written into BENCHMARKS.md");
+    }
+}
+
 fn main() {
     // `RUST_LOG=waitd=warn` shows what waitd itself reports during the run.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -1605,6 +1979,13 @@ fn main() {
             println!("| 10 | CPU a poll of a 2 KB Deployment at the 1 ms floor (waitd and upstream, not Postgres): state path alone / with the kubernetes.rollout conditions, the body unchanged (decided as before) / the body changed at every answer (evaluated) | {path:.1} / {same:.1} / {vary:.1} µs: +{:.1} / +{:.1} µs (the runs' own, median +{:.1} / +{:.1}) | ≤ +5 µs |", same - path, vary - path, m(&|r| r.cel_cpu[1] - r.cel_cpu[0]), m(&|r| r.cel_cpu[2] - r.cel_cpu[0]));
             let (p, j, h, c) = (m(&|r| r.cel_micro.0), m(&|r| r.cel_micro.1), m(&|r| r.cel_micro.2), m(&|r| r.cel_micro.3));
             println!("| 10b | the body's share alone, one thread: parse + path / + both conditions evaluated / + a response decided before (compiling both, once per held wait: {c:.0} µs) | {p:.2} / {j:.2} / {h:.2} µs: +{:.2} / +{:.2} µs | ≤ +5 µs |", j - p, h - p);
+        }
+        if a.runs("scale") {
+            let table = scale_table(&a, &runs);
+            print!("{table}");
+            if !a.smoke {
+                write_scale_section(&a, &table);
+            }
         }
         if a.runs("webhooks") {
             println!("| 11 | {} waits ending at once, each with a webhook: the end's event → the local receiver's 204, p50 / p99 (the last {:.0} ms after the flip) | {:.0} ms / {:.0} ms | p99 ≤ 1 s |", a.followers, m(&|r| r.hooks.all), m(&|r| r.hooks.p50), m(&|r| r.hooks.p99));

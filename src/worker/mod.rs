@@ -258,7 +258,14 @@ impl Worker {
                 msg = bus_rx.recv() => lp.bus(msg),
                 _ = tokio::time::sleep_until(wake) => lp.fire_due(),
                 _ = claim_tick.tick() => lp.claim_again = true,
-                _ = renew_tick.tick() => lp.renew(),
+                _ = renew_tick.tick() => {
+                    let started = std::time::Instant::now();
+                    lp.renew();
+                    let took = started.elapsed();
+                    if took > Duration::from_millis(20) {
+                        tracing::debug!(ms = took.as_millis() as u64, what = "a renewal's start", held = lp.held.len(), "the worker loop was busy");
+                    }
+                }
             }
             lp.flush_writes();
         }
@@ -358,10 +365,16 @@ impl Loop {
         let lookahead = (w.cfg.lease_ttl / 2).min(Duration::from_secs(5));
         tokio::spawn(async move {
             let limit = free.min(1000) as i64;
+            let started = Instant::now();
             let r = w
                 .store
                 .claim(w.owner, w.cfg.lease_ttl, lookahead, limit)
                 .await;
+            tracing::debug!(
+                n = r.as_ref().map_or(0, Vec::len),
+                ms = started.elapsed().as_millis() as u64,
+                "claim"
+            );
             w.metrics.write();
             let _ = tx.send(Msg::Claimed(r));
         });
@@ -662,6 +675,27 @@ impl Loop {
     }
 
     fn handle(&mut self, msg: Msg) {
+        let started = std::time::Instant::now();
+        let what = match &msg {
+            Msg::Claimed(_) => "a claim",
+            Msg::Probed { .. } => "a probe",
+            Msg::Recorded { .. } => "a progress write",
+            Msg::Marked { .. } => "first polls marked",
+            Msg::Renewed(_) => "a renewal",
+        };
+        self.dispatch(msg);
+        let took = started.elapsed();
+        if took > Duration::from_millis(20) {
+            tracing::debug!(
+                ms = took.as_millis() as u64,
+                what,
+                held = self.held.len(),
+                "the worker loop was busy"
+            );
+        }
+    }
+
+    fn dispatch(&mut self, msg: Msg) {
         match msg {
             Msg::Claimed(result) => self.claimed(result),
             Msg::Probed {
