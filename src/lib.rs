@@ -213,6 +213,7 @@ impl App {
             body_timeout: config.body_timeout,
             cors_origins: Arc::new(cors_origins),
             deliveries_wake,
+            active_count: Default::default(),
             replays: Arc::new(tokio::sync::Semaphore::new(
                 (config.db_connections as usize / 4).max(1),
             )),

@@ -117,7 +117,7 @@ impl Metrics {
         if let Some(n) = active {
             let _ = writeln!(
                 out,
-                "# HELP waitd_active_waits Running waits in the store.\n# TYPE waitd_active_waits gauge\nwaitd_active_waits {n}"
+                "# HELP waitd_active_waits Running waits in the store (counted at most every 5 s).\n# TYPE waitd_active_waits gauge\nwaitd_active_waits {n}"
             );
         }
         let _ = writeln!(

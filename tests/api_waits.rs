@@ -1227,6 +1227,19 @@ async fn metrics_are_prometheus_text_with_polls_and_active_waits() {
     };
     assert_eq!(value("waitd_active_waits"), 2.0, "{text}");
     assert!(value("waitd_polls_total") >= 2.0, "{text}");
+    // The count serves scrapes for 5 s (anyone may scrape, and a count over a
+    // million rows is not free): one more wait does not show at once.
+    let (_, _) = app.create(idle_spec(&slow)).await;
+    let again = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(again.contains("waitd_active_waits 2\n"), "{again}");
     // The replica names the id it owns waits under: the store holds its live lease.
     let owner: uuid::Uuid = text
         .lines()

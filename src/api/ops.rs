@@ -65,7 +65,7 @@ pub async fn readyz(State(s): State<AppState>) -> Response {
     )
 )]
 pub async fn metrics(State(s): State<AppState>) -> Response {
-    let active = s.store.count_running(None).await.ok();
+    let active = active_waits(&s).await;
     (
         [(
             header::CONTENT_TYPE,
@@ -74,6 +74,24 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
         s.metrics.render(active),
     )
         .into_response()
+}
+
+/// How long a count of the running waits serves `/metrics` (which anyone may ask
+/// for, and which a count over a million rows would make expensive).
+const ACTIVE_FRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The running waits in the store, counted at most once per [`ACTIVE_FRESH`]: scrapes
+/// meanwhile, and those that come while a count runs, get its answer.
+async fn active_waits(s: &AppState) -> Option<i64> {
+    let mut last = s.active_count.lock().await;
+    if let Some((at, n)) = *last
+        && at.elapsed() < ACTIVE_FRESH
+    {
+        return Some(n);
+    }
+    let n = s.store.count_running(None).await.ok()?;
+    *last = Some((std::time::Instant::now(), n));
+    Some(n)
 }
 
 /// The OpenAPI document
