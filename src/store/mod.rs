@@ -985,6 +985,16 @@ impl Store {
         })
     }
 
+    /// Renews the owner's lease only, without naming what it holds: Postgres, whose
+    /// lease is one row per replica. (SQLite's leases are per row: use
+    /// [`Store::renew`].)
+    pub async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
+        match &self.db {
+            Dialect::Postgres(d) => d.renew_lease(owner, ttl).await,
+            Dialect::Sqlite(d) => d.renew(owner, ttl, &[]).await.map(|_| ()),
+        }
+    }
+
     /// Writes the last checkpoints and gives the leases up, so another replica can
     /// take them over at once; tells the other replicas there is work.
     pub async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {

@@ -605,14 +605,7 @@ impl PgDialect {
         ttl: Duration,
         held: &[CheckpointRow],
     ) -> Result<Vec<(Uuid, i64)>, StoreError> {
-        sqlx::query(
-            "INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
-             ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
-        )
-        .bind(owner)
-        .bind(ttl)
-        .execute(&self.lease_pool)
-        .await?;
+        self.renew_lease(owner, ttl).await?;
         let dirty: Vec<&CheckpointRow> = held.iter().filter(|c| c.engine.is_some()).collect();
         for chunk in dirty.chunks(CHECKPOINT_CHUNK) {
             self.write_checkpoints(owner, chunk, false).await?;
@@ -623,6 +616,19 @@ impl PgDialect {
                 .fetch_all(&self.lease_pool)
                 .await?,
         )
+    }
+
+    /// The replica's one lease row, extended.
+    pub(super) async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
+             ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+        )
+        .bind(owner)
+        .bind(ttl)
+        .execute(&self.lease_pool)
+        .await?;
+        Ok(())
     }
 
     /// Writes the last checkpoints and gives the waits up, so another replica can

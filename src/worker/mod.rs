@@ -37,6 +37,10 @@ use crate::probe::Prober;
 use crate::store::{Checkpoint, Claimed, Ended, MAX_CLAIMS, Progress, Renewal, Store, StoreError};
 use clock::Clock;
 
+/// Below this many held waits every lease renewal names them all (see
+/// [`Loop::renew`]).
+const FULL_BELOW: usize = 10_000;
+
 /// A probe still in flight at its wait's deadline is cut this long after it, so
 /// the poll the engine schedules at the deadline itself still gets an answer, and
 /// a target that never answers ends the wait `timed_out` within a moment of it.
@@ -168,6 +172,9 @@ enum Msg {
 /// What a lease renewal reports back.
 struct Renewed {
     started: Instant,
+    /// It named every held wait, and its answer says which are still this
+    /// replica's and which it owns without holding (else it renewed the lease only).
+    full: bool,
     /// (id, epoch) of every wait the renewal covered.
     sent: Vec<(Uuid, i64)>,
     checkpointed: Vec<Uuid>,
@@ -206,6 +213,9 @@ struct Loop {
     paused: bool,
     /// Renewals started: every third also writes checkpoints.
     renewals: u64,
+    /// The next renewal names every held wait (the last one failed, or polling
+    /// paused: waits may have been taken over meanwhile).
+    need_full: bool,
     /// Waits the last renewal found owned by this replica but not held (a claim
     /// whose answer was lost), with their epochs: given back when the next one
     /// finds them still so.
@@ -228,10 +238,13 @@ impl Worker {
             lease_until: Instant::now(),
             paused: false,
             renewals: 0,
+            need_full: true,
             strays: HashMap::new(),
             w: w.clone(),
-            held: HashMap::new(),
-            timers: BinaryHeap::new(),
+            // Grown once rather than rehashed in one go while the loop waits
+            // (half a second at 460,000 waits, measured).
+            held: HashMap::with_capacity(w.cfg.capacity.min(4_000_000)),
+            timers: BinaryHeap::with_capacity(w.cfg.capacity.min(4_000_000)),
             tx,
             generation: 0,
             claiming: false,
@@ -397,29 +410,42 @@ impl Loop {
         // (a growing interval, say), or was last written ten TTLs ago: they only
         // save a takeover some early polls and keep `polls` and `next_poll_at` fresh.
         let write_checkpoints = self.renewals.is_multiple_of(3);
+        // On Postgres a lease is one row per replica: between checkpoint rounds,
+        // renewing it needs nothing of the held waits, and for a replica holding
+        // many, going over all of them (here, and in the store's answer) would stall
+        // this loop and cost Postgres a scan of them. A full renewal, which also
+        // finds waits lost or stray, comes with every checkpoint round, after a
+        // renewal that failed or a pause, and always below FULL_BELOW waits.
+        let full = self.w.store.postgres().is_none()
+            || write_checkpoints
+            || self.need_full
+            || self.held.len() < FULL_BELOW;
         let stale_after = self.w.cfg.lease_ttl * 10;
         let mut checkpointed = Vec::new();
-        let held: Vec<Checkpoint> = self
-            .held
-            .iter_mut()
-            .map(|(id, h)| {
-                // A busy wait's progress is being written right now; renew its lease
-                // only, so an older checkpoint cannot land after the newer write.
-                if h.busy || !write_checkpoints {
-                    return lease_only(*id, h);
-                }
-                let fp = fingerprint(&h.engine);
-                if !h.dirty || (fp == h.written && h.written_at.elapsed() < stale_after) {
-                    return lease_only(*id, h);
-                }
-                let c = checkpoint(*id, h, false);
-                checkpointed.push(*id);
-                h.dirty = false;
-                h.written = fp;
-                h.written_at = Instant::now();
-                c
-            })
-            .collect();
+        let held: Vec<Checkpoint> = if !full {
+            Vec::new()
+        } else {
+            self.held
+                .iter_mut()
+                .map(|(id, h)| {
+                    // A busy wait's progress is being written right now; renew its lease
+                    // only, so an older checkpoint cannot land after the newer write.
+                    if h.busy || !write_checkpoints {
+                        return lease_only(*id, h);
+                    }
+                    let fp = fingerprint(&h.engine);
+                    if !h.dirty || (fp == h.written && h.written_at.elapsed() < stale_after) {
+                        return lease_only(*id, h);
+                    }
+                    let c = checkpoint(*id, h, false);
+                    checkpointed.push(*id);
+                    h.dirty = false;
+                    h.written = fp;
+                    h.written_at = Instant::now();
+                    c
+                })
+                .collect()
+        };
         let sent: Vec<(Uuid, i64)> = held.iter().map(|c| (c.id, c.epoch)).collect();
         let let_go = std::mem::take(&mut self.let_go);
         let claiming = self.claiming;
@@ -427,7 +453,14 @@ impl Loop {
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let r = w.store.renew(w.owner, w.cfg.lease_ttl, &held).await;
+            let r = if full {
+                w.store.renew(w.owner, w.cfg.lease_ttl, &held).await
+            } else {
+                w.store
+                    .renew_lease(w.owner, w.cfg.lease_ttl)
+                    .await
+                    .map(|()| Renewal::default())
+            };
             w.metrics.write();
             // Give back the waits let go (fenced by epoch: one already taken over
             // is untouched); what cannot be given back now goes with the next try.
@@ -449,6 +482,7 @@ impl Loop {
             }
             let _ = tx.send(Msg::Renewed(Renewed {
                 started,
+                full,
                 sent,
                 checkpointed,
                 claiming,
@@ -512,6 +546,7 @@ impl Loop {
                     "lease not renewed in time; polling paused until it is"
                 );
                 self.paused = true;
+                self.need_full = true;
             }
             return;
         }
@@ -795,6 +830,7 @@ impl Loop {
     fn renewed(&mut self, r: Renewed) {
         let Renewed {
             started,
+            full,
             sent,
             checkpointed,
             claiming,
@@ -813,8 +849,11 @@ impl Loop {
         match result {
             Ok(Renewal { kept, strays }) => {
                 self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
-                if !claiming {
-                    self.give_back_strays(strays);
+                if full {
+                    self.need_full = false;
+                    if !claiming {
+                        self.give_back_strays(strays);
+                    }
                 }
                 let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
                 for (id, epoch) in sent {
@@ -845,6 +884,7 @@ impl Loop {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "renewing leases failed");
+                self.need_full = true;
                 for id in checkpointed {
                     if let Some(h) = self.held.get_mut(&id) {
                         h.dirty = true;
