@@ -688,6 +688,8 @@ struct Scale {
     /// (that is, per 3,600 / interval polls).
     rows_per_poll: f64,
     wal_per_poll: f64,
+    /// Postgres's `shared_buffers`, which decides whether the waits stay in its cache.
+    shared_buffers: String,
 }
 
 /// (11) The webhook phase's figures.
@@ -1022,6 +1024,10 @@ async fn scale(a: &Args) -> Scale {
     // The other n - 1 as copies of its rows, due over one interval from now.
     let t0 = Instant::now();
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let (shared_buffers,): (String,) = sqlx::query_as("SHOW shared_buffers")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
     sqlx::query(
         "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
          SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline,
@@ -1113,6 +1119,7 @@ async fn scale(a: &Args) -> Scale {
         cores: ((w1 - w0) + (p1 - p0)) / took,
         rows_per_poll: (r1.0 - r0.0) as f64 / polls_n,
         wal_per_poll: (r1.1 - r0.1) as f64 / polls_n,
+        shared_buffers,
     };
     eprintln!(
         "scale phase: {:.0} polls/s of {:.0} scheduled; lag p99 by window: {:?} ms",
@@ -1839,9 +1846,12 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
     } else {
         "one replica".to_string()
     };
+    let pg = sc
+        .first()
+        .map_or("?".to_string(), |s| s.shared_buffers.clone());
     let _ = writeln!(
         t,
-        "| 12 | {n} waits every {every} (±10%) on {who}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
+        "| 12 | {n} waits every {every} (±10%) on {who}, Postgres shared_buffers {pg}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
         m(&|s| s.insert_s),
         m(&|s| s.hold_s)
     );
