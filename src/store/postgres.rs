@@ -905,7 +905,8 @@ fn insert_wait<'q>(
         )
 }
 
-/// Webhook deliveries (see [`super::deliveries`]).
+/// Webhook deliveries (see [`super::deliveries`]). On the main pool: the lease pool
+/// is kept for the waits' claims and renewals, which deliveries must not delay.
 impl PgDialect {
     pub(super) async fn claim_deliveries(
         &self,
@@ -936,7 +937,7 @@ impl PgDialect {
             .bind(now)
             .bind(ttl.as_millis() as f64)
             .bind(limit)
-            .fetch_all(&self.lease_pool)
+            .fetch_all(&self.pool)
             .await?)
     }
 
@@ -1057,7 +1058,7 @@ impl PgDialect {
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let (t,): (Option<DateTime<Utc>>,) =
             sqlx::query_as("SELECT min(created_at) FROM deliveries WHERE status = 'pending'")
-                .fetch_one(&self.lease_pool)
+                .fetch_one(&self.pool)
                 .await?;
         Ok(t)
     }
