@@ -197,8 +197,14 @@ async fn receive(
 }
 
 /// A Python with the `standardwebhooks` package: `WAITD_TEST_PYTHON`, or a
-/// virtualenv under the tests' scratch directory, made (once) when missing.
+/// virtualenv under the tests' scratch directory, made (once: tests that run at
+/// the same time wait for the first to make it) when missing.
 pub fn python_with_standardwebhooks() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(find_or_make_python).clone()
+}
+
+fn find_or_make_python() -> PathBuf {
     if let Ok(p) = std::env::var("WAITD_TEST_PYTHON") {
         return PathBuf::from(p);
     }
@@ -213,8 +219,9 @@ pub fn python_with_standardwebhooks() -> PathBuf {
     if has(&python) {
         return python;
     }
+    // --clear: a virtualenv left half made by an interrupted run is made again.
     let made = Command::new("python3")
-        .args(["-m", "venv"])
+        .args(["-m", "venv", "--clear"])
         .arg(&venv)
         .status()
         .is_ok_and(|s| s.success());
