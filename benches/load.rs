@@ -1028,25 +1028,7 @@ async fn scale(a: &Args) -> Scale {
         .fetch_one(&mut c)
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline,
-                now() + random() * $2 * interval '1 millisecond', w.labels, w.engine, 1
-         FROM waits w, generate_series(1, $1) WHERE w.status = 'running'",
-    )
-    .bind((n - 1) as i64)
-    .bind(interval.as_millis() as f64)
-    .execute(&mut c)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO wait_specs (wait_id, spec, headers)
-         SELECT w.id, s.spec, s.headers FROM waits w, (SELECT spec, headers FROM wait_specs LIMIT 1) s
-         WHERE NOT EXISTS (SELECT 1 FROM wait_specs x WHERE x.wait_id = w.id)",
-    )
-    .execute(&mut c)
-    .await
-    .unwrap();
+    clone_waits(&db, n - 1, interval).await;
     sqlx::query("ANALYZE waits").execute(&mut c).await.unwrap();
     let insert_s = t0.elapsed().as_secs_f64();
     let inserted = Instant::now();
@@ -1299,7 +1281,7 @@ async fn rss_per_wait(n: usize) -> f64 {
     // One wait through the API, then n - 1 copies of its rows straight into the
     // database: the figure is memory per held wait, not create speed.
     create_waits(&r.base, &up, 1, "59m").await;
-    clone_waits(&db, n - 1).await;
+    clone_waits(&db, n - 1, Duration::ZERO).await;
     // Each is polled once when claimed, then idle for an hour: all held, none in flight.
     until_held(&r.base, n).await;
     // Lets the claims settle before the RSS is read.
@@ -1310,18 +1292,21 @@ async fn rss_per_wait(n: usize) -> f64 {
     (after.saturating_sub(before)) as f64 * 1024.0 / n as f64
 }
 
-/// Copies the one wait in the database `n` times (new ids, due now).
-async fn clone_waits(db: &TestDb, n: usize) {
+/// Copies the one wait in the database `n` times (new ids), due over `spread` from
+/// now (at random, uniformly; `Duration::ZERO`: due now).
+async fn clone_waits(db: &TestDb, n: usize, spread: Duration) {
     if n == 0 {
         return;
     }
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::query(
         "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline, now(), w.labels, w.engine, 1
+         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline,
+                now() + random() * $2 * interval '1 millisecond', w.labels, w.engine, 1
          FROM waits w, generate_series(1, $1) WHERE w.status = 'running'",
     )
     .bind(n as i64)
+    .bind(spread.as_millis() as f64)
     .execute(&mut c)
     .await
     .unwrap();
