@@ -118,3 +118,81 @@ async fn a_wait_on_sqlite_survives_a_restart_and_ends() {
     assert_eq!(end["status"], "succeeded", "{end}");
     app.stop().await.0.unwrap();
 }
+
+/// More waits than a renewal goes over in one turn of the worker's loop (4,096): its
+/// pass is split over several turns, and every share of it still lands. The store's
+/// poll count of a wait polled without change moves only with its checkpoint, written
+/// once it is ten lease TTLs old: every one of them must move past its first poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_pass_split_over_turns_still_checkpoints_every_held_wait() {
+    const N: usize = 4_500;
+    let dir = TempDir::new("waitd-test");
+    let up = Upstream::start().await;
+    let url = up.script("/s/many", vec![Reply::status("deploying")]);
+    let args = set_flag(test_args(&dir.sqlite_url()), "--lease-ttl", "1s");
+    let app = App::start_args(args).await;
+    let mut spec = spec(&url);
+    spec["timeout"] = "2m".into();
+    spec["poll"] = serde_json::json!({"initial": "1s", "max": "1s", "jitter": 0});
+    let ids: Vec<String> = futures_util::stream::iter(0..N)
+        .map(|_| {
+            let app = &app;
+            let spec = &spec;
+            async move {
+                let (status, w) = app.create(spec.clone()).await;
+                assert_eq!(status, 201, "{w}");
+                w["id"].as_str().unwrap().to_string()
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let polls = || async {
+        let mut seen = std::collections::HashMap::new();
+        let mut cursor = String::new();
+        loop {
+            let (status, page) = app
+                .get(&format!("/waits?limit=500&status=running{cursor}"))
+                .await;
+            assert_eq!(status, 200, "{page}");
+            for w in page["items"].as_array().unwrap() {
+                seen.insert(
+                    w["id"].as_str().unwrap().to_string(),
+                    w["polls"].as_u64().unwrap(),
+                );
+            }
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = format!("&cursor={c}"),
+                None => break,
+            }
+        }
+        seen
+    };
+    let settled = poll_for(Duration::from_secs(45), || async {
+        // A page of 500 at a time, 9 pages: look a few times a second, not 100.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let seen = polls().await;
+        (seen.len() == N && ids.iter().all(|id| seen[id] >= 3)).then_some(())
+    })
+    .await;
+    let seen = polls().await;
+    let behind = ids
+        .iter()
+        .filter(|id| seen.get(*id).is_none_or(|p| *p < 3))
+        .count();
+    assert!(
+        settled.is_some(),
+        "{behind} of {N} waits never checkpointed past their first polls ({} running)",
+        seen.len()
+    );
+    app.stop().await.0.unwrap();
+    // Each by its checkpoints, not by being given back as a stray (a wait the pass
+    // left out) and claimed again: every wait was claimed once.
+    let db = sqlx::SqlitePool::connect(&dir.sqlite_url()).await.unwrap();
+    let (claimed_again,): (i64,) = sqlx::query_as("SELECT count(*) FROM waits WHERE epoch > 1")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(claimed_again, 0, "waits claimed more than once");
+    db.close().await;
+}

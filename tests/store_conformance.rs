@@ -306,23 +306,14 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             end: None,
         };
         assert!(!store.record(a, Utc::now(), &stale).await.unwrap());
-        let renew = [Checkpoint {
-            id: w.id,
-            epoch: claimed[0].epoch,
-            engine: None,
-            next_poll_at: None,
-        }];
-        assert!(store.renew(a, ttl, &renew).await.unwrap().kept.is_empty());
-        let renew_b = [Checkpoint {
-            id: w.id,
-            epoch: taken[0].epoch,
-            engine: None,
-            next_poll_at: None,
-        }];
+        let renew = [(w.id, claimed[0].epoch)];
         assert_eq!(
-            store.renew(b, ttl, &renew_b).await.unwrap().kept,
-            vec![w.id]
+            store.renew(a, ttl, &renew, &[]).await.unwrap().lost,
+            vec![(w.id, claimed[0].epoch)]
         );
+        let renew_b = [(w.id, taken[0].epoch)];
+        let renewal = store.renew(b, ttl, &renew_b, &[]).await.unwrap();
+        assert!(renewal.lost.is_empty() && renewal.strays.is_empty());
         assert_eq!(
             store.events("t", w.id, 0, 10).await.unwrap().len(),
             1,
@@ -553,14 +544,9 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         // A renewal that names only the first wait (the second claim may still be on
         // its way back to the worker) keeps both past their original expiry.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let renew = [Checkpoint {
-            id: first.id,
-            epoch: held[0].epoch,
-            engine: None,
-            next_poll_at: None,
-        }];
-        let renewal = store.renew(a, ttl, &renew).await.unwrap();
-        assert_eq!(renewal.kept, vec![first.id]);
+        let renew = [(first.id, held[0].epoch)];
+        let renewal = store.renew(a, ttl, &renew, &[]).await.unwrap();
+        assert!(renewal.lost.is_empty());
         // The one it does not name is reported: owned, and not in the renewal (a
         // claim whose answer the worker never got would stay so).
         assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
@@ -583,7 +569,10 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
             2
         );
-        assert!(store.renew(a, ttl, &renew).await.unwrap().kept.is_empty());
+        assert_eq!(
+            store.renew(a, ttl, &renew, &[]).await.unwrap().lost,
+            renew.to_vec()
+        );
     });
 }
 
@@ -691,6 +680,56 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].engine.polls, 42);
         assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 42);
+    });
+}
+
+#[tokio::test]
+async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_newer() {
+    for_each_store!(|store, backend| {
+        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let ttl = Duration::from_millis(600);
+        let c = store
+            .claim(a, ttl, Duration::ZERO, 1)
+            .await
+            .unwrap()
+            .remove(0);
+        let at = |polls| {
+            let mut engine = c.engine.clone();
+            engine.polls = polls;
+            Checkpoint {
+                id: c.id,
+                epoch: c.epoch,
+                engine: Some(engine),
+                next_poll_at: Some(Utc::now()),
+            }
+        };
+        // Another replica's checkpoint lands nowhere.
+        store.checkpoint(b, ttl, &[at(9)]).await.unwrap();
+        assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 0);
+        store.checkpoint(a, ttl, &[at(5)]).await.unwrap();
+        assert_eq!(
+            store.get("t", c.id).await.unwrap().unwrap().polls,
+            5,
+            "{}",
+            backend.url()
+        );
+        // An older one (a progress write got there first) does not go back.
+        store.checkpoint(a, ttl, &[at(3)]).await.unwrap();
+        assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 5);
+        // The point: past the claim's own expiry, the checkpoints kept the lease.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        store.checkpoint(a, ttl, &[]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            store
+                .claim(b, ttl, Duration::ZERO, 1)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{}: the lease ran out",
+            backend.url()
+        );
     });
 }
 

@@ -167,12 +167,13 @@ pub struct FeedEvent {
     pub labels: BTreeMap<String, String>,
 }
 
-/// What a renewal found: the held waits still the owner's, and the waits the owner
-/// owns without holding them (a claim whose answer never came back: the connection
+/// What a renewal found: the named waits no longer the owner's under the epoch
+/// they were named with (taken over, or ended elsewhere), and the waits the owner
+/// owns without naming them (a claim whose answer never came back: the connection
 /// broke after its commit), each with its epoch.
 #[derive(Debug, Default, PartialEq)]
 pub struct Renewal {
-    pub kept: Vec<Uuid>,
+    pub lost: Vec<(Uuid, i64)>,
     pub strays: Vec<(Uuid, i64)>,
 }
 
@@ -958,31 +959,55 @@ impl Store {
         sql!(self.record(owner, now, &rows))
     }
 
-    /// Renews the owner's lease on everything it holds and writes the checkpoints
-    /// `held` carries; says which of `held` are still the owner's, under the same
-    /// epoch, and which waits the owner owns that `held` does not name. (Postgres
-    /// keeps one lease per replica; SQLite, with one process, one per row.)
+    /// Renews the owner's lease on everything it holds and writes `checkpoints`;
+    /// says which of `named` (every wait the owner holds, with its epoch) are no
+    /// longer the owner's under that epoch, and which waits the owner owns that
+    /// `named` leaves out. (Postgres keeps one lease per replica; SQLite, with one
+    /// process, one per row.)
+    ///
+    /// The comparison is made here, not by the caller: for a replica holding a
+    /// million waits it is a million lookups, which the worker's loop cannot spend.
     pub async fn renew(
         &self,
         owner: Uuid,
         ttl: Duration,
-        held: &[Checkpoint],
+        named: &[(Uuid, i64)],
+        checkpoints: &[Checkpoint],
     ) -> Result<Renewal, StoreError> {
-        let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
-        let owned: std::collections::HashMap<Uuid, i64> =
+        let rows: Vec<CheckpointRow> = checkpoints.iter().map(CheckpointRow::from).collect();
+        let mut owned: std::collections::HashMap<Uuid, i64> =
             sql!(self.renew(owner, ttl, &rows))?.into_iter().collect();
-        let named: std::collections::HashSet<Uuid> = held.iter().map(|c| c.id).collect();
+        let mut lost = Vec::new();
+        for (id, epoch) in named {
+            // Under another epoch it was claimed again since it was named: lost
+            // under that one (the caller compares epochs), and no stray.
+            if owned.remove(id) != Some(*epoch) {
+                lost.push((*id, *epoch));
+            }
+        }
         Ok(Renewal {
-            kept: held
-                .iter()
-                .filter(|c| owned.get(&c.id) == Some(&c.epoch))
-                .map(|c| c.id)
-                .collect(),
-            strays: owned
-                .into_iter()
-                .filter(|(id, _)| !named.contains(id))
-                .collect(),
+            lost,
+            strays: owned.into_iter().collect(),
         })
+    }
+
+    /// Renews the owner's lease and writes `checkpoints`, without comparing what it
+    /// holds with what it owns: Postgres, whose lease is one row per replica. (On
+    /// SQLite, whose leases are per row, the same as [`Store::renew`].)
+    pub async fn checkpoint(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        checkpoints: &[Checkpoint],
+    ) -> Result<(), StoreError> {
+        let rows: Vec<CheckpointRow> = checkpoints.iter().map(CheckpointRow::from).collect();
+        match &self.db {
+            Dialect::Postgres(d) => {
+                d.renew_lease(owner, ttl).await?;
+                d.write_all_checkpoints(owner, &rows).await
+            }
+            Dialect::Sqlite(d) => d.renew(owner, ttl, &rows).await.map(|_| ()),
+        }
     }
 
     /// Renews the owner's lease only, without naming what it holds: Postgres, whose

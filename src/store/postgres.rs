@@ -606,16 +606,26 @@ impl PgDialect {
         held: &[CheckpointRow],
     ) -> Result<Vec<(Uuid, i64)>, StoreError> {
         self.renew_lease(owner, ttl).await?;
-        let dirty: Vec<&CheckpointRow> = held.iter().filter(|c| c.engine.is_some()).collect();
-        for chunk in dirty.chunks(CHECKPOINT_CHUNK) {
-            self.write_checkpoints(owner, chunk, false).await?;
-        }
+        self.write_all_checkpoints(owner, held).await?;
         Ok(
             sqlx::query_as("SELECT id, epoch FROM waits WHERE owner = $1 AND status = 'running'")
                 .bind(owner)
                 .fetch_all(&self.lease_pool)
                 .await?,
         )
+    }
+
+    /// The checkpoints that carry a state, in chunks (the others only name a wait).
+    pub(super) async fn write_all_checkpoints(
+        &self,
+        owner: Uuid,
+        held: &[CheckpointRow],
+    ) -> Result<(), StoreError> {
+        let dirty: Vec<&CheckpointRow> = held.iter().filter(|c| c.engine.is_some()).collect();
+        for chunk in dirty.chunks(CHECKPOINT_CHUNK) {
+            self.write_checkpoints(owner, chunk, false).await?;
+        }
+        Ok(())
     }
 
     /// The replica's one lease row, extended.

@@ -41,6 +41,14 @@ use clock::Clock;
 /// [`Loop::renew`]).
 const FULL_BELOW: usize = 10_000;
 
+/// Above FULL_BELOW, every this many checkpoint rounds a renewal names every held
+/// wait (and whenever a wait may have been lost).
+const FULL_EVERY: u64 = 10;
+
+/// Held waits a renewal's pass goes over in one turn of the loop: about a
+/// millisecond, so that no timer waits for a pass over a million waits.
+const STEP: usize = 4096;
+
 /// A probe still in flight at its wait's deadline is cut this long after it, so
 /// the poll the engine schedules at the deadline itself still gets an answer, and
 /// a target that never answers ends the wait `timed_out` within a moment of it.
@@ -172,11 +180,12 @@ enum Msg {
 /// What a lease renewal reports back.
 struct Renewed {
     started: Instant,
-    /// It named every held wait, and its answer says which are still this
-    /// replica's and which it owns without holding (else it renewed the lease only).
+    /// It named every held wait, and its answer says which are no longer this
+    /// replica's and which it owns without holding (else it renewed the lease and
+    /// wrote checkpoints only).
     full: bool,
-    /// (id, epoch) of every wait the renewal covered.
-    sent: Vec<(Uuid, i64)>,
+    /// (id, epoch) of every wait a full renewal named.
+    named: Vec<(Uuid, i64)>,
     checkpointed: Vec<Uuid>,
     /// Whether a claim was on its way when the renewal started: its waits may
     /// show as owned and not yet held.
@@ -186,11 +195,34 @@ struct Renewed {
     unreleased: Vec<Checkpoint>,
 }
 
+/// A renewal's pass over the held waits, a share per turn of the loop: the waits
+/// to name (a full renewal) and the checkpoints to write.
+struct Sweep {
+    /// The held waits when the pass began.
+    keys: Vec<Uuid>,
+    at: usize,
+    full: bool,
+    write_checkpoints: bool,
+    named: Vec<(Uuid, i64)>,
+    checkpoints: Vec<Checkpoint>,
+    checkpointed: Vec<Uuid>,
+}
+
+/// A full renewal's answer, compared with the held waits a share per turn.
+struct Reconcile {
+    named: Vec<(Uuid, i64)>,
+    at: usize,
+    /// Named, and no longer this replica's under the epoch named.
+    lost: std::collections::HashSet<Uuid>,
+}
+
 struct Loop {
     w: Arc<Worker>,
     /// The one clock every time in here is read from.
     clock: Clock,
-    held: HashMap<Uuid, Held>,
+    /// Boxed: the table holds a pointer a slot, so that growing it moves 24 bytes a
+    /// wait rather than the whole state, and its empty slots cost little.
+    held: HashMap<Uuid, Box<Held>>,
     timers: BinaryHeap<Reverse<(DateTime<Utc>, u64, Uuid)>>,
     tx: mpsc::UnboundedSender<Msg>,
     generation: u64,
@@ -220,6 +252,8 @@ struct Loop {
     /// whose answer was lost), with their epochs: given back when the next one
     /// finds them still so.
     strays: HashMap<Uuid, i64>,
+    sweep: Option<Sweep>,
+    reconcile: Option<Reconcile>,
 }
 
 impl Worker {
@@ -240,6 +274,8 @@ impl Worker {
             renewals: 0,
             need_full: true,
             strays: HashMap::new(),
+            sweep: None,
+            reconcile: None,
             w: w.clone(),
             // Not sized for the capacity up front: inserts into a table that large
             // touch a page each, and a few thousand waits would cost megabytes. (Its
@@ -280,8 +316,20 @@ impl Worker {
                         tracing::debug!(ms = took.as_millis() as u64, what = "a renewal's start", held = lp.held.len(), "the worker loop was busy");
                     }
                 }
+                // Nothing else to do: go on with a renewal's pass.
+                _ = std::future::ready(()), if lp.stepping() => {}
+            }
+            if lp.stepping() {
+                lp.step();
             }
             lp.flush_writes();
+        }
+        // A pass not finished sends nothing: the release below names every wait.
+        if lp.sweep.take().is_some() {
+            lp.renewing = false;
+        }
+        while lp.reconcile.is_some() {
+            lp.step();
         }
 
         // Drain: no new probes or claims; let the in-flight ones report back.
@@ -333,7 +381,7 @@ fn checkpoint(id: Uuid, h: &Held, force: bool) -> Checkpoint {
 }
 
 /// A held wait's deadline (now, for one no longer held).
-fn h_deadline(held: &HashMap<Uuid, Held>, id: Uuid, clock: &Clock) -> DateTime<Utc> {
+fn h_deadline(held: &HashMap<Uuid, Box<Held>>, id: Uuid, clock: &Clock) -> DateTime<Utc> {
     held.get(&id)
         .map_or_else(|| clock.now(), |h| h.engine.deadline)
 }
@@ -404,6 +452,11 @@ impl Loop {
         if self.renewing {
             return;
         }
+        // What the last full renewal left to compare is finished first: the next
+        // one's answer must not meet it half done.
+        while self.reconcile.is_some() {
+            self.step();
+        }
         self.renewing = true;
         self.renewals += 1;
         // Checkpoints of unchanged polls go once a lease TTL (every third renewal),
@@ -411,43 +464,106 @@ impl Loop {
         // (a growing interval, say), or was last written ten TTLs ago: they only
         // save a takeover some early polls and keep `polls` and `next_poll_at` fresh.
         let write_checkpoints = self.renewals.is_multiple_of(3);
-        // On Postgres a lease is one row per replica: between checkpoint rounds,
-        // renewing it needs nothing of the held waits, and for a replica holding
-        // many, going over all of them (here, and in the store's answer) would stall
-        // this loop and cost Postgres a scan of them. A full renewal, which also
-        // finds waits lost or stray, comes with every checkpoint round, after a
-        // renewal that failed or a pause, and always below FULL_BELOW waits.
-        let full = self.w.store.postgres().is_none()
-            || write_checkpoints
-            || self.need_full
-            || self.held.len() < FULL_BELOW;
-        let stale_after = self.w.cfg.lease_ttl * 10;
-        let mut checkpointed = Vec::new();
-        let held: Vec<Checkpoint> = if !full {
-            Vec::new()
-        } else {
-            self.held
-                .iter_mut()
-                .map(|(id, h)| {
-                    // A busy wait's progress is being written right now; renew its lease
-                    // only, so an older checkpoint cannot land after the newer write.
-                    if h.busy || !write_checkpoints {
-                        return lease_only(*id, h);
-                    }
-                    let fp = fingerprint(&h.engine);
-                    if !h.dirty || (fp == h.written && h.written_at.elapsed() < stale_after) {
-                        return lease_only(*id, h);
-                    }
-                    let c = checkpoint(*id, h, false);
-                    checkpointed.push(*id);
-                    h.dirty = false;
-                    h.written = fp;
-                    h.written_at = Instant::now();
-                    c
-                })
-                .collect()
+        // On Postgres a lease is one row per replica: renewing it needs nothing of
+        // the held waits, and for a replica holding many, naming them all (and
+        // reading back all it owns) every time would cost this loop and Postgres a
+        // pass over all of them. A full renewal, which finds waits lost or stray,
+        // comes every FULL_EVERY checkpoint rounds, after anything that may have
+        // lost a wait (a renewal or claim that failed, a pause, a refused mark), and
+        // always below FULL_BELOW waits.
+        let big = self.w.store.postgres().is_some() && self.held.len() >= FULL_BELOW;
+        let full = !big || self.need_full || self.renewals.is_multiple_of(3 * FULL_EVERY);
+        let sweep = Sweep {
+            keys: if full || write_checkpoints {
+                self.held.keys().copied().collect()
+            } else {
+                Vec::new()
+            },
+            at: 0,
+            full,
+            write_checkpoints,
+            named: Vec::new(),
+            checkpoints: Vec::new(),
+            checkpointed: Vec::new(),
         };
-        let sent: Vec<(Uuid, i64)> = held.iter().map(|c| (c.id, c.epoch)).collect();
+        self.sweep = Some(sweep);
+        // A few thousand waits are gone over at once; more, a share per turn of
+        // the loop (`step`), so that no timer waits for the whole pass.
+        self.step();
+    }
+
+    /// True while a renewal's pass over the held waits, or the comparison of its
+    /// answer with them, is under way.
+    fn stepping(&self) -> bool {
+        self.sweep.is_some() || self.reconcile.is_some()
+    }
+
+    /// One turn's share (STEP waits) of the pass a renewal makes over the held
+    /// waits, or of the comparison of a full renewal's answer with them.
+    fn step(&mut self) {
+        if let Some(mut s) = self.sweep.take() {
+            let stale_after = self.w.cfg.lease_ttl * 10;
+            let end = (s.at + STEP).min(s.keys.len());
+            for id in &s.keys[s.at..end] {
+                // Gone since the pass began: ended, or lost.
+                let Some(h) = self.held.get_mut(id) else {
+                    continue;
+                };
+                if s.full {
+                    s.named.push((*id, h.epoch));
+                }
+                // A busy wait's progress is being written right now; it is named
+                // only, so an older checkpoint cannot land after the newer write.
+                if !s.write_checkpoints || h.busy || !h.dirty {
+                    continue;
+                }
+                let fp = fingerprint(&h.engine);
+                if fp == h.written && h.written_at.elapsed() < stale_after {
+                    continue;
+                }
+                s.checkpoints.push(checkpoint(*id, h, false));
+                s.checkpointed.push(*id);
+                h.dirty = false;
+                h.written = fp;
+                h.written_at = Instant::now();
+            }
+            s.at = end;
+            if s.at < s.keys.len() {
+                self.sweep = Some(s);
+            } else {
+                self.send_renewal(s);
+            }
+            return;
+        }
+        if let Some(mut r) = self.reconcile.take() {
+            let end = (r.at + STEP).min(r.named.len());
+            for &(id, epoch) in &r.named[r.at..end] {
+                // Still this replica's in the store, but let go while the renewal
+                // was on its way: give it back.
+                if !self.held.contains_key(&id) && !r.lost.contains(&id) {
+                    self.let_go.push(Checkpoint {
+                        id,
+                        epoch,
+                        engine: None,
+                        next_poll_at: None,
+                    });
+                }
+            }
+            r.at = end;
+            if r.at < r.named.len() {
+                self.reconcile = Some(r);
+            }
+        }
+    }
+
+    fn send_renewal(&mut self, s: Sweep) {
+        let Sweep {
+            full,
+            named,
+            checkpoints,
+            checkpointed,
+            ..
+        } = s;
         let let_go = std::mem::take(&mut self.let_go);
         let claiming = self.claiming;
         let w = self.w.clone();
@@ -455,14 +571,22 @@ impl Loop {
         tokio::spawn(async move {
             let started = Instant::now();
             let r = if full {
-                w.store.renew(w.owner, w.cfg.lease_ttl, &held).await
-            } else {
+                w.store
+                    .renew(w.owner, w.cfg.lease_ttl, &named, &checkpoints)
+                    .await
+            } else if checkpoints.is_empty() {
                 w.store
                     .renew_lease(w.owner, w.cfg.lease_ttl)
                     .await
                     .map(|()| Renewal::default())
+            } else {
+                w.store
+                    .checkpoint(w.owner, w.cfg.lease_ttl, &checkpoints)
+                    .await
+                    .map(|()| Renewal::default())
             };
             w.metrics.write();
+            drop(checkpoints);
             // Give back the waits let go (fenced by epoch: one already taken over
             // is untouched); what cannot be given back now goes with the next try.
             let mut unreleased = let_go;
@@ -484,7 +608,7 @@ impl Loop {
             let _ = tx.send(Msg::Renewed(Renewed {
                 started,
                 full,
-                sent,
+                named,
                 checkpointed,
                 claiming,
                 result: r,
@@ -685,7 +809,7 @@ impl Loop {
             memo: None,
             confirmed: false,
         };
-        self.held.insert(c.id, held);
+        self.held.insert(c.id, Box::new(held));
         if looped {
             // Every replica that polled it since its last completed poll died
             // meanwhile: end it rather than be the next.
@@ -794,7 +918,12 @@ impl Loop {
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
             }
-            Err(e) => tracing::warn!(error = %e, "claiming waits failed"),
+            Err(e) => {
+                // Its answer may have been lost after the claim committed: the next
+                // renewal compares what this replica owns with what it holds.
+                self.need_full = true;
+                tracing::warn!(error = %e, "claiming waits failed")
+            }
         }
     }
 
@@ -818,8 +947,9 @@ impl Loop {
                 h.marked = true;
                 self.start_probe(id, g);
             } else {
-                // Not this replica's any more, or the store is away: the
+                // Not this replica's any more, or the store is away: the next
                 // renewal finds out which; look again in a second.
+                self.need_full = true;
                 h.busy = false;
                 let again = self.clock.now() + chrono::TimeDelta::seconds(1);
                 self.schedule(id, again.min(h_deadline(&self.held, id, &self.clock)));
@@ -832,7 +962,7 @@ impl Loop {
         let Renewed {
             started,
             full,
-            sent,
+            named,
             checkpointed,
             claiming,
             result,
@@ -841,46 +971,48 @@ impl Loop {
         self.renewing = false;
         self.let_go.extend(unreleased);
         tracing::debug!(
-            held = sent.len(),
+            full,
+            named = named.len(),
             checkpoints = checkpointed.len(),
             ms = started.elapsed().as_millis() as u64,
             ok = result.is_ok(),
             "lease renewal"
         );
         match result {
-            Ok(Renewal { kept, strays }) => {
+            Ok(Renewal { lost, strays }) => {
                 self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
-                if full {
-                    self.need_full = false;
-                    if !claiming {
-                        self.give_back_strays(strays);
-                    }
+                if !full {
+                    return;
                 }
-                let kept: std::collections::HashSet<Uuid> = kept.into_iter().collect();
-                for (id, epoch) in sent {
-                    if kept.contains(&id) {
-                        match self.held.get_mut(&id) {
-                            Some(_) => {}
-                            // Let go while the renewal was on its way, yet
-                            // still ours in the store: give it back.
-                            None => self.let_go.push(Checkpoint {
-                                id,
-                                epoch,
-                                engine: None,
-                                next_poll_at: None,
-                            }),
-                        }
-                    } else if self
+                self.need_full = false;
+                if !claiming {
+                    self.give_back_strays(strays);
+                }
+                // A stray is given back when two full renewals in a row find it:
+                // the next one is full too.
+                if !self.strays.is_empty() {
+                    self.need_full = true;
+                }
+                for &(id, epoch) in &lost {
+                    if self
                         .held
                         .get(&id)
                         .is_some_and(|h| !h.busy && h.epoch == epoch)
                     {
-                        // Taken over or ended elsewhere. (Under another epoch
-                        // it was claimed again since the renewal left: the
-                        // answer is about an older lease, so keep it.)
+                        // Taken over or ended elsewhere. (Under another epoch it
+                        // was claimed again since the renewal left: the answer is
+                        // about an older lease, so keep it.)
                         tracing::debug!(wait_id = %id, "lease lost");
                         self.held.remove(&id);
                     }
+                }
+                self.reconcile = Some(Reconcile {
+                    named,
+                    at: 0,
+                    lost: lost.into_iter().map(|(id, _)| id).collect(),
+                });
+                if self.held.len() <= STEP {
+                    self.step();
                 }
             }
             Err(e) => {
