@@ -340,8 +340,10 @@ async fn start_up_says_in_one_line_what_it_runs_with() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let c = client();
     let up = eventually(Duration::from_secs(10), || async {
-        reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+        c.get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
             .await
             .is_ok()
     })
