@@ -22,6 +22,11 @@ mod support;
 use support::replica::Replica;
 use support::{App, TempDir, TestDb};
 
+/// The allocator the waitd binary ships with, so that the in-process phases measure
+/// what runs (the limit loop gets it too).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     waits: usize,
     seconds: u64,
@@ -40,6 +45,9 @@ struct Args {
     scale_interval: Duration,
     /// Replicas sharing the scale phase's waits.
     scale_replicas: usize,
+    /// How long the scale phase measures (one interval unless given): ten lease
+    /// TTLs or more (300 s) take in a round of the checkpoints of unchanged polls.
+    scale_measure: Option<Duration>,
     smoke: bool,
 }
 
@@ -60,6 +68,7 @@ fn args() -> Args {
         followers: 1000,
         only: Vec::new(),
         scale_waits: 1_000_000,
+        scale_measure: None,
         scale_interval: Duration::from_secs(60),
         scale_replicas: 1,
         smoke: false,
@@ -88,6 +97,10 @@ fn args() -> Args {
                     waitd::engine::duration::parse(&v).expect("--scale-interval DURATION")
             }
             "--scale-replicas" => a.scale_replicas = v.parse().expect("--scale-replicas N"),
+            "--scale-measure" => {
+                a.scale_measure =
+                    Some(waitd::engine::duration::parse(&v).expect("--scale-measure DURATION"))
+            }
             "--only" => {
                 a.only = v.split(',').map(str::to_string).collect();
                 for p in &a.only {
@@ -648,6 +661,8 @@ struct Run {
     lag_wal: f64,
     create: f64,
     create_near: f64,
+    /// What a create costs Postgres: rows written, WAL bytes, CPU µs.
+    create_cost: (f64, f64, f64),
     rss: Vec<f64>,
     flip_p50: f64,
     flip_p99: f64,
@@ -684,12 +699,15 @@ struct Scale {
     waitd_us: f64,
     pg_us: f64,
     cores: f64,
-    /// Postgres over the window: rows written and WAL bytes per poll-hour of one wait
-    /// (that is, per 3,600 / interval polls).
+    /// Postgres over the window: rows written and WAL bytes per poll.
     rows_per_poll: f64,
     wal_per_poll: f64,
     /// Postgres's `shared_buffers`, which decides whether the waits stay in its cache.
     shared_buffers: String,
+    /// Connections to Postgres a replica holds, at the end of the window.
+    connections: f64,
+    /// The window's length, s.
+    measured_s: f64,
 }
 
 /// (11) The webhook phase's figures.
@@ -704,6 +722,9 @@ struct Hooks {
     /// bytes, per delivery.
     rows: f64,
     wal: f64,
+    /// What an end costs Postgres without webhooks (its polls over the window
+    /// included): rows written, WAL bytes and CPU µs, per end.
+    end: (f64, f64, f64),
 }
 
 impl Hooks {
@@ -713,6 +734,7 @@ impl Hooks {
         all: f64::NAN,
         rows: f64::NAN,
         wal: f64::NAN,
+        end: (f64::NAN, f64::NAN, f64::NAN),
     };
 }
 
@@ -765,6 +787,7 @@ async fn one_run(a: &Args) -> Run {
         lag_wal: f64::NAN,
         create: f64::NAN,
         create_near: f64::NAN,
+        create_cost: (f64::NAN, f64::NAN, f64::NAN),
         rss: Vec::new(),
         flip_p50: f64::NAN,
         flip_p99: f64::NAN,
@@ -846,7 +869,20 @@ async fn one_run(a: &Args) -> Run {
         let db = TestDb::new().await;
         let far = (a.waits * 10).to_string();
         let w = start_waitd(&db, a.concurrency, &["--max-active-waits", &far]).await;
+        let (r0, pg0) = (rows_written(&db).await, postgres_cpu());
         run.create = create_waits(&w.base, &up, a.waits, "1h").await;
+        // (6c) what a create costs Postgres. Its first poll is 30 minutes away, so
+        // nothing else writes meanwhile; the rows are read once Postgres has
+        // reported an idle backend's writes (up to 10 s late).
+        let pg1 = postgres_cpu();
+        tokio::time::sleep(Duration::from_secs(if a.smoke { 1 } else { 11 })).await;
+        let r1 = rows_written(&db).await;
+        let n = a.waits as f64;
+        run.create_cost = (
+            (r1.0 - r0.0) as f64 / n,
+            (r1.1 - r0.1) as f64 / n,
+            (pg1 - pg0) * 1e6 / n,
+        );
         w.stop().await.0.expect("waitd stops cleanly");
         db.drop_db().await;
         // (6b): within 1,024 of the limit every create counts the tenant's running
@@ -1050,7 +1086,8 @@ async fn scale(a: &Args) -> Scale {
     let window = (interval / 5)
         .min(Duration::from_secs(10))
         .max(Duration::from_secs(1));
-    let windows_n = (interval.as_secs_f64() / window.as_secs_f64())
+    let measure = a.scale_measure.unwrap_or(interval);
+    let windows_n = (measure.as_secs_f64() / window.as_secs_f64())
         .round()
         .max(1.0) as usize;
     let snapshot = || {
@@ -1086,6 +1123,13 @@ async fn scale(a: &Args) -> Scale {
     }
     let took = started.elapsed().as_secs_f64();
     let (r1, w1, p1) = (rows_written(&db).await, waitd_cpu(), pg_cpu());
+    // Connections the replicas hold open (the benchmark's own one excluded).
+    let (conns,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
     let polls_n = polls(&prev) - polls(&first);
     let rss_kib: u64 = replicas.iter().map(|r| rss_kib(r.pid)).sum();
     let out = Scale {
@@ -1102,6 +1146,8 @@ async fn scale(a: &Args) -> Scale {
         rows_per_poll: (r1.0 - r0.0) as f64 / polls_n,
         wal_per_poll: (r1.1 - r0.1) as f64 / polls_n,
         shared_buffers,
+        connections: conns as f64 / replicas.len() as f64,
+        measured_s: took,
     };
     eprintln!(
         "scale phase: {:.0} polls/s of {:.0} scheduled; lag p99 by window: {:?} ms",
@@ -1133,6 +1179,8 @@ struct Ends {
     all_ms: f64,
     rows: i64,
     wal: i64,
+    /// Postgres's CPU seconds from the flip to the last end (and delivery).
+    pg_cpu: f64,
 }
 
 /// `n` waits polling every 100 ms flip to `on` at once; with `notify`, each announces
@@ -1205,6 +1253,7 @@ async fn ends_at_once(n: usize, notify: bool) -> Ends {
     // Lets the first polls' writes settle before the window opens.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let r0 = rows_written(&db).await;
+    let pg0 = postgres_cpu();
     let t0 = Instant::now();
     flipped.store(true, Relaxed);
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
@@ -1222,6 +1271,7 @@ async fn ends_at_once(n: usize, notify: bool) -> Ends {
     .await;
     assert!(over, "the waits did not all end and deliver");
     let all_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let pg_cpu = postgres_cpu() - pg0;
     // pg_stat_database hears of an idle backend's writes up to 10 s late (Postgres
     // 15 flushes them at most once a second, and then after 10 s of idleness).
     tokio::time::sleep(Duration::from_millis(if n <= 100 { 1500 } else { 11_000 })).await;
@@ -1236,6 +1286,7 @@ async fn ends_at_once(n: usize, notify: bool) -> Ends {
         all_ms,
         rows: r1.0 - r0.0,
         wal: r1.1 - r0.1,
+        pg_cpu,
     }
 }
 
@@ -1256,6 +1307,11 @@ async fn webhooks(n: usize) -> Hooks {
         all: hooked.all_ms,
         rows: (hooked.rows - plain.rows) as f64 / n as f64,
         wal: (hooked.wal - plain.wal) as f64 / n as f64,
+        end: (
+            plain.rows as f64 / n as f64,
+            plain.wal as f64 / n as f64,
+            plain.pg_cpu * 1e6 / n as f64,
+        ),
     }
 }
 
@@ -1870,9 +1926,11 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
     );
     let _ = writeln!(
         t,
-        "| 12f | Postgres rows written / WAL bytes a poll | {:.4} / {:.1} | |",
+        "| 12f | Postgres over the {:.0} s measured: rows written / WAL bytes a poll; connections a replica | {:.4} / {:.1}; {:.0} | |",
+        m(&|s| s.measured_s),
         m(&|s| s.rows_per_poll),
-        m(&|s| s.wal_per_poll)
+        m(&|s| s.wal_per_poll),
+        m(&|s| s.connections)
     );
     for (i, s) in sc.iter().enumerate() {
         let _ = writeln!(
@@ -1967,6 +2025,7 @@ fn main() {
         if a.runs("create") {
             println!("| 6 | create throughput, 32 concurrent clients, tenant far under its limit | {:.0} waits/s | ≥ 2000 |", m(&|r| r.create));
             println!("| 6b | the same within 1,024 of the tenant's limit (each create counts; the last 256 under the tenant's lock) | {:.0} waits/s | |", m(&|r| r.create_near));
+            println!("| 6c | what a create costs Postgres: rows written / WAL bytes / CPU | {:.2} / {:.0} / {:.0} µs | |", m(&|r| r.create_cost.0), m(&|r| r.create_cost.1), m(&|r| r.create_cost.2));
         }
         if a.runs("flip") {
             println!("| 7 | upstream flips to `want` → terminal event at {} SSE followers (100 ms polls): p50 / p99 | {:.0} ms / {:.0} ms | p99 ≤ 150 ms |", a.followers, m(&|r| r.flip_p50) * 1e3, m(&|r| r.flip_p99) * 1e3);
@@ -1990,6 +2049,7 @@ fn main() {
         if a.runs("webhooks") {
             println!("| 11 | {} waits ending at once, each with a webhook: the end's event → the local receiver's 204, p50 / p99 (the last {:.0} ms after the flip) | {:.0} ms / {:.0} ms | p99 ≤ 1 s |", a.followers, m(&|r| r.hooks.all), m(&|r| r.hooks.p50), m(&|r| r.hooks.p99));
             println!("| 11b | database writes a delivery adds (against the same ends without webhooks): rows / WAL bytes | {:.2} / {:.0} | |", m(&|r| r.hooks.rows), m(&|r| r.hooks.wal));
+            println!("| 11c | what an end costs Postgres without webhooks (from the flip to the last end, its polls included): rows written / WAL bytes / CPU | {:.2} / {:.0} / {:.0} µs | |", m(&|r| r.hooks.end.0), m(&|r| r.hooks.end.1), m(&|r| r.hooks.end.2));
         }
         if a.runs("fanout") {
             let (waitd_cpu, pg_cpu) = (m(&|r| r.fanout.cpu_per_delivery), m(&|r| r.fanout.pg_cpu_per_event));
