@@ -22,7 +22,10 @@ use support::{TempDir, TestDb, client};
 /// The most memory (peak resident set) a replica may reach while it polls every
 /// hostile target below at once. A debug build idles at about 20 MiB; before the
 /// evaluation budget, one of these targets took a replica past 2 GiB in seconds.
-const RSS_BOUND_KIB: u64 = 96 * 1024;
+/// With mimalloc the peak is 103–108 MiB: it keeps freed pages a moment before it
+/// returns them (with `MIMALLOC_PURGE_DELAY=0`, 69–71 MiB), so the bound leaves room
+/// for those and still fails at a tenth of that 2 GiB.
+const RSS_BOUND_KIB: u64 = 160 * 1024;
 
 /// What one path of the hostile upstream does.
 #[derive(Clone)]
