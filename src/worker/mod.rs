@@ -362,9 +362,14 @@ impl Worker {
 
 /// The wait and its epoch, with no state to write: a lease renewal only.
 fn lease_only(id: Uuid, h: &Held) -> Checkpoint {
+    named_only(id, h.epoch)
+}
+
+/// A wait under an epoch, with no state to write (given back, or only named).
+fn named_only(id: Uuid, epoch: i64) -> Checkpoint {
     Checkpoint {
         id,
-        epoch: h.epoch,
+        epoch,
         engine: None,
         next_poll_at: None,
     }
@@ -541,12 +546,7 @@ impl Loop {
                 // Still this replica's in the store, but let go while the renewal
                 // was on its way: give it back.
                 if !self.held.contains_key(&id) && !r.lost.contains(&id) {
-                    self.let_go.push(Checkpoint {
-                        id,
-                        epoch,
-                        engine: None,
-                        next_poll_at: None,
-                    });
+                    self.let_go.push(named_only(id, epoch));
                 }
             }
             r.at = end;
@@ -630,12 +630,7 @@ impl Loop {
             }
             if self.strays.get(&id) == Some(&epoch) {
                 tracing::warn!(wait_id = %id, "a wait this replica owns but does not hold (a claim's answer was lost); giving it back");
-                self.let_go.push(Checkpoint {
-                    id,
-                    epoch,
-                    engine: None,
-                    next_poll_at: None,
-                });
+                self.let_go.push(named_only(id, epoch));
                 self.claim_again = true;
             } else {
                 now.insert(id, epoch);
