@@ -112,7 +112,7 @@ impl Metrics {
     }
 
     /// The Prometheus exposition; `active` is the count of running waits in the store.
-    pub fn render(&self, active: Option<i64>) -> String {
+    pub fn render(&self, active: Option<i64>, db_in_use: u32) -> String {
         let mut out = String::new();
         if let Some(n) = active {
             let _ = writeln!(
@@ -168,6 +168,10 @@ impl Metrics {
             out,
             "# HELP waitd_db_writes_total Write transactions the worker pool sent to the store (claims, lease renewals, releases, progress batches).\n# TYPE waitd_db_writes_total counter\nwaitd_db_writes_total {}",
             self.db_writes.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_db_connections_in_use Database connections this replica has checked out right now.\n# TYPE waitd_db_connections_in_use gauge\nwaitd_db_connections_in_use {db_in_use}"
         );
         let _ = writeln!(
             out,

@@ -1227,6 +1227,14 @@ async fn metrics_are_prometheus_text_with_polls_and_active_waits() {
     };
     assert_eq!(value("waitd_active_waits"), 2.0, "{text}");
     assert!(value("waitd_polls_total") >= 2.0, "{text}");
+    // Connections out of the pools at the scrape: never more than the pools hold
+    // (`--db-connections` and the three Postgres keeps for leases and events).
+    assert!(
+        text.contains("# TYPE waitd_db_connections_in_use gauge"),
+        "{text}"
+    );
+    let in_use = value("waitd_db_connections_in_use");
+    assert!((0.0..=19.0).contains(&in_use), "{text}");
     // The count serves scrapes for 5 s (anyone may scrape, and a count over a
     // million rows is not free): one more wait does not show at once.
     let (_, _) = app.create(idle_spec(&slow)).await;

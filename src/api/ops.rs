@@ -71,7 +71,7 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(active),
+        s.metrics.render(active, s.store.connections_in_use()),
     )
         .into_response()
 }

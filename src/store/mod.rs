@@ -664,6 +664,15 @@ impl Store {
         }
     }
 
+    /// Database connections checked out right now (of `--db-connections` plus the
+    /// few Postgres keeps apart for leases and the sequencer).
+    pub fn connections_in_use(&self) -> u32 {
+        match &self.db {
+            Dialect::Postgres(d) => d.connections_in_use(),
+            Dialect::Sqlite(d) => d.connections_in_use(),
+        }
+    }
+
     pub async fn migrate(&self) -> Result<(), StoreError> {
         sql!(self.migrate())
     }

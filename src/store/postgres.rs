@@ -170,6 +170,14 @@ impl PgDialect {
             })
     }
 
+    /// Connections checked out of the three pools right now.
+    pub(super) fn connections_in_use(&self) -> u32 {
+        [&self.pool, &self.lease_pool, &self.sequencer_pool]
+            .iter()
+            .map(|p| p.size().saturating_sub(p.num_idle() as u32))
+            .sum()
+    }
+
     pub(super) async fn close(&self) {
         self.pool.close().await;
         self.lease_pool.close().await;

@@ -172,6 +172,11 @@ impl SqliteDialect {
         Ok(())
     }
 
+    /// Connections checked out of the pool right now.
+    pub(super) fn connections_in_use(&self) -> u32 {
+        self.pool.size().saturating_sub(self.pool.num_idle() as u32)
+    }
+
     pub(super) async fn close(&self) {
         self.pool.close().await;
         if let Some(k) = &self.memory
