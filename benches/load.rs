@@ -1356,10 +1356,11 @@ async fn clone_waits(db: &TestDb, n: usize, spread: Duration) {
     }
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::query(
-        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline,
-                now() + random() * $2 * interval '1 millisecond', w.labels, w.engine, 1
-         FROM waits w, generate_series(1, $1) WHERE w.status = 'running'",
+        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
+         SELECT id, tenant, 'running', created_at, updated_at, deadline, due, due, labels, engine, 1
+         FROM (SELECT gen_random_uuid() AS id, w.tenant, w.created_at, w.updated_at, w.deadline,
+                      now() + random() * $2 * interval '1 millisecond' AS due, w.labels, w.engine
+               FROM waits w, generate_series(1, $1) WHERE w.status = 'running') c",
     )
     .bind(n as i64)
     .bind(spread.as_millis() as f64)

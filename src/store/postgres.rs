@@ -451,19 +451,19 @@ impl PgDialect {
                  ON CONFLICT (id) DO NOTHING),
              unowned AS MATERIALIZED (
                  SELECT id FROM waits
-                 WHERE status = 'running' AND owner IS NULL AND next_poll_at <= now() + $3
-                 ORDER BY next_poll_at
+                 WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
+                 ORDER BY claim_at
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
              orphaned AS MATERIALIZED (
                  SELECT id FROM waits
-                 WHERE status = 'running' AND next_poll_at <= now() + $3
+                 WHERE status = 'running' AND claim_at <= now() + $3
                    AND owner IN (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1)
-                 ORDER BY next_poll_at
+                 ORDER BY claim_at
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
              due AS (SELECT id FROM unowned UNION ALL SELECT id FROM orphaned LIMIT $4)
-             UPDATE waits w SET owner = $1, epoch = w.epoch + 1
+             UPDATE waits w SET owner = $1, epoch = w.epoch + 1, claim_at = w.next_poll_at
              FROM due, wait_specs s
              WHERE w.id = due.id AND s.wait_id = w.id
              RETURNING w.id, w.epoch, w.claims, w.engine, w.next_poll_at, s.spec, s.headers",
@@ -693,6 +693,8 @@ impl PgDialect {
                     polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
                     retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
                     next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
+                    claim_at = CASE WHEN NOT $8 THEN w.claim_at
+                                    WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
                     updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END,
                     claims = CASE WHEN u.polls > w.polls THEN 0 ELSE w.claims END
              FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[],
@@ -877,13 +879,13 @@ fn insert_wait<'q>(
     // With webhooks, their rows go in the same statement: the outbox trigger, which
     // fires at its end, finds them for the `created` event.
     const PLAIN: &str = "WITH w AS (
-             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
+             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
          INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)";
     const WITH_NOTIFY: &str = "WITH w AS (
-             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
-             VALUES ($1, $2, 'running', $3, $3, $4, $5, $6, $7, 1)),
+             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9)),
          n AS (INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret)
                SELECT $1, e, u, k, x::jsonb FROM unnest($12::int[], $13::text[], $14::int[], $15::text[]) AS t(e, u, k, x))
