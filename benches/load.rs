@@ -1961,9 +1961,15 @@ fn write_scale_section(a: &Args, table: &str) {
         eprintln!("BENCHMARKS.md has no {begin} … {end} markers; the table is above");
         return;
     };
+    // The command as given (cargo adds `--bench` for a harness-less bench), and
+    // the scale settings it ran with, given or not.
+    let given: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let body = format!(
-        "{begin}\n`cargo bench --bench load -- --only scale --runs {} --scale-waits {} --scale-interval {} --scale-replicas {}`, {}:\n\n| # | figure | value | target |\n|---|---|---|---|\n{table}\n",
-        a.runs,
+        "{begin}\n`cargo bench --bench load -- {}` (the scale phase with `--scale-waits {} --scale-interval {} --scale-replicas {}`), {}:\n\n| # | figure | value | target |\n|---|---|---|---|\n{table}\n",
+        given.join(" "),
         a.scale_waits,
         engine_duration(a.scale_interval),
         a.scale_replicas,
