@@ -107,7 +107,7 @@ async fn pool(url: &str) -> PgPool {
         .expect("connect to the test database")
 }
 
-#[derive(sqlx::FromRow, Clone, Debug)]
+#[derive(Clone, Debug)]
 struct Row {
     id: Uuid,
     status: String,
@@ -122,14 +122,42 @@ struct Row {
 }
 
 async fn rows(db: &PgPool) -> HashMap<Uuid, Row> {
-    let v: Vec<Row> = sqlx::query_as(
+    type Columns = (
+        Uuid,
+        String,
+        Option<String>,
+        Option<Uuid>,
+        i64,
+        i32,
+        i32,
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+    );
+    let v: Vec<Columns> = sqlx::query_as(
         "SELECT w.id, w.status, w.state, w.owner, w.epoch, w.polls, w.seq, r.lease_until, w.finished_at
          FROM waits w LEFT JOIN replicas r ON r.id = w.owner",
     )
     .fetch_all(db)
     .await
     .expect("read waits");
-    v.into_iter().map(|r| (r.id, r)).collect()
+    v.into_iter()
+        .map(
+            |(id, status, state, owner, epoch, polls, seq, lease_until, finished_at)| {
+                let row = Row {
+                    id,
+                    status,
+                    state,
+                    owner,
+                    epoch,
+                    polls,
+                    seq,
+                    lease_until,
+                    finished_at,
+                };
+                (id, row)
+            },
+        )
+        .collect()
 }
 
 async fn running(db: &PgPool) -> i64 {

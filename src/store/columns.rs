@@ -73,3 +73,30 @@ impl<'r> Decode<'r, Sqlite> for Json {
         Ok(Json(serde_json::from_str(text)?))
     }
 }
+
+/// Declares a struct read from a row by column name, on both backends: what
+/// `#[derive(sqlx::FromRow)]` does, without sqlx's proc-macro crate (see
+/// `migrations.rs` for why). Fields after `..` are read as a whole struct from the
+/// same row, as `#[sqlx(flatten)]` would.
+macro_rules! from_row {
+    ($(#[$m:meta])* $vis:vis struct $name:ident {
+        $($f:ident: $t:ty,)*
+        $(.. $flat:ident: $ft:ty,)*
+    }) => {
+        $(#[$m])* $vis struct $name { $($f: $t,)* $($flat: $ft,)* }
+        from_row!(@impl $name, sqlx::postgres::PgRow, [$($f)*], [$($flat: $ft)*]);
+        from_row!(@impl $name, sqlx::sqlite::SqliteRow, [$($f)*], [$($flat: $ft)*]);
+    };
+    (@impl $name:ident, $row:ty, [$($f:ident)*], [$($flat:ident: $ft:ty)*]) => {
+        impl<'r> sqlx::FromRow<'r, $row> for $name {
+            fn from_row(row: &'r $row) -> Result<Self, sqlx::Error> {
+                use sqlx::Row as _;
+                Ok(Self {
+                    $($f: row.try_get(stringify!($f))?,)*
+                    $($flat: <$ft as sqlx::FromRow<'r, $row>>::from_row(row)?,)*
+                })
+            }
+        }
+    };
+}
+pub(crate) use from_row;

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::columns::{Json, Time};
+use super::columns::{Json, Time, from_row};
 use super::{Dialect, Store, StoreError, WaitRow};
 use crate::engine::spec::Notify;
 use crate::model::{Attempt, Delivery, DeliveryStatus, Event, EventBody, Wait, webhook_id};
@@ -65,8 +65,8 @@ pub(crate) const DELIVERY_COLUMNS: &str = "d.id AS d_id, d.wait_id AS d_wait_id,
      d.finished_at AS d_finished_at, d.tries AS d_tries, d.attempts_total AS d_attempts_total, \
      d.attempts AS d_attempts, d.epoch AS d_epoch, n.url AS d_url";
 
+from_row! {
 /// A delivery as both dialects read it back.
-#[derive(sqlx::FromRow)]
 pub(crate) struct DeliveryRow {
     d_id: i64,
     d_wait_id: Uuid,
@@ -83,6 +83,7 @@ pub(crate) struct DeliveryRow {
     d_attempts: Json,
     d_epoch: i64,
     d_url: String,
+}
 }
 
 impl DeliveryRow {
@@ -107,18 +108,17 @@ impl DeliveryRow {
     }
 }
 
+from_row! {
 /// A due delivery as the claim reads it: the delivery, its webhook's sealed secret,
 /// the event, and the wait.
-#[derive(sqlx::FromRow)]
 pub(crate) struct DueRow {
-    #[sqlx(flatten)]
-    d: DeliveryRow,
     d_secret: Json,
     d_stopped_at: Option<Time>,
     d_event_at: Time,
     d_event_data: Json,
-    #[sqlx(flatten)]
-    wait: WaitRow,
+    ..d: DeliveryRow,
+    ..wait: WaitRow,
+}
 }
 
 /// A delivery this replica has just taken, with everything its attempt needs.

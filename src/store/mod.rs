@@ -13,6 +13,7 @@
 //! ends exactly once however replicas race.
 
 mod columns;
+mod migrations;
 pub mod postgres;
 pub mod secrets;
 mod sqlite;
@@ -29,7 +30,7 @@ use uuid::Uuid;
 use crate::bus::Bus;
 use crate::engine::{EngineState, Spec};
 pub use crate::model::{Ending, Event, EventBody, Status, Wait};
-use columns::{Json, Time};
+use columns::{Json, Time, from_row};
 
 pub use postgres::PgDialect;
 use sqlite::SqliteDialect;
@@ -184,8 +185,8 @@ pub const CANCEL_REASON: &str = "canceled by a client";
 // Rows: what the dialects read and write, in one shape for both.
 // ---------------------------------------------------------------------------------
 
+from_row! {
 /// A wait as both dialects read it back.
-#[derive(sqlx::FromRow)]
 pub(crate) struct WaitRow {
     id: Uuid,
     status: String,
@@ -202,6 +203,7 @@ pub(crate) struct WaitRow {
     finished_at: Option<Time>,
     labels: Json,
     spec: Json,
+}
 }
 
 /// The columns a [`WaitRow`] reads, from `waits w JOIN wait_specs s`.
@@ -233,9 +235,9 @@ impl WaitRow {
     }
 }
 
+from_row! {
 /// An event as both dialects read it back (`id` is the global cursor: Postgres's
 /// `gid`, SQLite's row id).
-#[derive(sqlx::FromRow)]
 pub(crate) struct EventRow {
     id: Option<i64>,
     seq: i32,
@@ -243,6 +245,7 @@ pub(crate) struct EventRow {
     kind: String,
     at: Time,
     data: Json,
+}
 }
 
 impl EventRow {
@@ -262,17 +265,17 @@ impl EventRow {
     }
 }
 
+from_row! {
 /// A feed entry as both dialects read it back.
-#[derive(sqlx::FromRow)]
 pub(crate) struct FeedRow {
-    #[sqlx(flatten)]
-    event: EventRow,
     tenant: String,
     labels: Json,
+    ..event: EventRow,
+}
 }
 
+from_row! {
 /// A claimed row's stored parts.
-#[derive(sqlx::FromRow)]
 pub(crate) struct ClaimRow {
     id: Uuid,
     epoch: i64,
@@ -281,6 +284,7 @@ pub(crate) struct ClaimRow {
     next_poll_at: Option<Time>,
     spec: Json,
     headers: Json,
+}
 }
 
 /// Everything a new wait's rows need, computed once for every backend.

@@ -161,7 +161,7 @@ impl PgDialect {
     }
 
     pub(super) async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations/postgres")
+        super::migrations::migrator(super::migrations::POSTGRES)
             .run(&self.pool)
             .await
             .map_err(|e| match e {

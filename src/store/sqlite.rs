@@ -161,7 +161,7 @@ impl SqliteDialect {
                 *conn = Some(k.options.connect().await?);
             }
         }
-        sqlx::migrate!("./migrations/sqlite")
+        super::migrations::migrator(super::migrations::SQLITE)
             .run(&self.pool)
             .await
             .map_err(StoreError::Migrate)
