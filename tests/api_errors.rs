@@ -8,7 +8,7 @@
 //! HTTP layer's own 414, a malformed chunked body, header timeouts) is tested through
 //! a socket, in tests/hostile_tenants.rs.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::in_process::{Call, InProcess};

@@ -1,7 +1,7 @@
 //! Black-box tests of event history and server-sent event streams: per wait
 //! (`/waits/{id}/events`) and global (`/events`).
 
-mod support;
+use crate::support;
 
 use std::pin::Pin;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The black-box API on the embedded SQLite store: create, block, cancel, follow,
 //! and a restart on the same file.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

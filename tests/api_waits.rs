@@ -2,7 +2,7 @@
 //! blocked request can answer), cancel, idempotency, redaction, listing, restarts,
 //! graceful shutdown and the operational endpoints.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! 1 failed, 2 timed out, 3 error, 4 canceled, 5 usage or server problem, 130
 //! interrupted).
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

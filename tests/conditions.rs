@@ -6,7 +6,7 @@
 //! waitd's router in this process, on an in-memory SQLite store, against a scripted
 //! upstream.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! and no CORS headers at all unless configured). The page itself is tested in a
 //! real browser by `tests/dashboard.rs`.
 
-mod support;
+use crate::support;
 
 use support::{App, TestDb};
 

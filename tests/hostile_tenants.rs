@@ -4,7 +4,7 @@
 //! answer is a 4xx with a sentence or a closed connection, never a 5xx, and the
 //! same from SQLite and Postgres.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,5 @@
 //! The committed OpenAPI document must be the one the code generates, and say what
-//! a client needs. Regenerate with `WAITD_UPDATE_OPENAPI=1 cargo test --test openapi`.
+//! a client needs. Regenerate with `WAITD_UPDATE_OPENAPI=1 cargo test --test integration openapi::`.
 //! (That the live API answers as it says is `.ci/contract`'s: schemathesis, and a
 //! client generated from this document.)
 
@@ -35,7 +35,7 @@ fn the_committed_openapi_document_matches_the_code() {
     let committed = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         committed == generated,
-        "openapi/openapi.json is out of date; run `WAITD_UPDATE_OPENAPI=1 cargo test --test openapi` and commit it"
+        "openapi/openapi.json is out of date; run `WAITD_UPDATE_OPENAPI=1 cargo test --test integration openapi::` and commit it"
     );
 }
 

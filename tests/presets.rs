@@ -5,7 +5,7 @@
 //! The presets poll every few seconds; the requests here override `poll` and `retry`
 //! (objects merge key by key with the preset's) so the tests run in milliseconds.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::in_process::InProcess;

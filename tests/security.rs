@@ -4,7 +4,7 @@
 //! logs of the real binary at trace level, the database when a key is configured);
 //! key rotation keeps old waits polling; and the limits answer 429 with Retry-After.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

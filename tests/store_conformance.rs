@@ -1,7 +1,7 @@
 //! One conformance suite, run against both stores: every test body takes an
 //! `Store` and must hold for Postgres and for the embedded SQLite file alike.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! time; bounded attempts. On both stores. The crash and two-replica cases are in
 //! `tests/webhook_replicas.rs`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,0 +1,29 @@
+//! The integration tests, in one binary: the harness in `support` and the
+//! dependencies' generic code are compiled once for all of them, rather than once a
+//! file. Run one file's tests with `cargo test --test integration <file>::`.
+//!
+//! The tests that time whole processes (replicas and their leases, the browser, a
+//! target's memory bound, start-up) stay binaries of their own, so that what runs
+//! beside them is only their own file's tests: see `[[test]]` in Cargo.toml.
+
+mod support;
+
+mod api_errors;
+mod api_events;
+mod api_smoke;
+mod api_sqlite;
+mod api_waits;
+mod client;
+mod conditions;
+mod dashboard_http;
+mod engine_props;
+mod engine_seeds;
+mod fuzz_spec;
+mod hostile_tenants;
+mod jsonpath_props;
+mod openapi;
+mod presets;
+mod probe;
+mod security;
+mod store_conformance;
+mod webhooks;
