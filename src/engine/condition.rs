@@ -24,7 +24,8 @@
 //! - a comprehension's range, by its deep size, each time the comprehension starts
 //!   (its iterations clone each element);
 //! - each element a `map` or `filter` appends, by its deep size;
-//! - the operands of `==`, `!=`, `in` and `+`, by their deep size;
+//! - the operands of `==`, `!=`, `in` and `+`, and each element of a list or map
+//!   literal (building it copies them), by their deep size;
 //! - the operands of every other function by their length (strings and bytes), and
 //!   a `matches` pattern by 16 units a byte (it is compiled on each call).
 //!
@@ -704,12 +705,19 @@ fn meter(e: &mut IdedExpr) {
         Expr::Comprehension(c) => {
             meter_comprehension(c);
         }
-        Expr::List(l) => l.elements.iter_mut().for_each(meter),
+        // A literal holds its elements by value: building it copies each one.
+        Expr::List(l) => {
+            for e in &mut l.elements {
+                meter(e);
+                wrap(e, DEEP);
+            }
+        }
         Expr::Map(m) => {
             for entry in &mut m.entries {
                 if let EntryExpr::MapEntry(me) = &mut entry.expr {
                     meter(&mut me.key);
                     meter(&mut me.value);
+                    wrap(&mut me.value, DEEP);
                 }
             }
         }
