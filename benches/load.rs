@@ -687,6 +687,10 @@ struct Scale {
     insert_s: f64,
     /// From the insert's commit until every wait is held, s.
     hold_s: f64,
+    /// CPU meanwhile a wait held, waitd's replicas and Postgres (µs): its claim,
+    /// first-poll mark and confirmation, and the polls of the waits held already.
+    hold_waitd_us: f64,
+    hold_pg_us: f64,
     /// Resident memory of the replicas at the end, GiB, and per wait, KiB.
     rss_gib: f64,
     rss_per_wait_kib: f64,
@@ -1067,6 +1071,10 @@ async fn scale(a: &Args) -> Scale {
     clone_waits(&db, n - 1, interval).await;
     sqlx::query("ANALYZE waits").execute(&mut c).await.unwrap();
     let insert_s = t0.elapsed().as_secs_f64();
+    let pids: Vec<String> = replicas.iter().map(|r| r.pid.to_string()).collect();
+    let waitd_cpu = || pids.iter().map(|p| cpu_of(p)).sum::<f64>();
+    let pg_cpu = || cpu_seconds() - cpu_of("self");
+    let (hw0, hp0) = (waitd_cpu(), pg_cpu());
     let inserted = Instant::now();
     eprintln!("scale phase: {n} waits inserted in {insert_s:.1} s; waiting until all are held");
     // Claims are woken by NOTIFY on creates; rows inserted by SQL are found by the
@@ -1081,6 +1089,7 @@ async fn scale(a: &Args) -> Scale {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let hold_s = inserted.elapsed().as_secs_f64();
+    let (hw1, hp1) = (waitd_cpu(), pg_cpu());
     eprintln!("scale phase: all held {hold_s:.1} s after the insert; one interval to settle");
     tokio::time::sleep(interval).await;
     let window = (interval / 5)
@@ -1100,9 +1109,6 @@ async fn scale(a: &Args) -> Scale {
             merged(ms)
         }
     };
-    let pids: Vec<String> = replicas.iter().map(|r| r.pid.to_string()).collect();
-    let waitd_cpu = || pids.iter().map(|p| cpu_of(p)).sum::<f64>();
-    let pg_cpu = || cpu_seconds() - cpu_of("self");
     let (first, r0, w0, p0) = (
         snapshot().await,
         rows_written(&db).await,
@@ -1135,6 +1141,8 @@ async fn scale(a: &Args) -> Scale {
     let out = Scale {
         insert_s,
         hold_s,
+        hold_waitd_us: (hw1 - hw0) * 1e6 / n as f64,
+        hold_pg_us: (hp1 - hp0) * 1e6 / n as f64,
         rss_gib: rss_kib as f64 / (1024.0 * 1024.0),
         rss_per_wait_kib: rss_kib as f64 / n as f64,
         polls_per_s: polls_n / took,
@@ -1896,6 +1904,12 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
         "| 12 | {n} waits every {every} (±10%) on {who}, Postgres shared_buffers {pg}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
         m(&|s| s.insert_s),
         m(&|s| s.hold_s)
+    );
+    let _ = writeln!(
+        t,
+        "| 12g | CPU while holding, a wait held: waitd / Postgres (its claim, first-poll mark and confirmation, and the polls of the waits held already) | {:.1} / {:.1} µs | |",
+        m(&|s| s.hold_waitd_us),
+        m(&|s| s.hold_pg_us)
     );
     let _ = writeln!(
         t,
