@@ -294,16 +294,26 @@ async fn a_narrower_allow_list_ends_waits_it_refuses_with_a_warn_line_naming_id_
     );
 }
 
-#[tokio::test]
-async fn start_up_says_in_one_line_what_it_runs_with() {
-    let port = free_port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_waitd"))
+/// A child process killed when the test ends, whether it passed or not.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `waitd serve` on `port` and `database_url`, with tokens and an allow-list, its
+/// log as JSON on a pipe.
+fn serve_logging(port: u16, database_url: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_waitd"))
         .args([
             "serve",
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--database-url",
-            "postgres://postgres:hunter2@127.0.0.1:1/nowhere",
+            database_url,
             "--tokens",
             "ci:0123456789abcdef-ci,ci:0123456789abcdef-c2,dash:0123456789abcdef-d1",
             "--allow-targets",
@@ -314,7 +324,13 @@ async fn start_up_says_in_one_line_what_it_runs_with() {
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn start_up_says_in_one_line_what_it_runs_with() {
+    let port = free_port();
+    let child = serve_logging(port, "postgres://postgres:hunter2@127.0.0.1:1/nowhere");
     // Postgres is not there: it says where, and stops; never with the password.
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -322,24 +338,10 @@ async fn start_up_says_in_one_line_what_it_runs_with() {
     assert!(err.contains("127.0.0.1:1"), "{err}");
     assert!(!err.contains("hunter2"), "the password was printed: {err}");
     let dir = TempDir::new("waitd-startup");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_waitd"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--database-url",
-            &format!("sqlite://{}", dir.path.join("w.db").display()),
-            "--tokens",
-            "ci:0123456789abcdef-ci,ci:0123456789abcdef-c2,dash:0123456789abcdef-d1",
-            "--allow-targets",
-            "10.0.0.0/8,api.internal",
-            "--log-format",
-            "json",
-        ])
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(serve_logging(
+        port,
+        &format!("sqlite://{}", dir.path.join("w.db").display()),
+    ));
     let c = client();
     let up = eventually(Duration::from_secs(10), || async {
         c.get(format!("http://127.0.0.1:{port}/healthz"))
@@ -350,12 +352,13 @@ async fn start_up_says_in_one_line_what_it_runs_with() {
     .await;
     assert!(up);
     let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status();
-    let _ = child.wait();
+    let _ = child.0.wait();
     let mut err = String::new();
     use std::io::Read;
     child
+        .0
         .stderr
         .take()
         .unwrap()
