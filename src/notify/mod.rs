@@ -257,7 +257,12 @@ impl Deliverer {
             }
         };
         let (writes, rx) = tokio::sync::mpsc::channel(4 * WRITE_BATCH);
-        let written = tokio::spawn(writer(self.store.clone(), self.owner, rx));
+        let written = tokio::spawn(writer(
+            self.store.clone(),
+            self.owner,
+            rx,
+            self.wake.clone(),
+        ));
         let me = Arc::new(Running { d: self, writes });
         let mut bus = me.bus.subscribe();
         let mut flying: JoinSet<Done> = JoinSet::new();
@@ -305,8 +310,10 @@ impl Deliverer {
                     me.metrics.webhook_oldest_pending_ms.store(age, Relaxed);
                 }
             }
+            // A retry that came due while the claim above ran is claimed at once
+            // (it used to wait for IDLE: a negative wait is no wait at all).
             let idle = soonest
-                .and_then(|t| (t - Utc::now()).to_std().ok())
+                .map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO))
                 .unwrap_or(IDLE)
                 .min(IDLE);
             tokio::select! {
@@ -378,12 +385,27 @@ impl std::ops::Deref for Running {
 const WRITE_BATCH: usize = 256;
 
 /// Writes the outcomes `rx` brings, as many at once as have come (one statement on
-/// Postgres), until every sender is gone.
-async fn writer(store: Store, owner: Uuid, mut rx: tokio::sync::mpsc::Receiver<Outcome>) {
+/// Postgres), until every sender is gone. A batch that holds a retry wakes the
+/// loop once it is written: the loop sleeps until the soonest retry it scheduled,
+/// but a claim then, before the outcome's write had committed, found the delivery
+/// still leased, and the retry waited for the next idle claim (a second late).
+async fn writer(
+    store: Store,
+    owner: Uuid,
+    mut rx: tokio::sync::mpsc::Receiver<Outcome>,
+    wake: Arc<Notify>,
+) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
         match store.finish_deliveries(owner, Utc::now(), &batch).await {
             Ok(written) => {
+                if batch
+                    .iter()
+                    .zip(&written)
+                    .any(|(o, ok)| *ok && o.status == DeliveryStatus::Pending)
+                {
+                    wake.notify_one();
+                }
                 for (o, ok) in batch.iter().zip(written) {
                     if !ok {
                         tracing::info!(
