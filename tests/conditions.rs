@@ -1264,26 +1264,26 @@ async fn an_unchanged_response_is_decided_as_before_and_a_changed_one_afresh() {
         ..ProbeConfig::default()
     })
     .unwrap();
-    let target = url::Url::parse(&url).unwrap();
+    let target = prober.target(&s).unwrap();
     let mut memo = None;
     let judged = |o: &Observation| match o {
         Observation::Judged { success, .. } => *success,
         other => panic!("{other:?}"),
     };
     let o = prober
-        .probe_memo(uuid::Uuid::nil(), &s, target.clone(), &mut memo)
+        .probe_memo(uuid::Uuid::nil(), &s, &target, &mut memo)
         .await;
     assert_eq!(judged(&o), Some(false));
     let first = memo.expect("a decision is kept");
     let o = prober
-        .probe_memo(uuid::Uuid::nil(), &s, target.clone(), &mut memo)
+        .probe_memo(uuid::Uuid::nil(), &s, &target, &mut memo)
         .await;
     assert_eq!(judged(&o), Some(false));
     let second = memo.expect("kept");
     assert!(second.reused(), "the same response is decided as before");
     assert!(!first.reused());
     let o = prober
-        .probe_memo(uuid::Uuid::nil(), &s, target, &mut memo)
+        .probe_memo(uuid::Uuid::nil(), &s, &target, &mut memo)
         .await;
     assert_eq!(judged(&o), Some(true), "a changed body is evaluated again");
     let third = memo.expect("kept");

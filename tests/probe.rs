@@ -461,6 +461,68 @@ async fn a_tls_failure_is_transient() {
     );
 }
 
+/// A self-signed server certificate for 127.0.0.1 and localhost (no authority signed
+/// it), valid until 2126, and its key: made for this test with `openssl req -x509`
+/// (`basicConstraints=CA:FALSE`, `extendedKeyUsage=serverAuth`).
+const SELF_SIGNED_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBvjCCAWSgAwIBAgIUPyNJ2YrmYsNKitkVBWMVpRR3YdgwCgYIKoZIzj0EAwIw
+FTETMBEGA1UEAwwKd2FpdGQtdGVzdDAgFw0yNjEyMDMwODM4MTZaGA8yMTI2MTEw
+OTA4MzgxNlowFTETMBEGA1UEAwwKd2FpdGQtdGVzdDBZMBMGByqGSM49AgEGCCqG
+SM49AwEHA0IABH/uodSyc+5Oq0Ume05YKx1NEXYp4sdS+OcUqlEMgm3rE6/orhWv
+tUH+xgboChwbduJJURpKAwTtL/3pLfEtSq+jgY8wgYwwHQYDVR0OBBYEFC0NAghR
+aMstF0kIQyfhRm8jePRtMB8GA1UdIwQYMBaAFC0NAghRaMstF0kIQyfhRm8jePRt
+MBoGA1UdEQQTMBGHBH8AAAGCCWxvY2FsaG9zdDAMBgNVHRMBAf8EAjAAMBMGA1Ud
+JQQMMAoGCCsGAQUFBwMBMAsGA1UdDwQEAwIHgDAKBggqhkjOPQQDAgNIADBFAiEA
+5MWJ/vgAXSyklKbf1G8n0pL1/zb4ewzTyN8X4TQwdO4CICd5cosLgaJce7FMVcho
+R62iIFmQyIe38FFHTh7nQAoI
+-----END CERTIFICATE-----";
+const SELF_SIGNED_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg5bJ6z57MQPtS3Q4a
+1jvPBvltIuAJjUBwafCARM8o8NShRANCAAR/7qHUsnPuTqtFJntOWCsdTRF2KeLH
+UvjnFKpRDIJt6xOv6K4Vr7VB/sYG6AocG3biSVEaSgME7S/96S3xLUqv
+-----END PRIVATE KEY-----";
+
+#[tokio::test]
+async fn a_target_whose_certificate_no_authority_signed_is_never_sent_the_request() {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cert = CertificateDer::from_pem_slice(SELF_SIGNED_CERT.as_bytes()).unwrap();
+    let key = PrivateKeyDer::from_pem_slice(SELF_SIGNED_KEY.as_bytes()).unwrap();
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handshakes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = handshakes.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            if acceptor.accept(tcp).await.is_ok() {
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    for host in ["127.0.0.1".to_string(), "localhost".to_string()] {
+        let mut c = config();
+        c.guard = Guard::new(&["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let url = format!("https://{host}:{}/", addr.port());
+        let (error, _) = transient(prober(c).probe(&spec(&url, json!({}))).await);
+        assert!(
+            error.starts_with("could not connect to the target: ")
+                && error.to_lowercase().contains("certificate"),
+            "{host}: {error}"
+        );
+    }
+    assert_eq!(
+        handshakes.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the client went on with a certificate it cannot trust"
+    );
+}
+
 #[tokio::test]
 async fn the_target_headers_reach_the_server_and_never_an_error_text() {
     let (addr, seen) = upstream(Reply::new(401, "")).await;

@@ -443,6 +443,27 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
+/// The probes' client (hyper's) resolves through this.
+impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = ResolveError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, ResolveError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ResolveError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.resolve_host(name.as_str()).await.map(Vec::into_iter) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

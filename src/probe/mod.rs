@@ -31,8 +31,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue, USER_AGENT as UA};
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
@@ -151,13 +157,24 @@ pub struct Prober {
     inner: Arc<Inner>,
 }
 
+/// The probes' connector: names resolved only by the SSRF guard's resolver, then
+/// plain TCP or TLS (rustls, the platform's verifier) by the URL's scheme.
+type Connector = hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>;
+
 struct Inner {
-    client: reqwest::Client,
+    /// hyper's pooled HTTP/1 client. Not reqwest: a probe never follows a
+    /// redirect, never retries inside the client and needs no URL back, and
+    /// reqwest's layers for those (a request cloned for a retry that never comes,
+    /// the URL parsed again for the redirect policy and for the response) were
+    /// most of the 6.6 µs of CPU a poll that leaving it saved (BENCHMARKS.md).
+    client: HttpClient<Connector, Empty<Bytes>>,
+    /// `User-Agent`, `Accept` and `--probe-identity`, under a target's own headers.
+    defaults: HeaderMap,
     guard: Arc<Guard>,
     timeout: Duration,
     max_body: usize,
     per_host: usize,
-    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+    hosts: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
     /// Probes finished, for the occasional sweep of [`HostSlot`]'s drop.
     finished: std::sync::atomic::AtomicU64,
 }
@@ -171,6 +188,18 @@ impl std::fmt::Debug for Prober {
             .field("per_host_concurrency", &self.inner.per_host)
             .finish_non_exhaustive()
     }
+}
+
+/// A wait's target as every poll of it needs it, made once ([`Prober::target`]):
+/// the URL (for the SSRF guard), the same as a request URI, the key of its host's
+/// place in the per-host limit, and the request's headers.
+#[derive(Debug)]
+pub struct Target {
+    url: url::Url,
+    uri: Uri,
+    /// "host:port".
+    host: Arc<str>,
+    headers: HeaderMap,
 }
 
 /// The spec's target URL, parsed; the error is the observation a probe of it makes.
@@ -194,9 +223,41 @@ pub fn guarded_client(resolver: GuardedResolver, timeout: Duration) -> reqwest::
         .dns_resolver(resolver)
 }
 
+/// hyper's client for probes: names resolved only by `resolver` (the SSRF guard),
+/// TLS by rustls with the process's crypto provider and the platform's verifier
+/// (what reqwest's rustls client uses), HTTP/1.1, `TCP_NODELAY`, idle connections
+/// kept 90 s. No proxy, no redirects, no retries: one probe is one GET.
+fn probe_client(
+    resolver: GuardedResolver,
+) -> Result<HttpClient<Connector, Empty<Bytes>>, rustls::Error> {
+    // As in [`guarded_client`]: a provider is installed either way.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let verifier = rustls_platform_verifier::Verifier::new(provider.clone())?;
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(HttpClient::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build(connector))
+}
+
 /// Whether a request failed because the SSRF guard refused every address of its
 /// host (permanent, not worth retrying): the refusal's sentence.
-pub fn guard_refusal(e: &reqwest::Error) -> Option<String> {
+pub fn guard_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     find_source::<ResolveError>(e)
         .filter(|r| matches!(r, ResolveError::Forbidden { .. }))
         .map(|r| r.to_string())
@@ -211,6 +272,7 @@ impl Prober {
         let guard = Arc::new(config.guard);
         let resolver = GuardedResolver::new(guard.clone(), &config.resolve_overrides);
         let mut defaults = HeaderMap::new();
+        defaults.insert(UA, HeaderValue::from_static(USER_AGENT));
         defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
         if let Some(id) = &config.identity {
             let value = HeaderValue::from_str(id).map_err(|_| {
@@ -221,18 +283,16 @@ impl Prober {
             })?;
             defaults.insert(HeaderName::from_static(IDENTITY_HEADER), value);
         }
-        let client = guarded_client(resolver, config.timeout)
-            .default_headers(defaults)
-            .build()
-            .map_err(|e| {
-                crate::config::SettingError(format!(
-                    "could not build the HTTP client for probes: {}",
-                    error_chain(&e)
-                ))
-            })?;
+        let client = probe_client(resolver).map_err(|e| {
+            crate::config::SettingError(format!(
+                "could not build the HTTP client for probes: {}",
+                error_chain(&e)
+            ))
+        })?;
         Ok(Prober {
             inner: Arc::new(Inner {
                 client,
+                defaults,
                 guard,
                 timeout: config.timeout,
                 max_body: config.max_body,
@@ -257,53 +317,86 @@ impl Prober {
     /// is what the cap exists to prevent. Reading stops at the first chunk over the
     /// cap (or at once when `Content-Length` announces too much).
     pub async fn probe(&self, spec: &Spec) -> Observation {
-        match target_url(spec) {
-            Ok(url) => self.probe_url(uuid::Uuid::nil(), spec, url).await,
+        match self.target(spec) {
+            Ok(target) => {
+                self.probe_memo(uuid::Uuid::nil(), spec, &target, &mut None)
+                    .await
+            }
             Err(error) => Observation::Permanent { error },
         }
     }
 
-    /// [`Prober::probe`] with the target URL parsed already ([`target_url`]), for a
-    /// wait polled many times.
-    pub async fn probe_url(&self, wait: uuid::Uuid, spec: &Spec, url: url::Url) -> Observation {
-        self.probe_memo(wait, spec, url, &mut None).await
-    }
-
-    /// [`Prober::probe_url`] with what the wait's conditions decided on the last
-    /// response ([`Memo`]), updated.
-    pub async fn probe_memo(
-        &self,
-        wait: uuid::Uuid,
-        spec: &Spec,
-        url: url::Url,
-        memo: &mut Option<Memo>,
-    ) -> Observation {
-        // Address literals never reach the resolver, so they are judged here; names
-        // are judged by the resolver, on the addresses it returns.
-        if let Err(refused) = self.inner.guard.check_url(&url) {
-            return refusal(wait, &url, refused.to_string());
-        }
+    /// The spec's target, made once for a wait polled many times; the error is the
+    /// observation every probe of it makes (a URL that does not parse, a header
+    /// that is not a valid header).
+    pub fn target(&self, spec: &Spec) -> Result<Target, String> {
+        let url = target_url(spec)?;
+        let uri: Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e| format!("the target URL is not a valid request URI ({e})"))?;
+        let host: Arc<str> = format!(
+            "{}:{}",
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default().unwrap_or(0)
+        )
+        .into();
         let mut headers = HeaderMap::new();
         for (name, value) in &spec.target.headers {
             let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
-                return Observation::Permanent {
-                    error: format!("the target header name \"{name}\" is not a valid header name"),
-                };
+                return Err(format!(
+                    "the target header name \"{name}\" is not a valid header name"
+                ));
             };
             let Ok(mut value) = HeaderValue::from_str(value) else {
                 // Never echo the value: it may be a secret.
-                return Observation::Permanent {
-                    error: format!(
-                        "the value of the target header {name} is not a valid header value (printable ASCII only)"
-                    ),
-                };
+                return Err(format!(
+                    "the value of the target header {name} is not a valid header value (printable ASCII only)"
+                ));
             };
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        // The defaults go under the target's own headers of the same name.
+        for (name, value) in &self.inner.defaults {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+        Ok(Target {
+            url,
+            uri,
+            host,
+            headers,
+        })
+    }
 
-        let _slot = self.host_slot(&url).await;
-        self.get(wait, url, headers, spec, memo).await
+    /// [`Prober::probe`] of a target made already ([`Prober::target`]), with what
+    /// the wait's conditions decided on the last response ([`Memo`]), updated.
+    pub async fn probe_memo(
+        &self,
+        wait: uuid::Uuid,
+        spec: &Spec,
+        target: &Target,
+        memo: &mut Option<Memo>,
+    ) -> Observation {
+        // Address literals never reach the resolver, so they are judged here; names
+        // are judged by the resolver, on the addresses it returns.
+        if let Err(refused) = self.inner.guard.check_url(&target.url) {
+            return refusal(wait, &target.url, refused.to_string());
+        }
+        let _slot = self.host_slot(&target.host).await;
+        // One bound on the request, from connecting to the last byte of the body.
+        match tokio::time::timeout(self.inner.timeout, self.get(wait, target, spec, memo)).await {
+            Ok(obs) => obs,
+            Err(_) => Observation::Transient {
+                error: format!(
+                    "the target did not answer within {}",
+                    crate::engine::duration::format(self.inner.timeout)
+                ),
+                retry_after: None,
+            },
+        }
     }
 
     /// How many hosts the per-host limit tracks now: those with a probe in flight.
@@ -318,21 +411,17 @@ impl Prober {
     async fn get(
         &self,
         wait: uuid::Uuid,
-        url: url::Url,
-        headers: HeaderMap,
+        target: &Target,
         spec: &Spec,
         memo: &mut Option<Memo>,
     ) -> Observation {
-        let sent = self
-            .inner
-            .client
-            .get(url.clone())
-            .headers(headers)
-            .send()
-            .await;
-        let mut response = match sent {
+        let mut request = Request::new(Empty::new());
+        *request.method_mut() = Method::GET;
+        *request.uri_mut() = target.uri.clone();
+        *request.headers_mut() = target.headers.clone();
+        let mut response = match self.inner.client.request(request).await {
             Ok(r) => r,
-            Err(e) => return self.request_error(wait, &url, e),
+            Err(e) => return self.request_error(wait, &target.url, &e),
         };
         let status = response.status();
         let judged = spec.success_condition.is_some() || spec.failure_condition.is_some();
@@ -384,7 +473,7 @@ impl Prober {
                 BTreeMap::new()
             }
         });
-        let body = match self.read_body(wait, &url, &mut response).await {
+        let body = match self.read_body(wait, &target.url, response.body_mut()).await {
             Ok(body) => body,
             Err(obs) => return obs,
         };
@@ -435,49 +524,55 @@ impl Prober {
         &self,
         wait: uuid::Uuid,
         url: &url::Url,
-        response: &mut reqwest::Response,
+        incoming: &mut Incoming,
     ) -> Result<Vec<u8>, Observation> {
         let max = self.inner.max_body;
         let too_large = || Observation::Permanent {
             error: format!("the response body exceeded the {} limit", format_size(max)),
         };
-        if response.content_length().is_some_and(|n| n > max as u64) {
+        let announced = hyper::body::Body::size_hint(incoming).exact();
+        if announced.is_some_and(|n| n > max as u64) {
             return Err(too_large());
         }
-        let mut body: Vec<u8> =
-            Vec::with_capacity(response.content_length().map_or(0, |n| n as usize));
+        let mut body: Vec<u8> = Vec::with_capacity(announced.map_or(0, |n| n as usize));
         loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
+            match incoming.frame().await {
+                Some(Ok(frame)) => {
+                    // Trailers carry nothing a probe reads.
+                    let Ok(chunk) = frame.into_data() else {
+                        continue;
+                    };
                     if body.len() + chunk.len() > max {
                         return Err(too_large());
                     }
                     body.extend_from_slice(&chunk);
                 }
-                Ok(None) => return Ok(body),
-                Err(e) => return Err(self.request_error(wait, url, e)),
+                None => return Ok(body),
+                Some(Err(e)) => return Err(self.request_error(wait, url, &e)),
             }
         }
     }
 
     /// A failed request or body read: an SSRF refusal is permanent, anything else
-    /// (DNS, connection, TLS, timeout, a broken body) transient.
-    fn request_error(&self, wait: uuid::Uuid, url: &url::Url, e: reqwest::Error) -> Observation {
-        let e = e.without_url();
-        if let Some(refused) = guard_refusal(&e) {
+    /// (DNS, connection, TLS, a broken body) transient.
+    fn request_error(
+        &self,
+        wait: uuid::Uuid,
+        url: &url::Url,
+        e: &(dyn std::error::Error + 'static),
+    ) -> Observation {
+        if let Some(refused) = guard_refusal(e) {
             return refusal(wait, url, refused);
         }
-        let error = if e.is_timeout() {
-            format!(
-                "the target did not answer within {}",
-                crate::engine::duration::format(self.inner.timeout)
-            )
-        } else if let Some(dns) = find_source::<ResolveError>(&e) {
+        let connect = e
+            .downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(|e| e.is_connect());
+        let error = if let Some(dns) = find_source::<ResolveError>(e) {
             dns.to_string()
-        } else if e.is_connect() {
-            format!("could not connect to the target: {}", cause_text(&e))
+        } else if connect {
+            format!("could not connect to the target: {}", cause_text(e))
         } else {
-            format!("the request to the target failed: {}", cause_text(&e))
+            format!("the request to the target failed: {}", cause_text(e))
         };
         Observation::Transient {
             error,
@@ -485,13 +580,10 @@ impl Prober {
         }
     }
 
-    /// A place among the probes in flight to the URL's host, held until dropped.
-    async fn host_slot(&self, url: &url::Url) -> HostSlot {
-        let key = format!(
-            "{}:{}",
-            url.host_str().unwrap_or_default(),
-            url.port_or_known_default().unwrap_or(0)
-        );
+    /// A place among the probes in flight to a host ("host:port"), held until
+    /// dropped.
+    async fn host_slot(&self, key: &Arc<str>) -> HostSlot {
+        let key = key.clone();
         let sem = {
             let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
             hosts
@@ -516,7 +608,7 @@ impl Prober {
 /// place (its claim on the host may outlive its drop).
 struct HostSlot {
     inner: Arc<Inner>,
-    key: String,
+    key: Arc<str>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -748,11 +840,11 @@ fn find_source<'a, E: std::error::Error + 'static>(
     None
 }
 
-/// What went wrong under a reqwest error, without its generic top line ("error
-/// sending request") and hyper's "client error (Connect)" wrappers.
-fn cause_text(e: &reqwest::Error) -> String {
+/// What went wrong under a client error, without its generic top line and hyper's
+/// "client error (Connect)" wrappers.
+fn cause_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    let mut cur = std::error::Error::source(e);
+    let mut cur = e.source();
     while let Some(err) = cur {
         let text = err.to_string();
         if !text.is_empty()

@@ -98,8 +98,8 @@ pub struct Worker {
 
 struct Held {
     spec: Arc<Spec>,
-    /// The target URL, parsed once rather than at every poll.
-    url: Result<url::Url, String>,
+    /// The target as every poll needs it, made once rather than at every poll.
+    target: Result<Arc<crate::probe::Target>, String>,
     engine: EngineState,
     epoch: i64,
     next: DateTime<Utc>,
@@ -736,7 +736,7 @@ impl Loop {
             return;
         };
         let spec = h.spec.clone();
-        let url = h.url.clone();
+        let target = h.target.clone();
         let mut memo = h.memo;
         let probes = self.probes.clone();
         let w = self.w.clone();
@@ -749,8 +749,8 @@ impl Loop {
             let probe = async {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;
-                match url {
-                    Ok(url) => w.prober.probe_memo(id, &spec, url, &mut memo).await,
+                match target {
+                    Ok(target) => w.prober.probe_memo(id, &spec, &target, &mut memo).await,
                     Err(error) => Observation::Permanent { error },
                 }
             };
@@ -803,7 +803,7 @@ impl Loop {
         let looped = c.claims >= MAX_CLAIMS;
         let spec = Arc::new(c.spec);
         let held = Held {
-            url: crate::probe::target_url(&spec),
+            target: self.w.prober.target(&spec).map(Arc::new),
             spec,
             written: fingerprint(&c.engine),
             written_at: Instant::now(),
