@@ -191,15 +191,29 @@ impl std::fmt::Debug for Prober {
 }
 
 /// A wait's target as every poll of it needs it, made once ([`Prober::target`]):
-/// the URL (for the SSRF guard), the same as a request URI, the key of its host's
-/// place in the per-host limit, and the request's headers.
+/// the request URI, the key of its host's place in the per-host limit, the
+/// request's headers, and the SSRF guard's verdict on the URL (the guard does not
+/// change while the process runs). A million held waits keep a million of these:
+/// it is kept small (about 240 bytes with what it points to).
 #[derive(Debug)]
 pub struct Target {
-    url: url::Url,
     uri: Uri,
     /// "host:port".
     host: Arc<str>,
-    headers: HeaderMap,
+    /// The request's headers when the target has headers of its own (the prober's
+    /// defaults beneath them); `None`: the prober's defaults alone, shared rather
+    /// than kept a wait (a header map is about a kilobyte, as much as the rest of
+    /// a held wait).
+    headers: Option<Box<HeaderMap>>,
+    /// The guard refuses the URL itself (an address literal, `localhost`): why.
+    refused: Option<Box<str>>,
+}
+
+impl Target {
+    /// The host, for the log (never the path or query).
+    fn log_host(&self) -> &str {
+        self.uri.host().unwrap_or_default()
+    }
 }
 
 /// The spec's target URL, parsed; the error is the observation a probe of it makes.
@@ -358,16 +372,27 @@ impl Prober {
             headers.insert(name, value);
         }
         // The defaults go under the target's own headers of the same name.
-        for (name, value) in &self.inner.defaults {
-            if !headers.contains_key(name) {
-                headers.insert(name.clone(), value.clone());
+        let headers = (!headers.is_empty()).then(|| {
+            for (name, value) in &self.inner.defaults {
+                if !headers.contains_key(name) {
+                    headers.insert(name.clone(), value.clone());
+                }
             }
-        }
+            Box::new(headers)
+        });
+        // Address literals never reach the resolver, so they are judged here; names
+        // are judged by the resolver, on the addresses it returns.
+        let refused = self
+            .inner
+            .guard
+            .check_url(&url)
+            .err()
+            .map(|r| r.to_string().into_boxed_str());
         Ok(Target {
-            url,
             uri,
             host,
             headers,
+            refused,
         })
     }
 
@@ -380,10 +405,8 @@ impl Prober {
         target: &Target,
         memo: &mut Option<Memo>,
     ) -> Observation {
-        // Address literals never reach the resolver, so they are judged here; names
-        // are judged by the resolver, on the addresses it returns.
-        if let Err(refused) = self.inner.guard.check_url(&target.url) {
-            return refusal(wait, &target.url, refused.to_string());
+        if let Some(refused) = &target.refused {
+            return refusal(wait, target.log_host(), refused.to_string());
         }
         let _slot = self.host_slot(&target.host).await;
         // One bound on the request, from connecting to the last byte of the body.
@@ -418,10 +441,14 @@ impl Prober {
         let mut request = Request::new(Empty::new());
         *request.method_mut() = Method::GET;
         *request.uri_mut() = target.uri.clone();
-        *request.headers_mut() = target.headers.clone();
+        *request.headers_mut() = target
+            .headers
+            .as_deref()
+            .unwrap_or(&self.inner.defaults)
+            .clone();
         let mut response = match self.inner.client.request(request).await {
             Ok(r) => r,
-            Err(e) => return self.request_error(wait, &target.url, &e),
+            Err(e) => return self.request_error(wait, target.log_host(), &e),
         };
         let status = response.status();
         let judged = spec.success_condition.is_some() || spec.failure_condition.is_some();
@@ -473,7 +500,10 @@ impl Prober {
                 BTreeMap::new()
             }
         });
-        let body = match self.read_body(wait, &target.url, response.body_mut()).await {
+        let body = match self
+            .read_body(wait, target.log_host(), response.body_mut())
+            .await
+        {
             Ok(body) => body,
             Err(obs) => return obs,
         };
@@ -523,7 +553,7 @@ impl Prober {
     async fn read_body(
         &self,
         wait: uuid::Uuid,
-        url: &url::Url,
+        host: &str,
         incoming: &mut Incoming,
     ) -> Result<Vec<u8>, Observation> {
         let max = self.inner.max_body;
@@ -548,7 +578,7 @@ impl Prober {
                     body.extend_from_slice(&chunk);
                 }
                 None => return Ok(body),
-                Some(Err(e)) => return Err(self.request_error(wait, url, &e)),
+                Some(Err(e)) => return Err(self.request_error(wait, host, &e)),
             }
         }
     }
@@ -558,11 +588,11 @@ impl Prober {
     fn request_error(
         &self,
         wait: uuid::Uuid,
-        url: &url::Url,
+        host: &str,
         e: &(dyn std::error::Error + 'static),
     ) -> Observation {
         if let Some(refused) = guard_refusal(e) {
-            return refusal(wait, url, refused);
+            return refusal(wait, host, refused);
         }
         let connect = e
             .downcast_ref::<hyper_util::client::legacy::Error>()
@@ -817,10 +847,10 @@ fn format_size(bytes: usize) -> String {
 /// The guard refused the target: a permanent error, and a warning for the operator
 /// (most often the allow-list was narrowed since the wait was created). The log
 /// names the wait and the host, never the query.
-fn refusal(wait: uuid::Uuid, url: &url::Url, error: String) -> Observation {
+fn refusal(wait: uuid::Uuid, host: &str, error: String) -> Observation {
     tracing::warn!(
         wait_id = %wait,
-        host = url.host_str().unwrap_or_default(),
+        host,
         "the SSRF guard refuses this wait's target; it ends in error"
     );
     Observation::Permanent { error }
