@@ -413,6 +413,58 @@ async fn a_wait_whose_polls_keep_killing_their_replica_is_ended_after_three_on_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_wait_taken_over_again_and_again_is_never_ended_by_the_crash_loop_guard_on_both_stores()
+ {
+    // After a takeover, a wait polled before is claimed, its first poll is counted as
+    // begun, and that poll, which changes nothing here, is recorded as completed
+    // without its progress. Were it not, the count would grow by one a takeover and
+    // the fourth claimer would end a healthy wait as a crash loop.
+    let up = Hostile::start().await;
+    let url = up.play(
+        "/steady",
+        Play::Body(br#"{"data":{"attributes":{"status":"deploying"}}}"#.to_vec()),
+    );
+    let dir = TempDir::new("waitd-takeovers");
+    for (store_url, db) in stores(&dir).await {
+        let port = free_port();
+        let args = replica_args(&store_url, port, "500ms", &[]);
+        let mut r = Replica::spawn("takeovers", &dir.path, port, args);
+        r.ready(Duration::from_secs(15)).await;
+        let mut spec = hostile_spec(&url, "/data/attributes/status");
+        spec["timeout"] = json!("2m");
+        let id = create(&r, spec).await;
+        for round in 0..=5 {
+            // Two polls by this replica: the second starts only once the first is
+            // recorded (a held wait has one poll or write in flight), so the store
+            // has heard that the first poll since the claim completed.
+            let hits = up.hits("/steady");
+            let polled = support::eventually(Duration::from_secs(15), || async {
+                up.hits("/steady") >= hits + 2
+            })
+            .await;
+            assert!(
+                polled,
+                "round {round}: not polled again:\n{}",
+                r.log_tail(20)
+            );
+            if round == 5 {
+                break;
+            }
+            r.kill9();
+            r.respawn();
+            r.ready(Duration::from_secs(15)).await;
+        }
+        let w = send(client().get(r.url(&format!("/waits/{id}")))).await;
+        assert_eq!(w.body["status"], "running", "{} on {store_url}", w.body);
+        r.signal("TERM");
+        r.wait_exit(Duration::from_secs(10)).await;
+        if let Some(db) = db {
+            db.drop_db().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_the_store_refuses_to_record_ends_in_error_while_its_neighbours_go_on() {
     // The last line of defence: a Postgres constraint (added by the test) refuses one
     // target's state, the way a byte Postgres cannot store once did.

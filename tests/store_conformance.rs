@@ -265,6 +265,62 @@ async fn an_idempotency_key_returns_the_first_wait_and_refuses_another_body() {
 }
 
 #[tokio::test]
+async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fenced() {
+    for_each_store!(|store, backend| {
+        let w = store
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap()
+            .wait;
+        let ttl = Duration::from_secs(30);
+        let checkpoint = |epoch| Checkpoint {
+            id: w.id,
+            epoch,
+            engine: None,
+            next_poll_at: None,
+        };
+        // Claimed, its poll begun, given back: the next claimer sees one begun.
+        let a = Uuid::now_v7();
+        let c = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
+        assert_eq!(c[0].claims, 0, "{}", backend.url());
+        let marked = store.mark_polling(a, &[(w.id, c[0].epoch)]).await.unwrap();
+        assert_eq!(marked, vec![w.id], "{}", backend.url());
+        store.release(a, &[checkpoint(c[0].epoch)]).await.unwrap();
+        let b = Uuid::now_v7();
+        let c = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
+        assert_eq!(c[0].claims, 1, "{}", backend.url());
+        // A confirmation under an old epoch or by another owner lands nowhere.
+        assert!(
+            store
+                .confirm_polled(b, &[(w.id, c[0].epoch - 1)])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            store
+                .confirm_polled(a, &[(w.id, c[0].epoch)])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // Begun and completed under this claim: the count is back to 0.
+        store.mark_polling(b, &[(w.id, c[0].epoch)]).await.unwrap();
+        let confirmed = store
+            .confirm_polled(b, &[(w.id, c[0].epoch)])
+            .await
+            .unwrap();
+        assert_eq!(confirmed, vec![w.id], "{}", backend.url());
+        store.release(b, &[checkpoint(c[0].epoch)]).await.unwrap();
+        let c = store
+            .claim(Uuid::now_v7(), ttl, Duration::ZERO, 10)
+            .await
+            .unwrap();
+        assert_eq!(c[0].claims, 0, "{}", backend.url());
+    });
+}
+
+#[tokio::test]
 async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_out() {
     for_each_store!(|store, backend| {
         let w = store

@@ -52,7 +52,8 @@ pub struct Claimed {
 /// replica that polled it died meanwhile) is ended by its next claimer instead of
 /// polled, so that it cannot take down one replica after another. The count is kept
 /// in the store: [`Store::mark_polling`] adds to it as the first poll after a claim
-/// begins, and the write of a completed poll clears it.
+/// begins, and the write of a completed poll ([`Store::confirm_polled`] when it
+/// changed nothing) clears it.
 pub const MAX_CLAIMS: i32 = 3;
 
 /// The counters and schedule of a held wait, written in periodic batches.
@@ -930,10 +931,33 @@ impl Store {
         owner: Uuid,
         ids: &[(Uuid, i64)],
     ) -> Result<Vec<Uuid>, StoreError> {
+        self.count_polls(owner, ids, true).await
+    }
+
+    /// Records that the first poll since the claim of each of these waits (id,
+    /// epoch) completed and changed nothing worth an event: their `claims` goes back
+    /// to 0, and nothing else is written (the poll count and schedule follow in a
+    /// checkpoint). One statement for all of them; a claim of a million waits
+    /// writes each row a third time otherwise, with every progress column.
+    /// Fenced by owner and epoch; returns the ids still the owner's.
+    pub async fn confirm_polled(
+        &self,
+        owner: Uuid,
+        ids: &[(Uuid, i64)],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.count_polls(owner, ids, false).await
+    }
+
+    async fn count_polls(
+        &self,
+        owner: Uuid,
+        ids: &[(Uuid, i64)],
+        begun: bool,
+    ) -> Result<Vec<Uuid>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        sql!(self.mark_polling(owner, ids))
+        sql!(self.count_polls(owner, ids, begun))
     }
 
     /// Writes what one poll changed, fenced by owner and epoch; false when the wait is

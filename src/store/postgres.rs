@@ -476,16 +476,18 @@ impl PgDialect {
         .await?)
     }
 
-    /// One statement for every first poll due at once; the fences travel in the
+    /// One statement for every first poll due at once (`begun`: one more poll begun)
+    /// or completed unchanged (its count back to 0); the fences travel in the
     /// batch, as in [`PgDialect::record`].
-    pub(super) async fn mark_polling(
+    pub(super) async fn count_polls(
         &self,
         owner: Uuid,
         ids: &[(Uuid, i64)],
+        begun: bool,
     ) -> Result<Vec<Uuid>, StoreError> {
         let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().copied().unzip();
         let rows: Vec<(Uuid,)> = sqlx::query_as(
-            "UPDATE waits w SET claims = w.claims + 1
+            "UPDATE waits w SET claims = CASE WHEN $4 THEN w.claims + 1 ELSE 0 END
              FROM unnest($2::uuid[], $3::bigint[],
                          array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
                          array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
@@ -496,6 +498,7 @@ impl PgDialect {
         .bind(owner)
         .bind(id)
         .bind(epoch)
+        .bind(begun)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())

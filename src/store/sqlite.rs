@@ -459,18 +459,20 @@ impl SqliteDialect {
         .await?)
     }
 
-    pub(super) async fn mark_polling(
+    pub(super) async fn count_polls(
         &self,
         owner: Uuid,
         ids: &[(Uuid, i64)],
+        begun: bool,
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut marked = Vec::with_capacity(ids.len());
         for (id, epoch) in ids {
             let n = sqlx::query(
-                "UPDATE waits SET claims = claims + 1
+                "UPDATE waits SET claims = CASE WHEN ? THEN claims + 1 ELSE 0 END
                  WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'",
             )
+            .bind(begun)
             .bind(id)
             .bind(owner)
             .bind(epoch)

@@ -169,6 +169,12 @@ enum Msg {
         /// and what became of its write.
         batch: Vec<(Uuid, u64, Option<Status>, Written)>,
     },
+    /// First polls since their claim that changed nothing, recorded as completed
+    /// (or not): (id, generation).
+    Confirmed {
+        batch: Vec<(Uuid, u64)>,
+        result: Result<Vec<Uuid>, StoreError>,
+    },
     /// First polls since their claim, recorded as begun (or not).
     Marked {
         first: Vec<(Uuid, i64, u64)>,
@@ -232,6 +238,10 @@ struct Loop {
     probes: Arc<Semaphore>,
     /// Progress waiting to be written: each batch is one transaction.
     pending: Vec<(Progress, u64)>,
+    /// First polls since a claim that completed and changed nothing: (id, epoch,
+    /// generation), to be recorded as completed (one statement a batch, in a write
+    /// slot like progress).
+    confirming: Vec<(Uuid, i64, u64)>,
     /// Batches being written.
     writing: usize,
     /// Waits this replica stopped polling while the store may still have them as
@@ -267,6 +277,7 @@ impl Worker {
             clock: Clock::new(),
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
             pending: Vec::new(),
+            confirming: Vec::new(),
             writing: 0,
             let_go: Vec::new(),
             lease_until: Instant::now(),
@@ -777,7 +788,9 @@ impl Loop {
     fn handle_draining(&mut self, msg: Msg) {
         match msg {
             // Finish what was observed, but schedule nothing new.
-            Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Renewed(_) => self.handle(msg),
+            Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Confirmed { .. } | Msg::Renewed(_) => {
+                self.handle(msg)
+            }
             // Marked while stopping: start nothing new.
             Msg::Marked { first, .. } => {
                 for (id, _, g) in first {
@@ -849,6 +862,7 @@ impl Loop {
             Msg::Probed { .. } => "a probe",
             Msg::Recorded { .. } => "a progress write",
             Msg::Marked { .. } => "first polls marked",
+            Msg::Confirmed { .. } => "first polls confirmed",
             Msg::Renewed(_) => "a renewal",
         };
         self.dispatch(msg);
@@ -897,8 +911,48 @@ impl Loop {
                 }
                 self.w.metrics.held.store(self.held.len() as i64, Relaxed);
             }
+            Msg::Confirmed { batch, result } => {
+                self.writing -= 1;
+                self.w.metrics.write();
+                self.confirmed(batch, result);
+            }
             Msg::Renewed(r) => self.renewed(r),
         }
+    }
+
+    /// First polls that changed nothing were recorded as completed (or not).
+    fn confirmed(&mut self, batch: Vec<(Uuid, u64)>, result: Result<Vec<Uuid>, StoreError>) {
+        let done: std::collections::HashSet<Uuid> = match &result {
+            Ok(ids) => ids.iter().copied().collect(),
+            Err(_) => Default::default(),
+        };
+        for (id, generation) in batch {
+            if self
+                .held
+                .get(&id)
+                .is_none_or(|h| h.generation != generation)
+            {
+                continue;
+            }
+            if done.contains(&id) {
+                let h = self.held.get_mut(&id).expect("held");
+                h.busy = false;
+                h.confirmed = true;
+                let next = h.next;
+                self.schedule(id, next);
+            } else if let Err(e) = &result {
+                // As for progress that cannot be written: let it go, and another
+                // claim resumes it from its last checkpoint.
+                tracing::warn!(wait_id = %id, error = %e, "could not record that a poll completed; letting the wait go");
+                if let Some(h) = self.held.remove(&id) {
+                    self.let_go.push(lease_only(id, &h));
+                }
+            } else {
+                // No longer this replica's.
+                self.held.remove(&id);
+            }
+        }
+        self.w.metrics.held.store(self.held.len() as i64, Relaxed);
     }
 
     /// A claim came back: hold what it claimed.
@@ -1066,9 +1120,16 @@ impl Loop {
         if let Some(t) = next {
             h.next = t;
         }
-        if events.is_empty() && end.is_none() && h.confirmed {
+        // A wait's very first poll is written whole, so that `polls` shows it
+        // began; the first poll since a claim of one polled before (a takeover, a
+        // restart) only clears the store's count of polls begun.
+        if events.is_empty() && end.is_none() && (h.confirmed || h.engine.polls > 1) {
             // Nothing changed: keep it in memory, checkpoint later.
             h.dirty = true;
+            if !h.confirmed {
+                self.confirming.push((id, h.epoch, generation));
+                return;
+            }
             h.busy = false;
             let t = h.next;
             self.schedule(id, t);
@@ -1090,6 +1151,22 @@ impl Loop {
     /// slot and grows meanwhile, so a burst becomes a few large transactions.
     fn flush_writes(&mut self) {
         const MAX_BATCH: usize = 1000;
+        while !self.confirming.is_empty() && self.writing < self.w.cfg.max_writes.max(1) {
+            let take = self.confirming.len().min(MAX_BATCH);
+            let mut ids = Vec::with_capacity(take);
+            let mut batch = Vec::with_capacity(take);
+            for (id, epoch, g) in self.confirming.drain(..take) {
+                ids.push((id, epoch));
+                batch.push((id, g));
+            }
+            self.writing += 1;
+            let w = self.w.clone();
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let result = w.store.confirm_polled(w.owner, &ids).await;
+                let _ = tx.send(Msg::Confirmed { batch, result });
+            });
+        }
         while !self.pending.is_empty() && self.writing < self.w.cfg.max_writes.max(1) {
             let take = self.pending.len().min(MAX_BATCH);
             let (progress, generations): (Vec<Progress>, Vec<u64>) =
