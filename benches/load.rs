@@ -706,8 +706,11 @@ struct Scale {
     /// Postgres over the window: rows written and WAL bytes per poll.
     rows_per_poll: f64,
     wal_per_poll: f64,
-    /// Postgres's `shared_buffers`, which decides whether the waits stay in its cache.
-    shared_buffers: String,
+    /// Postgres's `shared_buffers`, which decides whether the waits stay in its
+    /// cache, and `max_wal_size`, which decides how often a checkpoint comes (and
+    /// with it a full-page image of every page written next): "shared_buffers 3GB,
+    /// max_wal_size 16GB".
+    pg_settings: String,
     /// Connections to Postgres a replica holds, at the end of the window.
     connections: f64,
     /// The window's length, s.
@@ -1086,10 +1089,12 @@ async fn scale(a: &Args) -> Scale {
     // The other n - 1 as copies of its rows, due over one interval from now.
     let t0 = Instant::now();
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let (shared_buffers,): (String,) = sqlx::query_as("SHOW shared_buffers")
-        .fetch_one(&mut c)
-        .await
-        .unwrap();
+    let (pg_settings,): (String,) = sqlx::query_as(
+        "SELECT 'shared_buffers ' || current_setting('shared_buffers') || ', max_wal_size ' || current_setting('max_wal_size')",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
     clone_waits(&db, n - 1, interval).await;
     sqlx::query("ANALYZE waits").execute(&mut c).await.unwrap();
     let insert_s = t0.elapsed().as_secs_f64();
@@ -1175,7 +1180,7 @@ async fn scale(a: &Args) -> Scale {
         cores: ((w1 - w0) + (p1 - p0)) / took,
         rows_per_poll: (r1.0 - r0.0) as f64 / polls_n,
         wal_per_poll: (r1.1 - r0.1) as f64 / polls_n,
-        shared_buffers,
+        pg_settings,
         connections: conns as f64 / replicas.len() as f64,
         measured_s: took,
     };
@@ -1920,10 +1925,10 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
     };
     let pg = sc
         .first()
-        .map_or("?".to_string(), |s| s.shared_buffers.clone());
+        .map_or("?".to_string(), |s| s.pg_settings.clone());
     let _ = writeln!(
         t,
-        "| 12 | {n} waits every {every} (±10%) on {who}, Postgres shared_buffers {pg}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
+        "| 12 | {n} waits every {every} (±10%) on {who}, Postgres {pg}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
         m(&|s| s.insert_s),
         m(&|s| s.hold_s)
     );
