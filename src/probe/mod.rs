@@ -193,8 +193,8 @@ impl std::fmt::Debug for Prober {
 /// A wait's target as every poll of it needs it, made once ([`Prober::target`]):
 /// the request URI, the key of its host's place in the per-host limit, the
 /// request's headers, and the SSRF guard's verdict on the URL (the guard does not
-/// change while the process runs). A million held waits keep a million of these:
-/// it is kept small (about 240 bytes with what it points to).
+/// change while the process runs). A million held waits keep a million of these,
+/// so it is kept small: RSS a wait grew by about 0.1 KiB over the parsed URL alone.
 #[derive(Debug)]
 pub struct Target {
     uri: Uri,

@@ -1120,13 +1120,14 @@ impl Loop {
         if let Some(t) = next {
             h.next = t;
         }
-        // A wait's very first poll is written whole, so that `polls` shows it
-        // began; the first poll since a claim of one polled before (a takeover, a
-        // restart) only clears the store's count of polls begun.
-        if events.is_empty() && end.is_none() && (h.confirmed || h.engine.polls > 1) {
+        if events.is_empty() && end.is_none() {
             // Nothing changed: keep it in memory, checkpoint later.
             h.dirty = true;
             if !h.confirmed {
+                // The first poll since the claim (of a wait polled before: a
+                // wait's very first poll always writes an event, its first state
+                // or a retry): the store only learns that it completed, which
+                // clears its count of polls begun.
                 self.confirming.push((id, h.epoch, generation));
                 return;
             }
@@ -1151,22 +1152,6 @@ impl Loop {
     /// slot and grows meanwhile, so a burst becomes a few large transactions.
     fn flush_writes(&mut self) {
         const MAX_BATCH: usize = 1000;
-        while !self.confirming.is_empty() && self.writing < self.w.cfg.max_writes.max(1) {
-            let take = self.confirming.len().min(MAX_BATCH);
-            let mut ids = Vec::with_capacity(take);
-            let mut batch = Vec::with_capacity(take);
-            for (id, epoch, g) in self.confirming.drain(..take) {
-                ids.push((id, epoch));
-                batch.push((id, g));
-            }
-            self.writing += 1;
-            let w = self.w.clone();
-            let tx = self.tx.clone();
-            tokio::spawn(async move {
-                let result = w.store.confirm_polled(w.owner, &ids).await;
-                let _ = tx.send(Msg::Confirmed { batch, result });
-            });
-        }
         while !self.pending.is_empty() && self.writing < self.w.cfg.max_writes.max(1) {
             let take = self.pending.len().min(MAX_BATCH);
             let (progress, generations): (Vec<Progress>, Vec<u64>) =
@@ -1190,6 +1175,23 @@ impl Loop {
                     .map(|((p, g), written)| (p.id, g, p.end.map(|e| e.status), written))
                     .collect();
                 let _ = tx.send(Msg::Recorded { batch });
+            });
+        }
+        // Then confirmations: progress (ends, new states) is what followers wait for.
+        while !self.confirming.is_empty() && self.writing < self.w.cfg.max_writes.max(1) {
+            let take = self.confirming.len().min(MAX_BATCH);
+            let mut ids = Vec::with_capacity(take);
+            let mut batch = Vec::with_capacity(take);
+            for (id, epoch, g) in self.confirming.drain(..take) {
+                ids.push((id, epoch));
+                batch.push((id, g));
+            }
+            self.writing += 1;
+            let w = self.w.clone();
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let result = w.store.confirm_polled(w.owner, &ids).await;
+                let _ = tx.send(Msg::Confirmed { batch, result });
             });
         }
     }
