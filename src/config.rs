@@ -117,6 +117,12 @@ pub struct Config {
     #[arg(long, env = "WAITD_CONCURRENCY", default_value_t = 512)]
     pub concurrency: usize,
 
+    /// Threads that parse requests' expressions and read targets' answers (JSON,
+    /// paths, conditions), apart from the threads that serve requests; tenants take
+    /// turns on them. Default: the number of cores.
+    #[arg(long, env = "WAITD_CPU_THREADS")]
+    pub cpu_threads: Option<usize>,
+
     /// Most probes in flight to one target host.
     #[arg(long, env = "WAITD_PER_HOST_CONCURRENCY", default_value_t = 16)]
     pub per_host_concurrency: usize,

@@ -10,6 +10,7 @@ pub mod api;
 pub mod bus;
 pub mod client;
 pub mod config;
+pub mod cpu;
 pub mod engine;
 pub mod events;
 pub mod metrics;
@@ -133,6 +134,9 @@ impl App {
     /// pipeline and (unless `--no-worker`) the worker pool. `addr` is where it will
     /// be reached, for the anonymous-use check and the start-up line.
     pub async fn start(config: Config, addr: SocketAddr) -> Result<App, StartError> {
+        if let Some(n) = config.cpu_threads {
+            cpu::configure(n);
+        }
         let tokens = load_tokens(&config)?;
         let cors_origins = parse_origins(&config.cors_origins)?;
         if tokens.is_empty() {
@@ -335,6 +339,7 @@ fn log_start(
         },
         max_connections,
         open_files = fd_limit.unwrap_or(0),
+        cpu_threads = cpu::pool().threads(),
         "waitd starting"
     );
 }

@@ -15,6 +15,7 @@ mod api_sqlite;
 mod api_waits;
 mod client;
 mod conditions;
+mod conditions_props;
 mod dashboard_http;
 mod engine_props;
 mod engine_seeds;

@@ -70,8 +70,11 @@ pub async fn get_preset(
 /// preset, the preset filled in with its params and overridden by its own fields. An
 /// unknown preset or a missing, unknown or malformed parameter is a 422 naming
 /// `preset` or `params.<name>`.
-pub(crate) fn expand<'a>(s: &AppState, body: &'a Value) -> ApiResult<Cow<'a, Value>> {
-    s.presets.apply(body).map_err(|errors| {
+pub(crate) fn expand<'a>(
+    presets: &crate::presets::Registry,
+    body: &'a Value,
+) -> ApiResult<Cow<'a, Value>> {
+    presets.apply(body).map_err(|errors| {
         let detail = match errors.as_slice() {
             [one] => format!("{} {}", one.field, one.message),
             many => format!("the preset request has {} problems; see errors", many.len()),

@@ -220,8 +220,22 @@ pub async fn create_wait(
 ) -> ApiResult<Response> {
     let hold = q.hold()?;
     let key = idempotency_key(&headers)?;
-    let request = super::presets::expand(&s, &body)?;
-    let spec = Spec::from_request(&request, &s.limits).map_err(ApiError::validation)?;
+    // Parsing a request's paths and expressions costs what its text decides: it is
+    // done on the CPU pool, in the tenant's turn.
+    let (presets, limits) = (s.presets.clone(), s.limits.clone());
+    let (body, spec) = crate::cpu::pool()
+        .run(&tenant, move || {
+            let spec = super::presets::expand(&presets, &body).and_then(|request| {
+                Spec::from_request(&request, &limits).map_err(ApiError::validation)
+            });
+            (body, spec)
+        })
+        .await
+        .map_err(|lost| {
+            tracing::error!(error = %lost, "a create request's validation was lost");
+            ApiError::internal()
+        })?;
+    let spec = spec?;
     let url =
         url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
     s.guard

@@ -26,13 +26,27 @@
 //! - each element a `map` or `filter` appends, by its deep size;
 //! - the operands of `==`, `!=`, `in` and `+`, and each element of a list or map
 //!   literal (building it copies them), by their deep size;
-//! - the operands of every other function by their length (strings and bytes), and
-//!   a `matches` pattern by 16 units a byte (it is compiled on each call).
+//! - the operands of every other function by their length (strings and bytes);
+//! - a `matches` pattern by what compiling it cost, when it is not compiled
+//!   already ([`super::pattern`]), and its search by the haystack's length times a
+//!   factor of the automaton's size.
 //!
 //! What is not charged costs a bounded amount per node of the expression, and the
-//! expression itself is bounded ([`MAX_LEN`], [`MAX_DEPTH`]). An evaluation past the
-//! budget stops at the next charge and is reported as [`Failure::Budget`], whatever
-//! its result would have been.
+//! expression itself is bounded ([`MAX_LEN`], [`MAX_DEPTH`], [`MAX_TREE`]). An
+//! evaluation past the budget stops at the next charge and is reported as
+//! [`Failure::Budget`], whatever its result would have been.
+//!
+//! ## Recursion
+//!
+//! Everything that walks an expression recurses on its tree: the checks and the
+//! metering here, cel-rust's interpreter, and dropping it. So the tree's depth is
+//! measured right after parsing, without recursion, counting every node (an
+//! operator, a call, a member, an index, an element of a literal, a macro and the
+//! calls it expands into), and a tree deeper than [`MAX_TREE`] is refused before
+//! anything else walks it. The parse itself recurses as deep as the text nests,
+//! at most once or a few times a byte of its [`MAX_LEN`] bytes, so it runs where
+//! the stack is sized for that: [`Condition::compile`] runs on the CPU pool's
+//! threads ([`crate::cpu::STACK`]), and moves itself there when called elsewhere.
 //!
 //! Pure: no I/O, no clock.
 
@@ -55,6 +69,9 @@ use serde_json::Value;
 pub const MAX_LEN: usize = 2048;
 /// The deepest nesting the parser accepts (parentheses, calls, operators).
 pub const MAX_DEPTH: u16 = 32;
+/// The deepest tree an expression may parse to, counting every node on the way
+/// down (see the module's text).
+pub const MAX_TREE: usize = 64;
 /// What one evaluation of a response's conditions may spend, in units.
 pub const BUDGET: u64 = 1_000_000;
 /// Bytes of a string that cost one unit.
@@ -92,7 +109,7 @@ pub const FUNCTIONS: &[&str] = &[
 
 const DEEP: &str = "@waitd_deep";
 const FLAT: &str = "@waitd_flat";
-const PATTERN: &str = "@waitd_pattern";
+const MATCHES: &str = "@waitd_matches";
 
 static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
@@ -100,11 +117,13 @@ static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     for (name, f) in [
         (DEEP, charge_deep as cel::common::functions::Function),
         (FLAT, charge_flat),
-        (PATTERN, charge_pattern),
     ] {
         env.add_overload(name, name, vec![DYN_TYPE], f)
             .expect("the meters are declared once");
     }
+    // `matches`, with its pattern compiled once, within a size bound, and charged.
+    env.add_overload(MATCHES, MATCHES, vec![DYN_TYPE, DYN_TYPE], matches_charged)
+        .expect("the meters are declared once");
     Arc::new(env)
 });
 
@@ -201,8 +220,23 @@ impl fmt::Display for Failure {
 }
 
 impl Condition {
-    /// Parses and checks `source`; the error is a sentence with the position.
+    /// Parses and checks `source`; the error is a sentence with the position. Runs
+    /// on the CPU pool (waiting for it when called from another thread), whose
+    /// stack is sized for the parser's recursion.
     pub fn compile(source: &str) -> Result<Condition, String> {
+        if crate::cpu::on_pool_thread() {
+            return Condition::compile_here(source);
+        }
+        let source = source.to_string();
+        crate::cpu::pool()
+            .run_blocking(move || Condition::compile_here(&source))
+            .unwrap_or_else(|lost| Err(format!("could not be parsed: {lost}")))
+    }
+
+    /// [`Condition::compile`] on the calling thread, whatever its stack: for tests
+    /// that measure what the parse needs.
+    #[doc(hidden)]
+    pub fn compile_here(source: &str) -> Result<Condition, String> {
         if source.trim().is_empty() {
             return Err("is empty; write a CEL expression such as status == 200".into());
         }
@@ -222,6 +256,12 @@ impl Condition {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)))
                 .map_err(|_| "could not be parsed (the CEL parser failed on it)".to_string())?;
         let mut expr = parsed.map_err(|errors| parse_message(source, &errors))?;
+        let depth = tree_depth(&expr);
+        if depth > MAX_TREE {
+            return Err(format!(
+                "nests {depth} levels deep, and the limit is {MAX_TREE} (every operator, call, member, index and macro counts as a level, chained or bracketed alike); split it, or write a chain of comparisons as a list, e.g. x in [1, 2, 3]"
+            ));
+        }
         let mut problems = Vec::new();
         check(&expr, &mut Vec::new(), &mut problems);
         if let Some(kind) = not_a_bool(&expr) {
@@ -478,6 +518,18 @@ fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
     }
 }
 
+/// The depth of `e`'s tree, every node counted, measured without recursion so that
+/// it can measure any tree the parser built.
+fn tree_depth(e: &IdedExpr) -> usize {
+    let mut deepest = 0;
+    let mut todo: Vec<(&IdedExpr, usize)> = vec![(e, 1)];
+    while let Some((e, d)) = todo.pop() {
+        deepest = deepest.max(d);
+        children(e, |c| todo.push((c, d + 1)));
+    }
+    deepest
+}
+
 /// Calls `f` on each direct sub-expression of `e`, in evaluation order.
 fn children<'e>(e: &'e IdedExpr, mut f: impl FnMut(&'e IdedExpr)) {
     match &e.expr {
@@ -506,7 +558,14 @@ fn children<'e>(e: &'e IdedExpr, mut f: impl FnMut(&'e IdedExpr)) {
             }
         }
         Expr::Select(sel) => f(&sel.operand),
-        Expr::Ident(_) | Expr::Literal(_) | Expr::Struct(_) | Expr::Unspecified => {}
+        Expr::Struct(st) => {
+            for entry in &st.entries {
+                if let EntryExpr::StructField(field) = &entry.expr {
+                    f(&field.value);
+                }
+            }
+        }
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
     }
 }
 
@@ -692,14 +751,20 @@ fn meter(e: &mut IdedExpr) {
                 _ => Some(FLAT),
             };
             let Some(meter_fn) = meter_fn else { return };
+            // `s.matches(p)` and `matches(s, p)` become `@waitd_matches(s, p)`,
+            // which charges the pattern's compile and the search itself.
+            if name == "matches" && usize::from(call.target.is_some()) + call.args.len() == 2 {
+                if let Some(t) = call.target.take() {
+                    call.args.insert(0, *t);
+                }
+                call.func_name = MATCHES.to_string();
+                return;
+            }
             if let Some(t) = call.target.as_deref_mut() {
                 wrap(t, meter_fn);
             }
-            let member = call.target.is_some();
-            for (i, a) in call.args.iter_mut().enumerate() {
-                // The pattern of `s.matches(p)` or `matches(s, p)`.
-                let pattern = name == "matches" && i == usize::from(!member);
-                wrap(a, if pattern { PATTERN } else { meter_fn });
+            for a in &mut call.args {
+                wrap(a, meter_fn);
             }
         }
         Expr::Comprehension(c) => {
@@ -821,10 +886,28 @@ fn charge_flat<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Exec
     Ok(v)
 }
 
-fn charge_pattern<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let v = only(args)?;
-    charge(1 + flat_len(&*v) * BYTES_PER_UNIT)?;
-    Ok(v)
+/// `matches(s, p)`: the pattern from the cache or compiled (its compile charged),
+/// then the search (charged by the haystack's length and the automaton's size).
+fn matches_charged<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let [s, p] = args.as_slice() else {
+        return Err(ExecutionError::invalid_argument_count(2, args.len()));
+    };
+    let (Some(s), Some(p)) = (s.downcast_ref::<CelString>(), p.downcast_ref::<CelString>()) else {
+        return Err(ExecutionError::no_such_overload(
+            "matches",
+            vec!["a string".into(), "a string pattern".into()],
+        ));
+    };
+    let found = super::pattern::lookup(p.inner());
+    charge(super::pattern::lookup_units(p.inner(), &found))?;
+    match found.pattern {
+        Ok(compiled) => {
+            charge(compiled.search_units(s.inner().len()))?;
+            let hit = compiled.is_match(s.inner());
+            Ok(CowVal::Owned(Box::new(CelBool::from(hit))))
+        }
+        Err(refused) => Err(ExecutionError::function_error("matches", &*refused.message)),
+    }
 }
 
 /// Bytes of a string or bytes value; 0 for anything else.

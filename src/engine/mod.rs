@@ -13,6 +13,7 @@ pub mod condition;
 pub mod duration;
 pub mod jsonpath;
 pub mod path;
+pub mod pattern;
 pub mod schema;
 pub mod spec;
 

@@ -207,6 +207,9 @@ pub struct Target {
     headers: Option<Box<HeaderMap>>,
     /// The guard refuses the URL itself (an address literal, `localhost`): why.
     refused: Option<Box<str>>,
+    /// The wait's tenant: reading its answers takes that tenant's turns on the
+    /// CPU pool.
+    tenant: Arc<str>,
 }
 
 impl Target {
@@ -344,6 +347,11 @@ impl Prober {
     /// observation every probe of it makes (a URL that does not parse, a header
     /// that is not a valid header).
     pub fn target(&self, spec: &Spec) -> Result<Target, String> {
+        self.target_of(spec, Arc::from(crate::cpu::SYSTEM))
+    }
+
+    /// [`Prober::target`] of a wait of `tenant`.
+    pub fn target_of(&self, spec: &Spec, tenant: Arc<str>) -> Result<Target, String> {
         let url = target_url(spec)?;
         let uri: Uri = url
             .as_str()
@@ -393,6 +401,7 @@ impl Prober {
             host,
             headers,
             refused,
+            tenant,
         })
     }
 
@@ -510,42 +519,41 @@ impl Prober {
         let status = status.as_u16();
         let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
         let hit = memo.filter(|m| Some(m.key) == key);
-        // A response the conditions already decided, and no state path to read:
-        // the body need not even be parsed.
-        let parsed: Option<Value> = if hit.is_some() && !needs_body {
-            None
+        let answer = Answer {
+            status,
+            headers,
+            body,
+            base,
+            needs_body,
+            key,
+            hit,
+        };
+        // What a stranger's answer costs to read grows with its size and with the
+        // wait's expressions: that goes to the CPU pool, in the tenant's turn; a
+        // small body read at a JSON Pointer stays here (a few microseconds).
+        let heavy = answer.body.len() > INLINE_BODY
+            || (judged && hit.is_none())
+            || (needs_body && matches!(spec.state, Some(ValuePath::Query { .. })));
+        let (obs, read_memo) = if heavy {
+            let spec = spec.clone();
+            match crate::cpu::pool()
+                .run(&target.tenant, move || answer.read(&spec))
+                .await
+            {
+                Ok(read) => read,
+                Err(lost) => (
+                    Observation::Permanent {
+                        error: format!("the response could not be read: {lost}"),
+                    },
+                    None,
+                ),
+            }
         } else {
-            serde_json::from_slice(&body).ok()
+            answer.read(spec)
         };
-        let base = if needs_body {
-            classify_body(&body, parsed.as_ref(), spec)
-        } else {
-            base
-        };
-        let (Some(headers), Some(key)) = (headers, key) else {
-            return base;
-        };
-        if let Some(m) = hit {
-            *memo = Some(Memo { reused: true, ..m });
-            return Observation::Judged {
-                status,
-                failure: m.failure,
-                success: m.success,
-                base: Box::new(base),
-            };
+        if judged {
+            *memo = read_memo;
         }
-        let obs = judge(spec, status, &headers, parsed.as_ref(), base);
-        *memo = match &obs {
-            Observation::Judged {
-                failure, success, ..
-            } => Some(Memo {
-                key,
-                failure: *failure,
-                success: *success,
-                reused: false,
-            }),
-            _ => None,
-        };
         obs
     }
 
@@ -660,6 +668,78 @@ impl Drop for HostSlot {
         {
             hosts.remove(&self.key);
         }
+    }
+}
+
+/// Bodies up to this size are read where they arrive; larger ones on the CPU pool.
+const INLINE_BODY: usize = 16 * 1024;
+
+/// A response whose body has been read, before its JSON, state and conditions are.
+struct Answer {
+    status: u16,
+    /// The headers the conditions read, when the wait has conditions.
+    headers: Option<BTreeMap<String, String>>,
+    body: Vec<u8>,
+    /// The observation the status alone made.
+    base: Observation,
+    /// The state is in the body.
+    needs_body: bool,
+    /// The memo key of this response, when the wait has conditions.
+    key: Option<u64>,
+    /// What the conditions decided on the same response before.
+    hit: Option<Memo>,
+}
+
+impl Answer {
+    /// The observation, and the memo for the next response (when the wait has
+    /// conditions).
+    fn read(self, spec: &Spec) -> (Observation, Option<Memo>) {
+        let Answer {
+            status,
+            headers,
+            body,
+            base,
+            needs_body,
+            key,
+            hit,
+        } = self;
+        // A response the conditions already decided, and no state path to read:
+        // the body need not even be parsed.
+        let parsed: Option<Value> = if hit.is_some() && !needs_body {
+            None
+        } else {
+            serde_json::from_slice(&body).ok()
+        };
+        let base = if needs_body {
+            classify_body(&body, parsed.as_ref(), spec)
+        } else {
+            base
+        };
+        let (Some(headers), Some(key)) = (headers, key) else {
+            return (base, None);
+        };
+        if let Some(m) = hit {
+            let obs = Observation::Judged {
+                status,
+                failure: m.failure,
+                success: m.success,
+                base: Box::new(base),
+            };
+            return (obs, Some(Memo { reused: true, ..m }));
+        }
+        let obs = judge(spec, status, &headers, parsed.as_ref(), base);
+        let memo = match &obs {
+            Observation::Judged {
+                failure, success, ..
+            } => Some(Memo {
+                key,
+                failure: *failure,
+                success: *success,
+                reused: false,
+            }),
+            _ => None,
+        };
+        (obs, memo)
     }
 }
 

@@ -43,6 +43,9 @@ pub struct Claimed {
     /// Polls of this wait begun since one last completed (each by a replica that
     /// then stopped): see [`MAX_CLAIMS`].
     pub claims: i32,
+    /// The tenant the wait belongs to: its work takes that tenant's turns on the
+    /// CPU pool.
+    pub tenant: String,
     pub spec: Spec,
     pub engine: EngineState,
     pub next_poll_at: DateTime<Utc>,
@@ -281,6 +284,7 @@ pub(crate) struct ClaimRow {
     id: Uuid,
     epoch: i64,
     claims: i32,
+    tenant: String,
     engine: Json,
     next_poll_at: Option<Time>,
     spec: Json,
@@ -893,6 +897,7 @@ impl Store {
                     id: row.id,
                     epoch: row.epoch,
                     claims: row.claims,
+                    tenant: row.tenant.clone(),
                     next_poll_at: row.next_poll_at.map_or(engine.deadline, |t| t.0),
                     spec,
                     engine,

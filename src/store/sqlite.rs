@@ -446,7 +446,7 @@ impl SqliteDialect {
                           WHERE status = 'running' AND next_poll_at <= ?
                             AND (owner IS NULL OR lease_until < ?)
                           ORDER BY next_poll_at LIMIT ?)
-             RETURNING id, epoch, claims, engine, next_poll_at,
+             RETURNING id, epoch, claims, tenant, engine, next_poll_at,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
                        (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers",
         )

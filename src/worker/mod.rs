@@ -236,6 +236,8 @@ struct Loop {
     claim_again: bool,
     renewing: bool,
     probes: Arc<Semaphore>,
+    /// The tenants of the waits held, each name once for all their waits.
+    tenants: std::collections::HashSet<Arc<str>>,
     /// Progress waiting to be written: each batch is one transaction.
     pending: Vec<(Progress, u64)>,
     /// First polls since a claim that completed and changed nothing: (id, epoch,
@@ -276,6 +278,7 @@ impl Worker {
         let mut lp = Loop {
             clock: Clock::new(),
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
+            tenants: std::collections::HashSet::new(),
             pending: Vec::new(),
             confirming: Vec::new(),
             writing: 0,
@@ -815,8 +818,16 @@ impl Loop {
     fn insert(&mut self, c: Claimed) {
         let looped = c.claims >= MAX_CLAIMS;
         let spec = Arc::new(c.spec);
+        let tenant = match self.tenants.get(c.tenant.as_str()) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = Arc::from(c.tenant.as_str());
+                self.tenants.insert(t.clone());
+                t
+            }
+        };
         let held = Held {
-            target: self.w.prober.target(&spec).map(Arc::new),
+            target: self.w.prober.target_of(&spec, tenant).map(Arc::new),
             spec,
             written: fingerprint(&c.engine),
             written_at: Instant::now(),
