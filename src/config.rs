@@ -137,14 +137,27 @@ pub struct Config {
     pub db_connections: u32,
 
     /// Most client connections open at once (kept below the open-file limit);
-    /// beyond it, new connections wait until one closes.
+    /// beyond it, a new connection takes the place of an idle one, or waits until
+    /// one closes when every one has a request in flight.
     #[arg(long, env = "WAITD_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
 
-    /// How long a client has to send a request's headers; an idle keep-alive
-    /// connection is closed after it too.
+    /// Most client connections open at once from one address (an IPv4 address or
+    /// an IPv6 /64; loopback too); beyond it, a new one takes the place of that
+    /// address's own idle one, or is refused with 429. Default: half of
+    /// --max-connections; 0 for no such cap (behind a reverse proxy).
+    #[arg(long, env = "WAITD_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
+
+    /// How long a client has to send a request's headers after the previous
+    /// response; an idle keep-alive connection is closed after it too.
     #[arg(long, env = "WAITD_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub header_timeout: Duration,
+
+    /// How long a new connection has to send its first request's headers (at most
+    /// --header-timeout).
+    #[arg(long, env = "WAITD_FIRST_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub first_header_timeout: Duration,
 
     /// How long a client has to send a whole request body.
     #[arg(long, env = "WAITD_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]

@@ -125,8 +125,7 @@ pub struct App {
     stop: watch::Sender<bool>,
     worker: Option<JoinHandle<()>>,
     events: events::Events,
-    max_connections: usize,
-    header_timeout: std::time::Duration,
+    connections: server::Limits,
 }
 
 impl App {
@@ -196,7 +195,8 @@ impl App {
             })
         });
         let fd_limit = server::raise_fd_limit();
-        let max_connections = server::connection_cap(config.max_connections, fd_limit);
+        let connections = server::Limits::new(&config, fd_limit);
+        let max_connections = connections.max_connections;
         log_start(&config, &store, addr, &tokens, max_connections, fd_limit);
         let state = api::AppState {
             store: store.clone(),
@@ -228,8 +228,7 @@ impl App {
             stop,
             worker,
             events,
-            max_connections,
-            header_timeout: config.header_timeout,
+            connections,
         })
     }
 
@@ -366,14 +365,7 @@ pub async fn serve(
         let mut rx = down_rx;
         let _ = rx.wait_for(|s| *s).await;
     };
-    server::run(
-        listener,
-        app.router.clone(),
-        app.max_connections,
-        app.header_timeout,
-        down,
-    )
-    .await;
+    server::run(listener, app.router.clone(), app.connections, down).await;
     app.stop().await;
     Ok(())
 }

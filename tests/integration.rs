@@ -16,6 +16,7 @@ mod api_waits;
 mod client;
 mod conditions;
 mod conditions_props;
+mod connections;
 mod dashboard_http;
 mod engine_props;
 mod engine_seeds;
