@@ -210,9 +210,16 @@ impl App {
             rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
             stopping: stop_rx,
             feed: events.feed.clone(),
+            // A stream holds its connection busy, and a busy connection is never
+            // given up for a new one (§6.9): streams may hold at most half the
+            // connection slots, and one tenant's at most a quarter, whatever the
+            // flags say, so a stream-opening tenant cannot take every slot.
             streams: api::streams::StreamLimits::new(
-                config.max_streams,
-                config.max_streams_per_tenant,
+                config.max_streams.min(max_connections / 2).max(1),
+                config
+                    .max_streams_per_tenant
+                    .min(max_connections / 4)
+                    .max(1),
             ),
             body_timeout: config.body_timeout,
             cors_origins: Arc::new(cors_origins),

@@ -250,3 +250,51 @@ async fn a_connection_that_sends_nothing_is_closed_at_the_first_header_timeout_a
     app.stop().await.0.unwrap();
     db.drop_db().await;
 }
+
+/// A stream holds its connection busy, so streams are held to half the slots and
+/// one tenant's to a quarter, whatever `--max-streams-per-tenant` says: a tenant
+/// opening streams from many addresses is refused with a 429 past its share, and a
+/// new client still gets in.
+#[tokio::test]
+async fn one_tenants_streams_hold_at_most_a_quarter_of_the_slots() {
+    let db = TestDb::new().await;
+    let tokens = format!("a:{TOKEN}");
+    let app = App::start_with(
+        &db,
+        &[
+            "--tokens",
+            &tokens,
+            "--max-connections",
+            "16",
+            "--max-streams-per-tenant",
+            "1000",
+        ],
+    )
+    .await;
+    let to = addr(&app);
+    let follow = format!(
+        "GET /events?follow=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    );
+    let mut open = Vec::new();
+    let mut refused = 0;
+    for i in 0..8 {
+        let mut s = connect_from(&format!("127.0.1.{}", i + 1), to).await;
+        s.write_all(follow.as_bytes()).await.unwrap();
+        let mut head = vec![0u8; 12];
+        s.read_exact(&mut head).await.unwrap();
+        let head = String::from_utf8_lossy(&head).to_string();
+        if head.starts_with("HTTP/1.1 200") {
+            open.push(s);
+        } else {
+            assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+            refused += 1;
+        }
+    }
+    assert_eq!((open.len(), refused), (4, 4), "a quarter of 16 slots");
+    let (health, took) = ask("127.0.0.2", to, HEALTHZ).await;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(open);
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}
