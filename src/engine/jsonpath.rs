@@ -26,8 +26,14 @@ use serde_json::{Number, Value};
 pub const MAX_NODES: u64 = 100_000;
 /// Most bytes of values one evaluation may produce (state values as text).
 pub const MAX_BYTES: u64 = 1024 * 1024;
-/// How deeply parentheses, filters and function calls may nest in a query.
-const MAX_NESTING: usize = 32;
+/// How deeply filters, parentheses, function calls and the queries in filters may
+/// nest, counted together. Every recursion of the parser passes through one of
+/// these four, and so does every recursion of the evaluator but those down the
+/// document (a descendant segment, comparing two values), whose depth
+/// `serde_json` bounds at 128: so this bounds the stack both take for a stranger's
+/// query. `&&` and `||` chains are loops, and `!` takes only a query, a call or a
+/// parenthesis, so neither adds depth of its own.
+pub const MAX_NESTING: usize = 32;
 /// Most descendant (`..`) segments in one query, nested queries included: two are
 /// already quadratic in the document; more are refused when the wait is created.
 pub const MAX_DESCENDANTS: usize = 2;
@@ -347,7 +353,7 @@ impl Parser<'_> {
         self.depth += 1;
         if self.depth > MAX_NESTING {
             return Err(self.error(format!(
-                "filters, parentheses and function calls nest more than {MAX_NESTING} deep"
+                "filters, parentheses, function calls and the queries in filters nest more than {MAX_NESTING} levels deep here; at most {MAX_NESTING} levels are allowed"
             )));
         }
         Ok(())
@@ -589,7 +595,14 @@ impl Parser<'_> {
     }
 
     fn logical(&mut self) -> Result<Logical, ParseError> {
-        let mut ors = vec![self.and()?];
+        let first = self.and()?;
+        self.logical_from(first)
+    }
+
+    /// The rest of a `||` chain whose first operand is parsed. A loop, not a
+    /// recursion: a long chain costs no depth.
+    fn logical_from(&mut self, first: Logical) -> Result<Logical, ParseError> {
+        let mut ors = vec![first];
         loop {
             let save = self.i;
             self.blanks();
@@ -609,7 +622,13 @@ impl Parser<'_> {
     }
 
     fn and(&mut self) -> Result<Logical, ParseError> {
-        let mut ands = vec![self.basic()?];
+        let first = self.basic()?;
+        self.and_from(first)
+    }
+
+    /// The rest of a `&&` chain whose first operand is parsed (a loop, as `||`).
+    fn and_from(&mut self, first: Logical) -> Result<Logical, ParseError> {
+        let mut ands = vec![first];
         loop {
             let save = self.i;
             self.blanks();
@@ -645,6 +664,11 @@ impl Parser<'_> {
         let start = self.i;
         // A comparison starts with a comparable; a test with a query or a call.
         let left = self.comparable_or_test()?;
+        self.basic_from(start, left)
+    }
+
+    /// A comparison or a test whose first operand, begun at `start`, is parsed.
+    fn basic_from(&mut self, start: usize, left: Operand) -> Result<Logical, ParseError> {
         let save = self.i;
         self.blanks();
         if let Some(op) = self.op() {
@@ -924,45 +948,40 @@ impl Parser<'_> {
         Ok(Call { func, args })
     }
 
-    /// Where the parser stands, to try one reading and fall back to another.
-    fn mark(&self) -> (usize, usize, usize) {
-        (self.i, self.depth, self.descendants)
-    }
-
-    fn reset(&mut self, (i, depth, descendants): (usize, usize, usize)) {
-        self.i = i;
-        self.depth = depth;
-        self.descendants = descendants;
-    }
-
     /// `literal / filter-query / logical-expr / function-expr`.
+    ///
+    /// Every reading but a parenthesised or negated expression begins with one
+    /// operand (a literal, a query or a call), so that operand is parsed once and
+    /// what follows it decides the reading: the end of the argument leaves it
+    /// standing alone, anything else continues it as a logical expression. Trying
+    /// one reading and re-parsing for the other would parse a call nested n deep
+    /// 2^n times.
     fn argument(&mut self) -> Result<Arg, ParseError> {
-        let start = self.mark();
-        let ends_here = |p: &mut Parser| {
-            let save = p.i;
-            p.blanks();
-            let end = matches!(p.peek(), Some(b',') | Some(b')'));
-            p.i = save;
-            end
+        let logical = if matches!(self.peek(), Some(b'!' | b'(')) {
+            self.logical()?
+        } else {
+            let start = self.i;
+            let first = self.comparable_or_test()?;
+            let save = self.i;
+            self.blanks();
+            let ends = matches!(self.peek(), Some(b',' | b')'));
+            self.i = save;
+            if ends {
+                return Ok(match first {
+                    Operand::Comparable(Comparable::Literal(v)) => Arg::Literal(v),
+                    Operand::Comparable(Comparable::Query(q))
+                    | Operand::Test(Logical::Exists(q)) => Arg::Query(q),
+                    Operand::Comparable(Comparable::Call(c)) | Operand::Test(Logical::Call(c)) => {
+                        Arg::Call(c)
+                    }
+                    Operand::Test(other) => Arg::Logical(other),
+                });
+            }
+            let basic = self.basic_from(start, first)?;
+            let and = self.and_from(basic)?;
+            self.logical_from(and)?
         };
-        // A literal, or a call returning a value, stands alone only when the
-        // argument ends after it; otherwise it starts a comparison.
-        if matches!(self.peek(), Some(b'\'' | b'"' | b'-' | b'0'..=b'9')) || self.at_keyword() {
-            if let Ok(v) = self.literal()
-                && ends_here(self)
-            {
-                return Ok(Arg::Literal(v));
-            }
-            self.reset(start);
-        } else if self.peek().is_some_and(|b| b.is_ascii_lowercase()) {
-            if let Ok(c) = self.call()
-                && ends_here(self)
-            {
-                return Ok(Arg::Call(c));
-            }
-            self.reset(start);
-        }
-        Ok(match self.logical()? {
+        Ok(match logical {
             Logical::Exists(q) => Arg::Query(q),
             Logical::Call(c) => Arg::Call(c),
             other => Arg::Logical(other),
@@ -1026,6 +1045,8 @@ impl<'a> Eval<'a, '_> {
     }
 
     /// The selectors applied to `node` and then to every descendant, in document order.
+    /// It recurses once per level of the document, not of the query: documents come
+    /// from `serde_json`, which refuses JSON nested deeper than 128.
     fn descend(
         &mut self,
         seg: &Segment,
