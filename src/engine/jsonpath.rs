@@ -1165,7 +1165,7 @@ impl<'a> Eval<'a, '_> {
             Logical::Compare(l, op, r) => {
                 let l = self.comparable(l, current)?;
                 let r = self.comparable(r, current)?;
-                compare(l.as_deref(), *op, r.as_deref())
+                compare(l.as_deref(), *op, r.as_deref(), self.budget)?
             }
         })
     }
@@ -1219,6 +1219,10 @@ impl<'a> Eval<'a, '_> {
         Ok(match c.func {
             Func::Length => {
                 let v = self.value_arg(&c.args[0], current)?;
+                if let Some(Value::String(s)) = v.as_deref() {
+                    // Counting characters reads the whole string.
+                    self.budget.nodes(s.len() as u64 / 1024)?;
+                }
                 Out::Value(
                     match v.as_deref() {
                         Some(Value::String(s)) => Some(s.chars().count()),
@@ -1309,38 +1313,70 @@ fn slice_indices(len: i64, start: Option<i64>, end: Option<i64>, step: Option<i6
     out
 }
 
-fn compare(l: Option<&Value>, op: Op, r: Option<&Value>) -> bool {
-    match op {
-        Op::Eq => equal(l, r),
-        Op::Ne => !equal(l, r),
-        Op::Lt => less(l, r),
-        Op::Le => less(l, r) || equal(l, r),
-        Op::Gt => less(r, l),
-        Op::Ge => less(r, l) || equal(l, r),
-    }
+/// Comparing is charged like reading, since a filter compares once per node it
+/// tests and the values compared may be large: a string a node per KiB (as `match`
+/// charges its subject), an array or object a node per entry. Scalars cost nothing
+/// more than the query that found them.
+fn compare(
+    l: Option<&Value>,
+    op: Op,
+    r: Option<&Value>,
+    budget: &mut Budget,
+) -> Result<bool, Exceeded> {
+    Ok(match op {
+        Op::Eq => equal(l, r, budget)?,
+        Op::Ne => !equal(l, r, budget)?,
+        Op::Lt => less(l, r, budget)?,
+        Op::Le => less(l, r, budget)? || equal(l, r, budget)?,
+        Op::Gt => less(r, l, budget)?,
+        Op::Ge => less(r, l, budget)? || equal(l, r, budget)?,
+    })
 }
 
-fn equal(l: Option<&Value>, r: Option<&Value>) -> bool {
-    match (l, r) {
+fn equal(l: Option<&Value>, r: Option<&Value>, budget: &mut Budget) -> Result<bool, Exceeded> {
+    Ok(match (l, r) {
         (None, None) => true,
-        (Some(a), Some(b)) => json_eq(a, b),
+        (Some(a), Some(b)) => json_eq(a, b, budget)?,
         _ => false,
-    }
+    })
 }
 
-fn json_eq(a: &Value, b: &Value) -> bool {
-    match (a, b) {
+/// Recurses once per level of the values, which come from the document (nested at
+/// most 128 deep, as `serde_json` reads it) or are literals (never nested).
+fn json_eq(a: &Value, b: &Value, budget: &mut Budget) -> Result<bool, Exceeded> {
+    Ok(match (a, b) {
         (Value::Number(x), Value::Number(y)) => num_eq(x, y),
+        (Value::String(x), Value::String(y)) => {
+            budget.nodes(x.len().min(y.len()) as u64 / 1024)?;
+            x == y
+        }
         (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (a, b) in x.iter().zip(y) {
+                budget.nodes(1)?;
+                if !json_eq(a, b, budget)? {
+                    return Ok(false);
+                }
+            }
+            true
         }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (k, v) in x {
+                budget.nodes(1)?;
+                match y.get(k) {
+                    Some(w) if json_eq(v, w, budget)? => {}
+                    _ => return Ok(false),
+                }
+            }
+            true
         }
         _ => a == b,
-    }
+    })
 }
 
 fn num_eq(x: &Number, y: &Number) -> bool {
@@ -1353,8 +1389,8 @@ fn num_eq(x: &Number, y: &Number) -> bool {
     }
 }
 
-fn less(l: Option<&Value>, r: Option<&Value>) -> bool {
-    match (l, r) {
+fn less(l: Option<&Value>, r: Option<&Value>, budget: &mut Budget) -> Result<bool, Exceeded> {
+    Ok(match (l, r) {
         (Some(Value::Number(x)), Some(Value::Number(y))) => match (x.as_i64(), y.as_i64()) {
             (Some(a), Some(b)) => a < b,
             _ => match (x.as_f64(), y.as_f64()) {
@@ -1362,9 +1398,12 @@ fn less(l: Option<&Value>, r: Option<&Value>) -> bool {
                 _ => false,
             },
         },
-        (Some(Value::String(x)), Some(Value::String(y))) => x < y,
+        (Some(Value::String(x)), Some(Value::String(y))) => {
+            budget.nodes(x.len().min(y.len()) as u64 / 1024)?;
+            x < y
+        }
         _ => false,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -1493,6 +1532,36 @@ mod tests {
         ] {
             assert!(Query::parse(bad).is_err(), "{bad:?} parsed");
         }
+    }
+
+    #[test]
+    fn comparing_large_values_for_every_node_stops_at_the_budget() {
+        // Each of 2,000 children compares two 60,000-entry arrays, or counts or
+        // compares a 900 KB string: hundreds of millions of steps if comparing
+        // were free.
+        let big: Vec<Value> = (0..60_000).map(|i| json!(i)).collect();
+        let doc = json!({"x": big, "y": big, "s": "x".repeat(900_000), "items": vec![0; 2_000]});
+        for q in [
+            "$.items[?$.x == $.y]",
+            "$.items[?$.x != $.y]",
+            "$.items[?length($.s) > 1]",
+            "$.items[?$.s == $.s]",
+            "$.items[?$.s <= $.s]",
+        ] {
+            let got = Query::parse(q)
+                .unwrap()
+                .select(&doc, &mut Budget::default());
+            assert_eq!(got, Err(Exceeded::Nodes), "{q}");
+        }
+        // Small values compare as before: a node per entry, nothing per scalar.
+        assert_eq!(
+            sel(
+                "$[?@.a == $[0].a]",
+                &json!([{"a": [1, 2]}, {"a": [1, 2]}, {"a": [2]}])
+            )
+            .len(),
+            2
+        );
     }
 
     #[test]
