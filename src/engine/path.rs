@@ -126,6 +126,18 @@ impl ValuePath {
             .into_iter()
             .filter(|v| !v.is_null())
             .collect();
+        // One node is at most the body, copied once. Several may repeat one
+        // another (`$[0,0,0,…]`) or hold one another (`$..*`), which copies the
+        // body once per node, so each copy past the first is charged by its size
+        // before it is made.
+        for node in nodes.iter().skip(1) {
+            let mut w = Measured {
+                len: 0,
+                left: budget.bytes_left(),
+            };
+            serde_json::to_writer(&mut w, node).map_err(|_| Exceeded::Bytes)?;
+            budget.bytes(w.len)?;
+        }
         Ok(match nodes.len() {
             0 => None,
             1 => Some(nodes[0].clone()),
@@ -200,6 +212,26 @@ impl std::io::Write for Capped {
             return Err(std::io::Error::other("over budget"));
         }
         self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer that only counts, and refuses to count past `left` bytes.
+struct Measured {
+    len: u64,
+    left: u64,
+}
+
+impl std::io::Write for Measured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.len += b.len() as u64;
+        if self.len > self.left {
+            return Err(std::io::Error::other("over budget"));
+        }
         Ok(b.len())
     }
 
@@ -337,5 +369,34 @@ mod tests {
             Some(json!({"code": "SkuNotAvailable"}))
         );
         assert_eq!(p.detail(&json!({}), &mut Budget::default()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_detail_repeating_a_large_node_stops_at_the_budget() {
+        // 250 copies of a 600 KB object would be 150 MB.
+        let big: serde_json::Map<String, Value> = (0..20_000)
+            .map(|i| (format!("k{i}"), json!("abcdefghijklmnopqrst")))
+            .collect();
+        let body = json!([big]);
+        let repeated = format!("$[{}]", vec!["0"; 250].join(","));
+        let p = ValuePath::parse(&repeated).unwrap();
+        assert_eq!(
+            p.detail(&body, &mut Budget::default()),
+            Err(Exceeded::Bytes)
+        );
+        let p = ValuePath::parse("$..*").unwrap();
+        let deep = (0..100).fold(json!("x".repeat(20_000)), |v, _| json!([v]));
+        assert_eq!(
+            p.detail(&deep, &mut Budget::default()),
+            Err(Exceeded::Bytes)
+        );
+        // The node itself, however large, is copied as before, and so are a few.
+        let p = ValuePath::parse("/0").unwrap();
+        assert_eq!(
+            p.detail(&body, &mut Budget::default()).unwrap(),
+            Some(Value::Object(big.clone()))
+        );
+        let p = ValuePath::parse("$[0,0]").unwrap();
+        assert!(p.detail(&body, &mut Budget::default()).is_ok());
     }
 }
