@@ -31,6 +31,11 @@ fn comparisons() -> String {
     format!("1{}", "<1".repeat(640))
 }
 
+/// C2: a JSONPath function nested 31 deep (257 bytes).
+fn nested_functions() -> String {
+    format!("$[?{}@.v{}>0]", "length(".repeat(31), ")".repeat(31))
+}
+
 /// A pattern whose automaton would be megabytes: Unicode word classes repeated.
 const HEAVY_PATTERN: &str = r"(?:\w{50}){50}";
 
@@ -142,6 +147,15 @@ async fn one_tenants_hostile_requests_leave_the_replicas_and_the_other_tenant_un
         let text = body.to_string();
         assert!(text.contains("success_condition"), "{text}");
         assert!(text.contains("levels deep"), "{text}");
+        assert!(took < Duration::from_secs(2), "{}: {took:?}", r.name);
+
+        // C2: refused at creation, at once.
+        let spec = json!({"target": {"url": healthy}, "state": nested_functions(), "want": ["on"]});
+        let (status, body, took) = post(r, TOKEN_A, &spec).await;
+        assert_eq!(status, 400, "{}: {body}", r.name);
+        let text = body.to_string();
+        assert!(text.contains("\"state\""), "{text}");
+        assert!(text.contains("nest more than 32"), "{text}");
         assert!(took < Duration::from_secs(2), "{}: {took:?}", r.name);
 
         // H1: one pattern from the body over 3,000 items, and 3,000 distinct ones.

@@ -16,7 +16,6 @@
 //!
 //! Pure: no I/O, no clock.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::{Number, Value};
@@ -284,11 +283,7 @@ impl Query {
         root: &'a Value,
         budget: &mut Budget,
     ) -> Result<Vec<&'a Value>, Exceeded> {
-        let mut cx = Eval {
-            root,
-            budget,
-            regexes: HashMap::new(),
-        };
+        let mut cx = Eval { root, budget };
         cx.query(self, root)
     }
 }
@@ -1020,9 +1015,6 @@ enum Out<'a> {
 struct Eval<'a, 'b> {
     root: &'a Value,
     budget: &'b mut Budget,
-    /// Compiled `match` / `search` patterns, so a filter over many nodes compiles
-    /// each pattern once.
-    regexes: HashMap<(String, bool), Option<regex::Regex>>,
 }
 
 impl<'a> Eval<'a, '_> {
@@ -1251,31 +1243,24 @@ impl<'a> Eval<'a, '_> {
                 else {
                     return Ok(Out::Logical(false));
                 };
-                // The subject is scanned once per test: charge it like nodes.
-                self.budget.nodes(1 + s.len() as u64 / 1024)?;
-                let whole = c.func == Func::Match;
-                let key = (r.clone(), whole);
-                if !self.regexes.contains_key(&key) {
-                    // Compiling is the expensive part: charge it once per pattern.
-                    self.budget.nodes(100 + r.len() as u64)?;
-                    let pattern = if whole {
-                        format!("(?R)^({r})$")
-                    } else {
-                        format!("(?R)({r})")
-                    };
-                    let compiled = regex::RegexBuilder::new(&pattern)
-                        .size_limit(1 << 20)
-                        .dfa_size_limit(1 << 20)
-                        .build()
-                        .ok();
-                    self.regexes.insert(key.clone(), compiled);
-                }
-                Out::Logical(
-                    self.regexes
-                        .get(&key)
-                        .and_then(|r| r.as_ref())
-                        .is_some_and(|r| r.is_match(s)),
-                )
+                // Patterns may come from the document, one per node: each is
+                // compiled once into the bounded cache of `pattern`, and the
+                // compile and the scan are charged (a node for each ten of its
+                // units, the conditions' budget being ten times this one).
+                let pattern = if c.func == Func::Match {
+                    format!("(?R)^({r})$")
+                } else {
+                    format!("(?R)({r})")
+                };
+                let found = super::pattern::lookup(&pattern);
+                self.budget
+                    .nodes(1 + super::pattern::lookup_units(&pattern, &found) / 10)?;
+                // An invalid pattern matches nothing (RFC 9535 §2.4.6).
+                let Ok(compiled) = found.pattern else {
+                    return Ok(Out::Logical(false));
+                };
+                self.budget.nodes(1 + compiled.search_units(s.len()) / 10)?;
+                Out::Logical(compiled.is_match(s))
             }
         })
     }
