@@ -218,17 +218,23 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    #[test]
-    fn tenants_take_turns_whatever_one_of_them_queued() {
-        let pool = Pool::start(1);
-        // Hold the one thread so that the queue builds up behind it.
-        let (hold_tx, hold_rx) = mpsc::channel::<()>();
+    /// Holds the pool's one thread with a job of tenant "a" until the sender is
+    /// used, so that a queue builds up behind it.
+    fn hold(pool: &Pool) -> mpsc::Sender<()> {
+        let (tx, rx) = mpsc::channel::<()>();
         pool.push(
             "a",
             Box::new(move || {
-                let _ = hold_rx.recv();
+                let _ = rx.recv();
             }),
         );
+        tx
+    }
+
+    #[test]
+    fn tenants_take_turns_whatever_one_of_them_queued() {
+        let pool = Pool::start(1);
+        let hold_tx = hold(&pool);
         let (order_tx, order_rx) = mpsc::channel();
         for i in 0..50 {
             let tx = order_tx.clone();
@@ -260,13 +266,7 @@ mod tests {
     #[test]
     fn a_job_whose_caller_left_never_runs() {
         let pool = Pool::start(1);
-        let (hold_tx, hold_rx) = mpsc::channel::<()>();
-        pool.push(
-            "a",
-            Box::new(move || {
-                let _ = hold_rx.recv();
-            }),
-        );
+        let hold_tx = hold(&pool);
         let ran = Arc::new(AtomicUsize::new(0));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

@@ -64,20 +64,6 @@ async fn ask(from: &str, to: SocketAddr, request: &str) -> (String, Duration) {
     )
 }
 
-/// Reads from `s` until it closes; true when it closed within `within`.
-async fn closes_within(s: &mut TcpStream, within: Duration) -> bool {
-    let mut buf = [0u8; 1024];
-    let until = Instant::now() + within;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-            Err(_) => return false,
-        }
-    }
-}
-
 #[tokio::test]
 async fn idle_connections_holding_every_slot_cannot_keep_a_health_check_or_a_tenant_out() {
     let db = TestDb::new().await;
@@ -119,7 +105,7 @@ async fn idle_connections_holding_every_slot_cannot_keep_a_health_check_or_a_ten
     // first-header timeout.
     let started = Instant::now();
     for s in &mut idle {
-        assert!(closes_within(s, Duration::from_secs(10)).await);
+        assert!(support::closes_within(s, Duration::from_secs(10)).await);
     }
     eprintln!("every idle connection closed {:?} later", started.elapsed());
     let (health, took) = ask("127.0.0.1", to, HEALTHZ).await;
@@ -175,7 +161,7 @@ async fn one_address_holds_at_most_half_the_slots_and_past_that_is_refused_with_
     assert!(took < Duration::from_secs(2), "{took:?}");
     let mut closed = 0;
     for s in &mut idle {
-        closed += usize::from(closes_within(s, Duration::from_millis(100)).await);
+        closed += usize::from(support::closes_within(s, Duration::from_millis(100)).await);
     }
     assert_eq!(closed, 1, "only one idle connection is given up");
     drop(busy);
@@ -232,7 +218,7 @@ async fn a_connection_that_sends_nothing_is_closed_at_the_first_header_timeout_a
     let to = addr(&app);
     let mut silent = connect_from("127.0.0.1", to).await;
     let started = Instant::now();
-    assert!(closes_within(&mut silent, Duration::from_secs(3)).await);
+    assert!(support::closes_within(&mut silent, Duration::from_secs(3)).await);
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(250), "{took:?}");
 
@@ -244,7 +230,7 @@ async fn a_connection_that_sends_nothing_is_closed_at_the_first_header_timeout_a
     let n = kept.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     assert!(
-        !closes_within(&mut kept, Duration::from_secs(1)).await,
+        !support::closes_within(&mut kept, Duration::from_secs(1)).await,
         "a keep-alive connection closed before the header timeout"
     );
     app.stop().await.0.unwrap();

@@ -148,15 +148,6 @@ fn explosive() -> Value {
     doc
 }
 
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// A spec polling `url` every few milliseconds for `state`.
 fn hostile_spec(url: &str, state: &str) -> Value {
     json!({
@@ -351,7 +342,7 @@ async fn hostile_answers_end_their_waits_with_a_sentence_and_bounded_memory_on_b
         let a = send(client().post(r.url(&format!("/waits/{huge_id}/cancel")))).await;
         assert_eq!(a.body["status"], "canceled", "{}", a.body);
         assert!(r.running(), "the replica died:\n{}", r.log_tail(30));
-        let peak = peak_rss_kib(r.pid);
+        let peak = support::replica::peak_rss_kib(r.pid);
         eprintln!("{url}: peak RSS {} MiB", peak / 1024);
         assert!(peak > 0 && peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
         assert!(r.panics().is_empty(), "{:?}", r.panics());

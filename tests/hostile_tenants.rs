@@ -173,20 +173,6 @@ async fn label_filters_match_keys_exactly_are_capped_and_never_fail_on_both_stor
     stop_all(apps, db).await;
 }
 
-/// Reads from `s` until it closes; true when it closed within `within`.
-async fn closes_within(s: &mut TcpStream, within: Duration) -> bool {
-    let mut buf = [0u8; 1024];
-    let until = Instant::now() + within;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-            Err(_) => return false,
-        }
-    }
-}
-
 #[tokio::test]
 async fn stalled_connections_are_closed_and_lying_bodies_refused() {
     let db = TestDb::new().await;
@@ -207,7 +193,7 @@ async fn stalled_connections_are_closed_and_lying_bodies_refused() {
         s.write_all(sent).await.unwrap();
         let started = Instant::now();
         assert!(
-            closes_within(&mut s, Duration::from_secs(3)).await,
+            support::closes_within(&mut s, Duration::from_secs(3)).await,
             "{:?} held open",
             String::from_utf8_lossy(sent)
         );
@@ -226,7 +212,7 @@ async fn stalled_connections_are_closed_and_lying_bodies_refused() {
     let n = s.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     assert!(
-        closes_within(&mut s, Duration::from_secs(3)).await,
+        support::closes_within(&mut s, Duration::from_secs(3)).await,
         "idle keep-alive held open"
     );
 

@@ -39,15 +39,6 @@ fn nested_functions() -> String {
 /// A pattern whose automaton would be megabytes: Unicode word classes repeated.
 const HEAVY_PATTERN: &str = r"(?:\w{50}){50}";
 
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 async fn post(r: &Replica, token: &str, spec: &Value) -> (u16, Value, Duration) {
     let started = Instant::now();
     let a = send(client().post(r.url("/waits")).bearer_auth(token).json(spec)).await;
@@ -209,7 +200,7 @@ async fn one_tenants_hostile_requests_leave_the_replicas_and_the_other_tenant_un
     for r in &mut replicas {
         assert!(r.running(), "{} died:\n{}", r.name, r.log_tail(30));
         assert!(r.panics().is_empty(), "{}: {:?}", r.name, r.panics());
-        let rss = peak_rss_kib(r.pid);
+        let rss = support::replica::peak_rss_kib(r.pid);
         eprintln!("{}: peak RSS {} MiB", r.name, rss / 1024);
         assert!(rss < RSS_BOUND_KIB, "{}: peak RSS {rss} KiB", r.name);
     }

@@ -220,3 +220,13 @@ impl Drop for Replica {
         self.kill9();
     }
 }
+
+/// The peak resident set of process `pid`, in KiB (VmHWM), 0 when unreadable.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
