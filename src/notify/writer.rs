@@ -1,0 +1,53 @@
+//! The deliverer's one writer: attempts' outcomes, in batches.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::model::DeliveryStatus;
+use crate::store::{Outcome, Store};
+
+/// Outcomes written in one transaction at most.
+pub const WRITE_BATCH: usize = 256;
+
+/// Writes the outcomes `rx` brings, as many at once as have come (one statement on
+/// Postgres), until every sender is gone. A batch that holds a retry wakes the
+/// loop once it is written: the loop sleeps until the soonest retry it scheduled,
+/// but a claim then, before the outcome's write had committed, found the delivery
+/// still leased, and the retry waited for the next idle claim (a second late).
+pub async fn writer(
+    store: Store,
+    owner: Uuid,
+    mut rx: tokio::sync::mpsc::Receiver<Outcome>,
+    wake: Arc<Notify>,
+) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        match store.finish_deliveries(owner, Utc::now(), &batch).await {
+            Ok(written) => {
+                if batch
+                    .iter()
+                    .zip(&written)
+                    .any(|(o, ok)| *ok && o.status == DeliveryStatus::Pending)
+                {
+                    wake.notify_one();
+                }
+                for (o, ok) in batch.iter().zip(written) {
+                    if !ok {
+                        tracing::info!(
+                            delivery = o.id,
+                            "a webhook delivery's lease passed to another replica before its outcome was written"
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                // Their leases run out and they are taken again: at least once.
+                tracing::warn!(deliveries = batch.len(), error = %e, "cannot record webhook deliveries' outcomes");
+            }
+        }
+        batch.clear();
+    }
+}
