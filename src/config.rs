@@ -191,6 +191,13 @@ pub struct Config {
     #[arg(long, env = "WAITD_WEBHOOK_CONCURRENCY", default_value_t = 64)]
     pub webhook_concurrency: usize,
 
+    /// Most webhook deliveries one tenant holds on this replica, in flight or waiting
+    /// for a slot (at most --webhook-concurrency); each of its receivers (host and
+    /// port) has at most half of it in flight.
+    #[arg(long, env = "WAITD_WEBHOOK_CONCURRENCY_PER_TENANT", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub webhook_concurrency_per_tenant: u32,
+
     /// Do not run the worker pool or deliver webhooks (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]
     pub no_worker: bool,

@@ -182,6 +182,7 @@ impl App {
                     retry_base: config.webhook_retry_base,
                     lease_ttl: config.lease_ttl,
                     concurrency: config.webhook_concurrency.max(1),
+                    per_tenant: config.webhook_concurrency_per_tenant as usize,
                     guard: guard.clone(),
                     resolve_overrides: parse_resolve(&config.resolve).unwrap_or_default(),
                 },

@@ -28,4 +28,5 @@ mod presets;
 mod probe;
 mod security;
 mod store_conformance;
+mod webhook_store;
 mod webhooks;

@@ -1,8 +1,9 @@
 //! Webhooks (`notify`), from the outside: what a receiver gets, checked by the
 //! `standardwebhooks` package; the retry schedule, `Retry-After`, 410 and
 //! redelivery; what a create refuses; the SSRF guard at creation and at connect
-//! time; bounded attempts. On both stores. The crash and two-replica cases are in
-//! `tests/webhook_replicas.rs`.
+//! time; bounded attempts; one tenant's hung receiver against another tenant's
+//! deliveries. On both stores. The crash and two-replica cases are in
+//! `tests/webhook_replicas.rs`, the store's claim turns in `tests/webhook_store.rs`.
 
 use crate::support;
 
@@ -61,7 +62,9 @@ impl Running {
             .map_or_else(|| dir.sqlite_url(), |d| d.url.clone());
         let mut args = set_flag(test_args(&url), "--webhook-retry-base", "20ms");
         args.extend(["--rate-limit", "0"].map(String::from));
-        args.extend(extra.iter().map(|s| s.to_string()));
+        for pair in extra.chunks(2) {
+            args = set_flag(args, pair[0], pair[1]);
+        }
         let app = App::start_args(args).await;
         Running { app, db, _dir: dir }
     }
@@ -748,7 +751,8 @@ async fn the_readme_receiver_verifies_and_prints_what_waitd_sends_and_refuses_a_
 #[tokio::test]
 async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others() {
     for kind in BOTH {
-        // 20 attempts at once in all; a receiver gets at most 16 of them.
+        // 20 attempts at once in all, so a tenant's share is 20 (not 32), and each of
+        // its receivers gets half of that.
         let run = Running::start(
             kind,
             &["--webhook-concurrency", "20", "--webhook-timeout", "1500ms"],
@@ -771,12 +775,12 @@ async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others()
                 .await;
             assert_eq!(status, 201);
         }
-        assert!(stuck.until_got("/held", 16, Duration::from_secs(10)).await);
-        // No 17th while those 16 are held (a short look: the timeout is 1.5 s).
+        assert!(stuck.until_got("/held", 10, Duration::from_secs(10)).await);
+        // No 11th while those 10 are held (a short look: the timeout is 1.5 s).
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
             stuck.got("/held").len(),
-            16,
+            10,
             "{kind:?}: attempts at once to one receiver"
         );
         let t0 = std::time::Instant::now();
@@ -796,6 +800,120 @@ async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others()
         assert!(
             took < Duration::from_millis(800),
             "{kind:?}: the other receiver waited {took:?} behind the one that never answers"
+        );
+        run.stop().await;
+    }
+}
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789";
+const TENANTS: &str = "alice:alice-token-0123456789,bob:bob-token-0123456789";
+
+/// `POST /waits` as the tenant of `token`: the wait's id.
+async fn create_as(app: &App, token: &str, spec: Value) -> String {
+    let r = app
+        .client
+        .post(app.url("/waits"))
+        .bearer_auth(token)
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let w: Value = r.json().await.unwrap();
+    assert_eq!(status, 201, "{w}");
+    w["id"].as_str().unwrap().to_string()
+}
+
+/// Every delivery of a wait, page after page, as the tenant of `token` (none:
+/// anonymously).
+async fn all_deliveries_as(app: &App, token: Option<&str>, id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let mut req = app
+            .client
+            .get(app.url(&format!("/waits/{id}/deliveries{after}")));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.unwrap();
+        let page: Value = r.json().await.unwrap();
+        out.extend(page["items"].as_array().unwrap().iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(c) => after = format!("?after={c}"),
+            None => return out,
+        }
+    }
+}
+
+/// The H2: a hundred waits of one tenant, each with four webhooks to a path
+/// that accepts the connection and never answers, and another tenant's webhook at
+/// the same host and port. The hung path holds half of its own tenant's share of
+/// attempts (16), and the other tenant's delivery goes at once.
+#[tokio::test]
+async fn one_tenants_hung_receiver_does_not_delay_another_tenants_delivery_to_the_same_host() {
+    for kind in BOTH {
+        // Attempts that hang for the whole test: a 30 s timeout (at most half the lease).
+        let run = Running::start(
+            kind,
+            &[
+                "--tokens",
+                TENANTS,
+                "--lease-ttl",
+                "60s",
+                "--webhook-timeout",
+                "30s",
+            ],
+        )
+        .await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let held = rx.script("/held", vec![Answer::Hold]);
+        let hooks: Vec<Value> = (0..4)
+            .map(|_| json!({"url": held, "secret": secret(), "events": ["created", "ended"]}))
+            .collect();
+        for i in 0..100 {
+            let mut s = spec(&up.script(&format!("/a/{i}"), vec![Reply::status("on")]));
+            s["notify"] = json!(hooks);
+            create_as(&run.app, ALICE, s).await;
+        }
+        assert!(rx.until_got("/held", 16, Duration::from_secs(10)).await);
+        let hung_before = rx.got("/held").len();
+
+        let t0 = std::time::Instant::now();
+        let bob = create_as(
+            &run.app,
+            BOB,
+            notifying(&up, "/b/1", &rx.url("/ok"), &secret(), json!(["created"])),
+        )
+        .await;
+        assert!(
+            rx.until_got("/ok", 1, Duration::from_secs(30)).await,
+            "{kind:?}: bob's delivery never arrived"
+        );
+        let latency = t0.elapsed();
+        println!(
+            "{kind:?}: bob's delivery arrived {latency:?} after its create, with alice's receiver hung"
+        );
+        assert!(
+            latency < Duration::from_secs(5),
+            "{kind:?}: bob's delivery took {latency:?} while alice's receiver hung"
+        );
+        // Its outcome is written once the writer's batch commits.
+        let d = poll_for(Duration::from_secs(10), || async {
+            let d = all_deliveries_as(&run.app, Some(BOB), &bob).await;
+            (d[0]["status"] == "delivered").then_some(d)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{kind:?}: bob's delivery was never recorded delivered"));
+        assert_eq!(d[0]["attempts_total"], 1, "{kind:?}: {d:?}");
+        // Alice's hung receiver never had more than its half of her share (16 of 32).
+        let hung = rx.got("/held").len();
+        assert_eq!(
+            (hung_before, hung),
+            (16, 16),
+            "{kind:?}: attempts at once to alice's hung receiver"
         );
         run.stop().await;
     }

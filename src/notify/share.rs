@@ -1,19 +1,36 @@
-//! How one replica shares its attempts between receivers: at most [`PER_HOST`] in
-//! flight to one host and port, the rest waiting their turn or given back.
+//! How one replica shares its attempts: between tenants, and between each tenant's
+//! receivers.
+//!
+//! The claim already gives each tenant its turn (see
+//! [`crate::store::Store::claim_deliveries`]): it never hands over more of a
+//! tenant's deliveries than its share less what [`Share::taken`] says it holds. Here,
+//! a claimed delivery is sent when its tenant has fewer than its share in flight and
+//! its receiver (the tenant's webhooks at one host and port) fewer than half that;
+//! otherwise it waits for a slot of that receiver, or is given back. So a receiver
+//! that hangs holds half its tenant's share, and a tenant at most its share: never
+//! another tenant's.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::store::Due;
 
-/// Most attempts in flight to one receiver (host and port) from one replica: one
-/// receiver that hangs cannot take every slot from the others. Claimed deliveries
-/// beyond it wait their turn, as many as that receiver answers in about a second;
-/// one claimed beyond that is given back, due after about as long as what is ahead
-/// of it takes that receiver (50 ms to 10 min).
-pub const PER_HOST: usize = 16;
+/// Most claimed deliveries waiting for a slot on one replica (each holds its lease).
+const MAX_WAITING: usize = 1024;
 
-/// The receiver a webhook URL names, as the per-host limit counts them: host and
-/// port.
+/// Most webhook URLs remembered per receiver, for the claim to leave alone while it
+/// is stalled (a receiver with more gets the rest claimed and given back).
+const MAX_URLS: usize = 64;
+
+/// A receiver with every slot taken and no attempt finished for this long (or four
+/// times its usual attempt, if longer) is stalled: what waits for it is given back,
+/// and nothing more waits for it, so that it holds no more of its tenant's share
+/// than its slots.
+const STALL: Duration = Duration::from_millis(250);
+
+/// The receiver a webhook URL names, as the slots count them: host and port.
 pub fn receiver(url: &str) -> String {
     url::Url::parse(url)
         .ok()
@@ -27,6 +44,23 @@ pub fn receiver(url: &str) -> String {
         .unwrap_or_default()
 }
 
+/// A tenant's receiver: slots are keyed by both, so that two tenants' webhooks on
+/// one host never share them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub tenant: String,
+    pub receiver: String,
+}
+
+impl Key {
+    pub fn of(due: &Due) -> Key {
+        Key {
+            tenant: due.tenant.clone(),
+            receiver: receiver(&due.delivery.url),
+        }
+    }
+}
+
 /// Where a claimed delivery goes.
 pub enum Admit {
     /// Sent now.
@@ -37,73 +71,242 @@ pub enum Admit {
     PutBack(Due, Duration),
 }
 
-/// Per receiver: attempts in flight (at most [`PER_HOST`]), claimed deliveries
-/// waiting for a slot, and how long its attempts take.
+/// One tenant's receiver: attempts in flight, claimed deliveries waiting for a slot,
+/// and how long its attempts take.
+struct Slots {
+    flying: usize,
+    waiting: VecDeque<(Instant, Due)>,
+    /// Recent attempts' duration, smoothed.
+    took: Duration,
+    /// When an attempt last finished (or the first was sent).
+    progress: Instant,
+    /// The webhook URLs of its deliveries seen here.
+    urls: HashSet<String>,
+}
+
+impl Slots {
+    fn new() -> Slots {
+        Slots {
+            flying: 0,
+            waiting: VecDeque::new(),
+            took: Duration::ZERO,
+            progress: Instant::now(),
+            urls: HashSet::new(),
+        }
+    }
+
+    /// How long an attempt takes this receiver: the smoothed duration, or, while
+    /// attempts are in flight and none finishes, at least the time since one did
+    /// (a receiver that has just begun to hang shows it before any attempt ends).
+    fn pace(&self) -> Duration {
+        if self.flying == 0 {
+            return self.took;
+        }
+        self.took.max(self.progress.elapsed())
+    }
+
+    fn stalled(&self, per_receiver: usize) -> bool {
+        self.flying >= per_receiver && self.progress.elapsed() >= STALL.max(self.took * 4)
+    }
+
+    /// How long until it counts as stalled, while every slot is taken and
+    /// deliveries wait for it.
+    fn stalls_in(&self, per_receiver: usize) -> Option<Duration> {
+        (self.flying >= per_receiver && !self.waiting.is_empty()).then(|| {
+            STALL
+                .max(self.took * 4)
+                .saturating_sub(self.progress.elapsed())
+        })
+    }
+}
+
+/// A tenant's attempts in flight and deliveries waiting, on this replica.
 #[derive(Default)]
-pub struct Receivers {
-    slots: std::collections::HashMap<String, Slots>,
+struct Held {
+    flying: usize,
+    waiting: usize,
+}
+
+/// The slots of one replica.
+pub struct Share {
+    per_tenant: usize,
+    per_receiver: usize,
+    slots: HashMap<Key, Slots>,
+    tenants: HashMap<String, Held>,
     /// Deliveries waiting, over every receiver (at most [`MAX_WAITING`]).
     waiting: usize,
 }
 
-/// Most claimed deliveries waiting for a slot on one replica (each holds its wait).
-const MAX_WAITING: usize = 1024;
+impl Share {
+    /// `per_tenant` attempts in flight per tenant, and half that (at least one) per
+    /// receiver of a tenant.
+    pub fn new(per_tenant: usize) -> Share {
+        let per_tenant = per_tenant.max(1);
+        Share {
+            per_tenant,
+            per_receiver: (per_tenant / 2).max(1),
+            slots: HashMap::new(),
+            tenants: HashMap::new(),
+            waiting: 0,
+        }
+    }
 
-#[derive(Default)]
-struct Slots {
-    flying: usize,
-    waiting: std::collections::VecDeque<(tokio::time::Instant, Due)>,
-    /// Recent attempts' duration, smoothed.
-    took: Duration,
-}
+    pub fn per_tenant(&self) -> usize {
+        self.per_tenant
+    }
 
-impl Receivers {
-    pub fn admit(&mut self, host: &str, d: Due) -> Admit {
-        let slots = self.slots.entry(host.to_string()).or_default();
-        if slots.flying < PER_HOST {
+    /// What each tenant holds here (in flight and waiting), for the claim's turns.
+    pub fn taken(&self) -> Vec<(String, i64)> {
+        self.tenants
+            .iter()
+            .map(|(t, h)| (t.clone(), (h.flying + h.waiting) as i64))
+            .collect()
+    }
+
+    /// The webhook URLs of each tenant's stalled receivers: the claim leaves their
+    /// deliveries in the store until an attempt there finishes.
+    pub fn stalled(&self) -> Vec<(String, String)> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.stalled(self.per_receiver))
+            .flat_map(|(k, s)| s.urls.iter().map(|u| (k.tenant.clone(), u.clone())))
+            .collect()
+    }
+
+    pub fn admit(&mut self, key: Key, d: Due) -> Admit {
+        let held = self.tenants.entry(key.tenant.clone()).or_default();
+        let slots = self.slots.entry(key.clone()).or_insert_with(Slots::new);
+        if slots.urls.len() < MAX_URLS && !slots.urls.contains(&d.delivery.url) {
+            slots.urls.insert(d.delivery.url.clone());
+        }
+        if slots.flying < self.per_receiver && held.flying < self.per_tenant {
+            if slots.flying == 0 {
+                slots.progress = Instant::now();
+            }
             slots.flying += 1;
+            held.flying += 1;
             return Admit::Send(d);
         }
-        // As many wait as this receiver answers in about a second (and never fewer
-        // than PER_HOST): a fast one takes a burst at once, one that hangs does not
-        // hold more leases than it can use.
-        let per_second = if slots.took.is_zero() {
+        // As many wait as this receiver answers in about a second (a fast one takes
+        // a burst at once), and none for one that is stalled.
+        let pace = slots.pace();
+        let per_second = if pace.is_zero() {
             1000
         } else {
-            (1_000_000 / slots.took.as_micros().max(1)).clamp(1, 1000) as usize
+            (1_000_000 / pace.as_micros().max(1)).clamp(1, 1000) as usize
         };
-        if slots.waiting.len() < PER_HOST * per_second && self.waiting < MAX_WAITING {
-            slots.waiting.push_back((tokio::time::Instant::now(), d));
+        if !slots.stalled(self.per_receiver)
+            && slots.waiting.len() < self.per_receiver * per_second
+            && held.flying + held.waiting < self.per_tenant
+            && self.waiting < MAX_WAITING
+        {
+            slots.waiting.push_back((Instant::now(), d));
+            held.waiting += 1;
             self.waiting += 1;
             return Admit::Queued;
         }
         // Back for about as long as what is ahead of it takes this receiver.
-        let ahead = (slots.flying + slots.waiting.len()) as u32 / PER_HOST as u32;
-        let after = (slots.took * ahead).clamp(Duration::from_millis(50), Duration::from_secs(600));
+        let ahead = ((slots.flying + slots.waiting.len()) / self.per_receiver).max(1) as u32;
+        let after = (pace * ahead).clamp(Duration::from_millis(50), Duration::from_secs(600));
+        let done = slots.flying == 0 && slots.waiting.is_empty();
+        self.forget(&key, done);
         Admit::PutBack(d, after)
     }
 
-    /// An attempt to `host` finished after `took`: what goes next in its slot.
-    pub fn finished(&mut self, host: &str, took: Duration, stale: Duration) -> Vec<Admit> {
-        let Some(slots) = self.slots.get_mut(host) else {
-            return Vec::new();
-        };
-        slots.flying = slots.flying.saturating_sub(1);
-        slots.took = (slots.took * 3 + took) / 4;
+    /// An attempt of `key` finished after `took`: what goes next in its slot (one
+    /// that waited past `stale` is given back instead).
+    pub fn finished(&mut self, key: &Key, took: Duration, stale: Duration) -> Vec<Admit> {
         let mut out = Vec::new();
+        let Some(slots) = self.slots.get_mut(key) else {
+            return out;
+        };
+        let held = self.tenants.entry(key.tenant.clone()).or_default();
+        slots.flying = slots.flying.saturating_sub(1);
+        held.flying = held.flying.saturating_sub(1);
+        slots.took = (slots.took * 3 + took) / 4;
+        slots.progress = Instant::now();
         while let Some((since, d)) = slots.waiting.pop_front() {
+            held.waiting -= 1;
             self.waiting -= 1;
             if since.elapsed() > stale {
                 out.push(Admit::PutBack(d, Duration::from_secs(1)));
                 continue;
             }
             slots.flying += 1;
+            held.flying += 1;
             out.push(Admit::Send(d));
             break;
         }
-        if slots.flying == 0 && slots.waiting.is_empty() {
-            self.slots.remove(host);
+        let done = slots.flying == 0 && slots.waiting.is_empty();
+        self.forget(key, done);
+        out
+    }
+
+    /// How long until a receiver with deliveries waiting for it stalls: the loop
+    /// looks again then, so that what waits is given back without waiting for
+    /// another wake-up.
+    pub fn next_stall(&self) -> Option<Duration> {
+        self.slots
+            .values()
+            .filter_map(|s| s.stalls_in(self.per_receiver))
+            .min()
+    }
+
+    /// Gives back what waits for a stalled receiver: it would hold its tenant's
+    /// share, which the tenant's other receivers can use meanwhile.
+    pub fn shed(&mut self) -> Vec<(Due, Duration)> {
+        let mut out = Vec::new();
+        for (key, slots) in &mut self.slots {
+            if slots.waiting.is_empty() || !slots.stalled(self.per_receiver) {
+                continue;
+            }
+            let after = slots
+                .pace()
+                .clamp(Duration::from_millis(50), Duration::from_secs(600));
+            let held = self.tenants.entry(key.tenant.clone()).or_default();
+            for (_, d) in slots.waiting.drain(..) {
+                held.waiting -= 1;
+                self.waiting -= 1;
+                out.push((d, after));
+            }
         }
         out
+    }
+
+    /// Drops the entries of a receiver with nothing in flight or waiting, and of its
+    /// tenant if that holds nothing either.
+    fn forget(&mut self, key: &Key, receiver_done: bool) {
+        if receiver_done {
+            self.slots.remove(key);
+        }
+        if self
+            .tenants
+            .get(&key.tenant)
+            .is_some_and(|h| h.flying == 0 && h.waiting == 0)
+        {
+            self.tenants.remove(&key.tenant);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receiver_is_its_host_and_port() {
+        assert_eq!(
+            receiver("https://hooks.example.com/a"),
+            "hooks.example.com:443"
+        );
+        assert_eq!(receiver("http://127.0.0.1:9000/b?x=1"), "127.0.0.1:9000");
+        assert_eq!(receiver("not a url"), "");
+    }
+
+    #[test]
+    fn half_a_share_per_receiver_and_at_least_one() {
+        assert_eq!(Share::new(32).per_receiver, 16);
+        assert_eq!(Share::new(1).per_receiver, 1);
+        assert_eq!(Share::new(0).per_tenant(), 1);
     }
 }

@@ -6,7 +6,8 @@
 //! is a delivery owed, whichever path wrote it (a create, a poll's progress, a
 //! cancel, an abandoned wait). Replicas take due deliveries under a lease of their
 //! own (owner, `lease_until`, epoch), and write each attempt's outcome fenced by
-//! owner and epoch, as the worker pool does for waits.
+//! owner and epoch, as the worker pool does for waits. A claim gives each tenant
+//! its turn (see [`Turns`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -158,6 +159,24 @@ pub struct Outcome {
     pub attempted: bool,
 }
 
+/// What a claimer holds, so that a claim gives each tenant its turn.
+///
+/// A tenant's due deliveries are numbered soonest first, after the `taken` it
+/// already holds (a tenant not named holds none), and the claim takes the lowest
+/// numbers first and none beyond `per_tenant`. So every tenant with a delivery due
+/// gets one before any gets a second, and the claimer never holds more than
+/// `per_tenant` of one tenant's, however many of them are due and however long
+/// they have been. Deliveries to the `stalled` webhook URLs of a tenant are left
+/// where they are: the claimer could only give them back.
+#[derive(Clone, Copy, Debug)]
+pub struct Turns<'a> {
+    pub per_tenant: i64,
+    /// Per tenant: deliveries the claimer holds (in flight or waiting for a slot).
+    pub taken: &'a [(String, i64)],
+    /// `(tenant, url)` of webhooks whose receiver has stopped answering.
+    pub stalled: &'a [(String, String)],
+}
+
 /// The answer to a redelivery request.
 #[derive(Debug)]
 pub enum Redeliver {
@@ -185,15 +204,17 @@ pub(crate) const DUE_JOINS: &str = "JOIN wait_notify n ON n.wait_id = d.wait_id 
 impl Store {
     /// Takes up to `limit` due pending deliveries (none of whose wait's earlier
     /// deliveries to the same webhook are still pending) under a lease of `ttl`:
-    /// unowned, or whose lease ran out (epoch + 1).
+    /// unowned, or whose lease ran out (epoch + 1). Tenants take turns (see
+    /// [`Turns`]).
     pub async fn claim_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
         ttl: Duration,
         limit: i64,
+        turns: &Turns<'_>,
     ) -> Result<Vec<Due>, StoreError> {
-        let rows = sql!(self.claim_deliveries(owner, now, ttl, limit))?;
+        let rows = sql!(self.claim_deliveries(owner, now, ttl, limit, turns))?;
         let mut due = Vec::with_capacity(rows.len());
         for row in rows {
             let secret = self

@@ -27,6 +27,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0006_webhooks.sql",
     "0007_claim_at.sql",
     "0008_claim_at_on_insert.sql",
+    "0009_delivery_turns.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -34,6 +35,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0002_active_by_tenant.sql",
     "0003_claims.sql",
     "0004_webhooks.sql",
+    "0005_delivery_turns.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use super::deliveries::Outcome;
-use super::deliveries::{DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, due_columns};
+use super::deliveries::{DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, Turns, due_columns};
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, LIMIT_MARGIN, ListFilter,
     NewWait, ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
@@ -937,29 +937,61 @@ impl PgDialect {
         now: DateTime<Utc>,
         ttl: Duration,
         limit: i64,
+        turns: &Turns<'_>,
     ) -> Result<Vec<DueRow>, StoreError> {
+        // Turns are numbered over every due delivery first in line for its webhook
+        // (one probe of deliveries_pending_by_webhook each). A window function cannot
+        // share a level with FOR UPDATE, so the ids picked are then locked, skipping
+        // any another replica is claiming, and checked again once locked; as an
+        // array, so that they are read by primary key whatever the planner's
+        // statistics say.
         let sql = format!(
-            "WITH c AS (
+            "WITH due AS (
+                 SELECT x.id, x.next_attempt_at,
+                        row_number() OVER (PARTITION BY x.tenant ORDER BY x.next_attempt_at, x.id)
+                          + coalesce(f.taken, 0) AS turn
+                 FROM deliveries x
+                 JOIN wait_notify n ON n.wait_id = x.wait_id AND n.endpoint = x.endpoint
+                 LEFT JOIN unnest($5::text[], $6::bigint[]) AS f(tenant, taken) ON f.tenant = x.tenant
+                 WHERE x.status = 'pending' AND x.next_attempt_at <= $2
+                   AND (x.owner IS NULL OR x.lease_until < $2)
+                   AND x.seq = (SELECT min(p.seq) FROM deliveries p
+                                WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
+                                  AND p.status = 'pending')
+                   AND NOT EXISTS (SELECT 1 FROM unnest($8::text[], $9::text[]) AS s(tenant, url)
+                                   WHERE s.tenant = x.tenant AND s.url = n.url)),
+             picked AS (
+                 SELECT q.id FROM deliveries q
+                 WHERE q.id = ANY(ARRAY(SELECT id FROM due WHERE turn <= $7
+                                        ORDER BY turn, next_attempt_at LIMIT $4))
+                   AND q.status = 'pending' AND (q.owner IS NULL OR q.lease_until < $2)
+                 FOR UPDATE SKIP LOCKED),
+             c AS (
                  UPDATE deliveries d SET owner = $1, lease_until = $2 + $3 * interval '1 millisecond',
                         epoch = d.epoch + 1
-                 FROM (SELECT x.id FROM deliveries x
-                       WHERE x.status = 'pending' AND x.next_attempt_at <= $2
-                         AND (x.owner IS NULL OR x.lease_until < $2)
-                         AND NOT EXISTS (SELECT 1 FROM deliveries p
-                                         WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
-                                           AND p.seq < x.seq AND p.status = 'pending')
-                       ORDER BY x.next_attempt_at LIMIT $4
-                       FOR UPDATE SKIP LOCKED) t
+                 FROM picked t
                  WHERE d.id = t.id
                  RETURNING d.*)
              SELECT {} FROM c d {DUE_JOINS}",
             due_columns()
         );
+        let (tenants, taken): (Vec<&str>, Vec<i64>) =
+            turns.taken.iter().map(|(t, n)| (t.as_str(), *n)).unzip();
+        let (stalled_tenants, stalled_urls): (Vec<&str>, Vec<&str>) = turns
+            .stalled
+            .iter()
+            .map(|(t, u)| (t.as_str(), u.as_str()))
+            .unzip();
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(owner)
             .bind(now)
             .bind(ttl.as_millis() as f64)
             .bind(limit)
+            .bind(tenants)
+            .bind(taken)
+            .bind(turns.per_tenant)
+            .bind(stalled_tenants)
+            .bind(stalled_urls)
             .fetch_all(&self.pool)
             .await?)
     }

@@ -20,7 +20,9 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Connection, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::deliveries::{DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, Outcome, due_columns};
+use super::deliveries::{
+    DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, Outcome, Turns, due_columns,
+};
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, ListFilter, NewWait,
     ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
@@ -693,23 +695,60 @@ impl SqliteDialect {
         now: DateTime<Utc>,
         ttl: Duration,
         limit: i64,
+        turns: &Turns<'_>,
     ) -> Result<Vec<DueRow>, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let pairs = |v: Vec<(Value, Value)>| {
+            Value::from(
+                v.into_iter()
+                    .map(|(a, b)| Value::from(vec![a, b]))
+                    .collect::<Vec<Value>>(),
+            )
+            .to_string()
+        };
+        let taken = pairs(
+            turns
+                .taken
+                .iter()
+                .map(|(t, n)| (Value::from(t.as_str()), Value::from(*n)))
+                .collect(),
+        );
+        let stalled = pairs(
+            turns
+                .stalled
+                .iter()
+                .map(|(t, u)| (Value::from(t.as_str()), Value::from(u.as_str())))
+                .collect(),
+        );
         let ids: Vec<(i64,)> = sqlx::query_as(
-            "UPDATE deliveries SET owner = ?, lease_until = ?, epoch = epoch + 1
-             WHERE id IN (SELECT x.id FROM deliveries x
-                          WHERE x.status = 'pending' AND x.next_attempt_at <= ?
-                            AND (x.owner IS NULL OR x.lease_until < ?)
-                            AND NOT EXISTS (SELECT 1 FROM deliveries p
-                                            WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
-                                              AND p.seq < x.seq AND p.status = 'pending')
-                          ORDER BY x.next_attempt_at LIMIT ?)
+            "UPDATE deliveries SET owner = ?1, lease_until = ?2, epoch = epoch + 1
+             WHERE id IN (
+                 SELECT id FROM (
+                     SELECT x.id, x.next_attempt_at,
+                            row_number() OVER (PARTITION BY x.tenant ORDER BY x.next_attempt_at, x.id)
+                              + coalesce(f.taken, 0) AS turn
+                     FROM deliveries x
+                     JOIN wait_notify n ON n.wait_id = x.wait_id AND n.endpoint = x.endpoint
+                     LEFT JOIN (SELECT json_extract(value, '$[0]') AS tenant,
+                                       json_extract(value, '$[1]') AS taken
+                                FROM json_each(?3)) f ON f.tenant = x.tenant
+                     WHERE x.status = 'pending' AND x.next_attempt_at <= ?4
+                       AND (x.owner IS NULL OR x.lease_until < ?4)
+                       AND x.seq = (SELECT min(p.seq) FROM deliveries p
+                                    WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
+                                      AND p.status = 'pending')
+                       AND NOT EXISTS (SELECT 1 FROM json_each(?5) s
+                                       WHERE json_extract(s.value, '$[0]') = x.tenant
+                                         AND json_extract(s.value, '$[1]') = n.url))
+                 WHERE turn <= ?6 ORDER BY turn, next_attempt_at LIMIT ?7)
              RETURNING id",
         )
         .bind(owner)
         .bind(ms(now) + ttl.as_millis() as i64)
+        .bind(taken)
         .bind(ms(now))
-        .bind(ms(now))
+        .bind(stalled)
+        .bind(turns.per_tenant)
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
