@@ -198,6 +198,27 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub webhook_concurrency_per_tenant: u32,
 
+    /// Most pending deliveries of one webhook of a wait; beyond it the oldest that
+    /// wait behind the one first in line are dropped.
+    #[arg(long, env = "WAITD_MAX_PENDING_DELIVERIES_PER_WEBHOOK", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending_deliveries_per_webhook: u32,
+
+    /// Most pending deliveries of one wait, over its webhooks.
+    #[arg(long, env = "WAITD_MAX_PENDING_DELIVERIES_PER_WAIT", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending_deliveries_per_wait: u32,
+
+    /// Most pending deliveries of one tenant, over its waits.
+    #[arg(long, env = "WAITD_MAX_PENDING_DELIVERIES_PER_TENANT", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending_deliveries_per_tenant: u32,
+
+    /// Least time between two redeliveries of one delivery
+    /// (`POST /waits/{id}/deliveries/{d}/retry`; 429 sooner).
+    #[arg(long, env = "WAITD_WEBHOOK_REDELIVERY_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub webhook_redelivery_interval: Duration,
+
     /// Do not run the worker pool or deliver webhooks (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]
     pub no_worker: bool,

@@ -273,6 +273,15 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<store::Store, Star
         return Err(StartError::Database(why));
     }
     store.migrate().await?;
+    // The outbox's bounds are applied by the store, in every event's transaction.
+    store
+        .set_delivery_limits(store::DeliveryLimits {
+            per_webhook: config.max_pending_deliveries_per_webhook,
+            per_wait: config.max_pending_deliveries_per_wait,
+            per_tenant: config.max_pending_deliveries_per_tenant,
+            redelivery_interval: config.webhook_redelivery_interval,
+        })
+        .await?;
     Ok(store)
 }
 

@@ -52,7 +52,7 @@ impl Histogram {
 }
 
 use crate::engine::Observation;
-use crate::model::Status;
+use crate::model::{DropReason, Status};
 
 #[derive(Default, Debug)]
 pub struct Metrics {
@@ -75,6 +75,9 @@ pub struct Metrics {
     pub webhook_oldest_pending_ms: AtomicI64,
     /// From an event to its webhook's 2xx.
     pub webhook_latency: Histogram,
+    /// Deliveries the store's bounds dropped, by bound ([`DropReason::ALL`]), over
+    /// every replica (read about once a second by the deliverer).
+    pub webhook_dropped: [AtomicI64; 3],
     /// This replica's id in the store (owner of the waits it holds), once its
     /// worker pool runs.
     pub owner: std::sync::OnceLock<uuid::Uuid>,
@@ -194,6 +197,18 @@ impl Metrics {
             "# HELP waitd_webhook_oldest_pending_seconds Age of the oldest webhook delivery still pending in the store (0 when none is).\n# TYPE waitd_webhook_oldest_pending_seconds gauge\nwaitd_webhook_oldest_pending_seconds {}",
             self.webhook_oldest_pending_ms.load(Relaxed) as f64 / 1e3
         );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_webhook_deliveries_dropped_total Webhook deliveries dropped unsent by a bound on pending deliveries, by bound, in the store (every replica reports the same count).\n# TYPE waitd_webhook_deliveries_dropped_total counter"
+        );
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "waitd_webhook_deliveries_dropped_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.webhook_dropped[i].load(Relaxed)
+            );
+        }
         self.webhook_latency.render(
             &mut out,
             "waitd_webhook_delivery_seconds",

@@ -409,6 +409,9 @@ pub enum DeliveryStatus {
     Failed,
     /// The receiver answered 410 Gone: nothing more is sent to that webhook.
     Stopped,
+    /// Taken out of the queue unsent by a bound on pending deliveries
+    /// (`drop_reason` names it).
+    Dropped,
 }
 
 impl DeliveryStatus {
@@ -418,6 +421,7 @@ impl DeliveryStatus {
             DeliveryStatus::Delivered => "delivered",
             DeliveryStatus::Failed => "failed",
             DeliveryStatus::Stopped => "stopped",
+            DeliveryStatus::Dropped => "dropped",
         }
     }
 
@@ -427,9 +431,42 @@ impl DeliveryStatus {
             DeliveryStatus::Delivered,
             DeliveryStatus::Failed,
             DeliveryStatus::Stopped,
+            DeliveryStatus::Dropped,
         ]
         .into_iter()
         .find(|d| d.as_str() == s)
+    }
+}
+
+/// The bound on pending deliveries that dropped a delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// Its webhook had `--max-pending-deliveries-per-webhook` pending.
+    WebhookCap,
+    /// Its wait had `--max-pending-deliveries-per-wait` pending.
+    WaitCap,
+    /// Its tenant had `--max-pending-deliveries-per-tenant` pending.
+    TenantCap,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 3] = [
+        DropReason::WebhookCap,
+        DropReason::WaitCap,
+        DropReason::TenantCap,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::WebhookCap => "webhook_cap",
+            DropReason::WaitCap => "wait_cap",
+            DropReason::TenantCap => "tenant_cap",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DropReason> {
+        DropReason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -466,8 +503,10 @@ pub struct Delivery {
     pub created_at: DateTime<Utc>,
     /// When the next attempt is due (pending only).
     pub next_attempt_at: Option<DateTime<Utc>>,
-    /// When it was delivered, failed or stopped.
+    /// When it was delivered, failed, stopped or dropped.
     pub finished_at: Option<DateTime<Utc>>,
+    /// When dropped: the bound that dropped it.
+    pub drop_reason: Option<DropReason>,
     /// Attempts made, in all.
     pub attempts_total: i32,
     /// The latest attempts (at most 20), oldest first.

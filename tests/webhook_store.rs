@@ -1,5 +1,7 @@
-//! The outbox's claim turns, against both stores: what the deliverer relies on so
-//! that one tenant cannot take another's attempts.
+//! The outbox's claim turns and bounds, against both stores: what the deliverer
+//! relies on so that one tenant cannot take another's attempts, and the caps on
+//! pending deliveries and redeliveries that `tests/webhooks.rs` checks from the
+//! outside.
 
 use crate::support;
 
@@ -11,8 +13,8 @@ use support::TestDb;
 use uuid::Uuid;
 use waitd::bus::Bus;
 use waitd::engine::{Limits, Spec};
-
-use waitd::store::{Due, Store, Turns};
+use waitd::model::{Delivery, DeliveryStatus, DropReason};
+use waitd::store::{DeliveryLimits, Due, Outcome, Redeliver, Store, Turns};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -78,6 +80,12 @@ async fn wait_of(store: &Store, tenant: &str, at: DateTime<Utc>) -> Uuid {
         .id
 }
 
+async fn only_delivery(store: &Store, tenant: &str, wait: Uuid) -> Delivery {
+    let mut d = store.deliveries(tenant, wait, 0, 10).await.unwrap();
+    assert_eq!(d.len(), 1, "{d:?}");
+    d.remove(0)
+}
+
 async fn claim(
     store: &Store,
     owner: Uuid,
@@ -99,6 +107,29 @@ async fn claim(
 
 fn tenants(due: &[Due]) -> Vec<&str> {
     due.iter().map(|d| d.tenant.as_str()).collect()
+}
+
+/// Its attempt answered 2xx: delivered.
+async fn deliver(store: &Store, owner: Uuid, due: &Due, now: DateTime<Utc>) {
+    let written = store
+        .finish_deliveries(
+            owner,
+            now,
+            &[Outcome {
+                id: due.delivery.id,
+                epoch: due.epoch,
+                wait_id: due.wait_id,
+                endpoint: due.delivery.endpoint,
+                status: DeliveryStatus::Delivered,
+                next_attempt_at: None,
+                tries: 1,
+                attempts: Vec::new(),
+                attempted: true,
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(written, [true]);
 }
 
 #[tokio::test]
@@ -131,6 +162,147 @@ async fn a_claim_gives_every_tenant_with_a_due_delivery_a_turn_before_any_gets_a
         assert_eq!(due.len(), 15, "{name}: the rest of a's twenty");
         let due = claim(&store, Uuid::now_v7(), now, 64, &[]).await;
         assert!(due.is_empty(), "{name}: all leased");
+        store.close().await;
+        backend.finish().await;
+    }
+}
+
+#[tokio::test]
+async fn past_a_tenants_bound_its_oldest_pending_deliveries_are_dropped_and_counted_but_never_one_in_flight()
+ {
+    for backend in Backend::all().await {
+        let store = backend.open().await;
+        let name = backend.name();
+        store
+            .set_delivery_limits(DeliveryLimits {
+                per_tenant: 5,
+                ..DeliveryLimits::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(store.delivery_limits().await.unwrap().per_tenant, 5);
+        let t0 = Utc::now() - chrono::Duration::seconds(60);
+        let mut waits = Vec::new();
+        for i in 0..8 {
+            waits.push(wait_of(&store, "t", t0 + chrono::Duration::seconds(i)).await);
+        }
+        for i in 0..2 {
+            wait_of(&store, "u", t0 + chrono::Duration::seconds(i)).await;
+        }
+        let mut statuses = Vec::new();
+        for w in &waits {
+            let d = only_delivery(&store, "t", *w).await;
+            statuses.push((d.status, d.drop_reason));
+        }
+        let dropped = (DeliveryStatus::Dropped, Some(DropReason::TenantCap));
+        let pending = (DeliveryStatus::Pending, None);
+        assert_eq!(
+            statuses,
+            [
+                dropped, dropped, dropped, pending, pending, pending, pending, pending
+            ],
+            "{name}: the oldest three of eight go, at a bound of five"
+        );
+        let d = only_delivery(&store, "t", waits[0]).await;
+        assert!(
+            d.finished_at.is_some() && d.next_attempt_at.is_none(),
+            "{d:?}"
+        );
+        assert_eq!(
+            store.dropped_deliveries().await.unwrap(),
+            [0, 0, 3],
+            "{name}"
+        );
+
+        // The oldest pending one is in flight: the next oldest goes in its stead.
+        let owner = Uuid::now_v7();
+        let due = claim(&store, owner, Utc::now(), 1, &[("u", 16)]).await;
+        assert_eq!(due[0].wait_id, waits[3], "{name}");
+        waits.push(wait_of(&store, "t", Utc::now()).await);
+        let d = only_delivery(&store, "t", waits[3]).await;
+        assert_eq!(d.status, DeliveryStatus::Pending, "{name}: in flight");
+        let d = only_delivery(&store, "t", waits[4]).await;
+        assert_eq!(d.status, DeliveryStatus::Dropped, "{name}");
+        assert_eq!(
+            store.dropped_deliveries().await.unwrap(),
+            [0, 0, 4],
+            "{name}"
+        );
+        store.close().await;
+        backend.finish().await;
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_waits_for_its_interval_and_for_room_under_the_bounds() {
+    for backend in Backend::all().await {
+        let store = backend.open().await;
+        let name = backend.name();
+        store
+            .set_delivery_limits(DeliveryLimits {
+                per_tenant: 2,
+                redelivery_interval: Duration::from_secs(10),
+                ..DeliveryLimits::default()
+            })
+            .await
+            .unwrap();
+        let owner = Uuid::now_v7();
+        let t0 = Utc::now();
+        let w = wait_of(&store, "t", t0).await;
+        let due = claim(&store, owner, t0, 10, &[]).await;
+        let id = due[0].delivery.id;
+        // Pending, and then in flight: nothing changes.
+        assert!(matches!(
+            store.redeliver("t", w, id, t0).await.unwrap(),
+            Redeliver::Pending(_)
+        ));
+        deliver(&store, owner, &due[0], t0).await;
+        assert!(matches!(
+            store.redeliver("t", w, id, t0).await.unwrap(),
+            Redeliver::Queued(_)
+        ));
+        let due = claim(&store, owner, t0, 10, &[]).await;
+        deliver(&store, owner, &due[0], t0).await;
+        // Within the interval of the last redelivery: when it can be.
+        match store
+            .redeliver("t", w, id, t0 + chrono::Duration::seconds(4))
+            .await
+            .unwrap()
+        {
+            Redeliver::TooSoon {
+                retry_after,
+                interval,
+                ..
+            } => {
+                assert_eq!(interval, Duration::from_secs(10));
+                assert!(
+                    retry_after > Duration::from_millis(5900)
+                        && retry_after <= Duration::from_secs(6),
+                    "{name}: {retry_after:?}"
+                );
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        // Two other deliveries of the tenant pending: at its bound of two.
+        wait_of(&store, "t", t0).await;
+        wait_of(&store, "t", t0).await;
+        match store
+            .redeliver("t", w, id, t0 + chrono::Duration::seconds(11))
+            .await
+            .unwrap()
+        {
+            Redeliver::Full { bound, limit, .. } => {
+                assert_eq!((bound, limit), (DropReason::TenantCap, 2), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        let d = only_delivery(&store, "t", w).await;
+        assert_eq!(d.status, DeliveryStatus::Delivered, "{name}: unchanged");
+        // Another tenant's delivery is no such delivery.
+        assert!(matches!(
+            store.redeliver("u", w, id, t0).await.unwrap(),
+            Redeliver::NotFound
+        ));
         store.close().await;
         backend.finish().await;
     }

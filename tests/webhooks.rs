@@ -2,8 +2,9 @@
 //! `standardwebhooks` package; the retry schedule, `Retry-After`, 410 and
 //! redelivery; what a create refuses; the SSRF guard at creation and at connect
 //! time; bounded attempts; one tenant's hung receiver against another tenant's
-//! deliveries. On both stores. The crash and two-replica cases are in
-//! `tests/webhook_replicas.rs`, the store's claim turns in `tests/webhook_store.rs`.
+//! deliveries; the bounds on pending deliveries; redeliveries in a loop. On both
+//! stores. The crash and two-replica cases are in `tests/webhook_replicas.rs`, the
+//! store's claim turns and bounds in `tests/webhook_store.rs`.
 
 use crate::support;
 
@@ -47,7 +48,7 @@ const BOTH: [Kind; 2] = [Kind::Sqlite, Kind::Postgres];
 struct Running {
     app: App,
     db: Option<TestDb>,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Running {
@@ -66,7 +67,7 @@ impl Running {
             args = set_flag(args, pair[0], pair[1]);
         }
         let app = App::start_args(args).await;
-        Running { app, db, _dir: dir }
+        Running { app, db, dir }
     }
 
     async fn stop(self) {
@@ -373,6 +374,8 @@ async fn a_delivery_can_be_sent_again_with_the_same_webhook_id_but_not_while_pen
             &[
                 "--tokens",
                 "alice:alice-token-0123456789,bob:bob-token-0123456789",
+                "--webhook-redelivery-interval",
+                "100ms",
             ],
         )
         .await;
@@ -914,6 +917,224 @@ async fn one_tenants_hung_receiver_does_not_delay_another_tenants_delivery_to_th
             (hung_before, hung),
             (16, 16),
             "{kind:?}: attempts at once to alice's hung receiver"
+        );
+        run.stop().await;
+    }
+}
+
+/// A connection of the test's own to the store waitd runs on.
+enum Peek {
+    Pg(sqlx::PgConnection),
+    Lite(sqlx::SqliteConnection),
+}
+
+impl Peek {
+    async fn open(run: &Running) -> Peek {
+        use sqlx::Connection;
+        match &run.db {
+            Some(db) => Peek::Pg(sqlx::PgConnection::connect(&db.url).await.unwrap()),
+            None => Peek::Lite(
+                sqlx::SqliteConnection::connect(&run.dir.sqlite_url())
+                    .await
+                    .unwrap(),
+            ),
+        }
+    }
+
+    /// The most pending deliveries of one webhook of a wait, and of one wait, read in
+    /// one statement (the API's pages are not one snapshot).
+    async fn pending_most(&mut self) -> (i64, i64) {
+        const SQL_WEBHOOK: &str = "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n \
+             FROM deliveries WHERE status = 'pending' GROUP BY wait_id, endpoint) c";
+        const SQL_WAIT: &str = "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n \
+             FROM deliveries WHERE status = 'pending' GROUP BY wait_id) c";
+        let (webhook, wait): ((i64,), (i64,)) = match self {
+            Peek::Pg(c) => (
+                sqlx::query_as(SQL_WEBHOOK)
+                    .fetch_one(&mut *c)
+                    .await
+                    .unwrap(),
+                sqlx::query_as(SQL_WAIT).fetch_one(&mut *c).await.unwrap(),
+            ),
+            Peek::Lite(c) => (
+                sqlx::query_as(SQL_WEBHOOK)
+                    .fetch_one(&mut *c)
+                    .await
+                    .unwrap(),
+                sqlx::query_as(SQL_WAIT).fetch_one(&mut *c).await.unwrap(),
+            ),
+        };
+        (webhook.0, wait.0)
+    }
+}
+
+async fn metrics(app: &App) -> String {
+    app.client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The issue's M1: a wait whose state changes on every poll, with four webhooks on
+/// `state` to a receiver that fails. Its webhooks never hold more pending
+/// deliveries than their bound (3), nor the wait more than its own (10, less than
+/// four times three); the ones dropped say which bound dropped them, the first in
+/// line of each webhook keeps its place, the newest are kept, and the metric counts
+/// them.
+#[tokio::test]
+async fn a_wait_that_changes_on_every_poll_never_holds_more_pending_deliveries_than_its_bounds() {
+    for kind in BOTH {
+        let run = Running::start(
+            kind,
+            &[
+                "--max-pending-deliveries-per-webhook",
+                "3",
+                "--max-pending-deliveries-per-wait",
+                "10",
+            ],
+        )
+        .await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let failing = rx.script("/fail", vec![Answer::code(500)]);
+        let flips: Vec<Reply> = (0..5000)
+            .map(|i| Reply::status(if i % 2 == 0 { "a" } else { "b" }))
+            .collect();
+        let mut s = spec(&up.script("/flip", flips));
+        s["notify"] = json!(
+            (0..4)
+                .map(|_| json!({"url": failing, "secret": secret(), "events": ["state"]}))
+                .collect::<Vec<_>>()
+        );
+        let (status, w) = run.app.create(s).await;
+        assert_eq!(status, 201, "{w}");
+        let id = w["id"].as_str().unwrap().to_string();
+        let mut peek = Peek::open(&run).await;
+        let mut samples = 0;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(3) {
+            let (webhook, wait) = peek.pending_most().await;
+            assert!(webhook <= 3, "{kind:?}: {webhook} pending for one webhook");
+            assert!(wait <= 10, "{kind:?}: {wait} pending for one wait");
+            samples += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, _) = run.app.post(&format!("/waits/{id}/cancel")).await;
+        assert_eq!(status, 200);
+        let d = all_deliveries_as(&run.app, None, &id).await;
+        let count = |f: &dyn Fn(&Value) -> bool| d.iter().filter(|x| f(x)).count();
+        let pending = count(&|x| x["status"] == "pending");
+        let by_webhook = count(&|x| x["drop_reason"] == "webhook_cap");
+        let by_wait = count(&|x| x["drop_reason"] == "wait_cap");
+        println!(
+            "{kind:?}: {} deliveries in 3 s, {pending} pending, dropped {by_webhook} by the webhook bound and {by_wait} by the wait's; {samples} samples",
+            d.len()
+        );
+        assert!(d.len() > 100, "{kind:?}: only {} deliveries", d.len());
+        assert!(pending <= 10, "{kind:?}: {pending} pending");
+        assert!(
+            by_webhook > 0 && by_wait > 0,
+            "{kind:?}: {by_webhook} / {by_wait}"
+        );
+        assert!(
+            d.iter()
+                .filter(|x| x["status"] == "dropped")
+                .all(|x| x["next_attempt_at"].is_null()
+                    && x["finished_at"].is_string()
+                    && x["attempts_total"] == 0),
+            "{kind:?}: a dropped delivery is finished, unsent"
+        );
+        // Each webhook's first delivery is still in line (its retry schedule goes on),
+        // and the wait's newest event is pending for some webhook.
+        for endpoint in 0..4 {
+            let first = d.iter().find(|x| x["endpoint"] == endpoint).unwrap();
+            assert_eq!(first["status"], "pending", "{kind:?}: {first}");
+            assert!(first["attempts_total"].as_i64().unwrap() >= 1, "{first}");
+        }
+        let newest = d.iter().map(|x| x["seq"].as_i64().unwrap()).max().unwrap();
+        assert!(
+            d.iter()
+                .any(|x| x["seq"] == newest && x["status"] == "pending"),
+            "{kind:?}: the newest event is not pending"
+        );
+        // The store's counts, which every replica reports (read about once a second).
+        let counted = |m: &str, reason: &str| {
+            let line = format!("waitd_webhook_deliveries_dropped_total{{reason=\"{reason}\"}} ");
+            m.lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0)
+        };
+        let ok = poll_for(Duration::from_secs(5), || async {
+            let m = metrics(&run.app).await;
+            (counted(&m, "webhook_cap") >= by_webhook && counted(&m, "wait_cap") >= by_wait)
+                .then_some(())
+        })
+        .await;
+        let m = metrics(&run.app).await;
+        assert!(ok.is_some(), "{kind:?}: {m}");
+        run.stop().await;
+    }
+}
+
+/// The issue's M4: `POST .../retry` in a loop. A delivery is queued again at most
+/// once per interval; the rest are 429s that say when, so the receiver gets a
+/// bounded number of requests.
+#[tokio::test]
+async fn redelivering_in_a_loop_is_refused_with_429_and_reaches_the_receiver_once_per_interval() {
+    for kind in BOTH {
+        let run = Running::start(kind, &["--webhook-redelivery-interval", "1s"]).await;
+        let up = Upstream::start().await;
+        let rx = Receiver::start().await;
+        let hook = rx.url("/again");
+        let (_, w) = run
+            .app
+            .create(notifying(&up, "/s/m4", &hook, &secret(), json!(["ended"])))
+            .await;
+        let id = w["id"].as_str().unwrap().to_string();
+        let d = deliveries_until(&run.app, &id, |d| {
+            d.len() == 1 && d[0]["status"] == "delivered"
+        })
+        .await;
+        let did = d[0]["id"].as_i64().unwrap();
+        let url = run.app.url(&format!("/waits/{id}/deliveries/{did}/retry"));
+        let mut codes = std::collections::BTreeMap::<u16, usize>::new();
+        let mut refusal = None;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(3) {
+            let r = run.app.client.post(&url).send().await.unwrap();
+            let code = r.status().as_u16();
+            *codes.entry(code).or_default() += 1;
+            if code == 429 && refusal.is_none() {
+                let after = r.headers()["retry-after"].to_str().unwrap().to_string();
+                refusal = Some((after, r.json::<Value>().await.unwrap()));
+            }
+        }
+        // Whatever is still on its way arrives.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let posts = rx.got("/again").len();
+        println!("{kind:?}: retries in 3 s: {codes:?}; POSTs at the receiver: {posts}");
+        let queued = codes.get(&202).copied().unwrap_or(0);
+        assert!(
+            (2..=4).contains(&queued),
+            "{kind:?}: {queued} redeliveries queued in 3 s at one a second: {codes:?}"
+        );
+        assert!(codes.get(&429).copied().unwrap_or(0) > 10, "{codes:?}");
+        assert!(
+            posts <= 1 + queued,
+            "{kind:?}: {posts} POSTs for {queued} redeliveries"
+        );
+        let (after, p) = refusal.unwrap();
+        assert_eq!(after, "1", "{p}");
+        assert_eq!(p["status"], 429);
+        let detail = p["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("at most once per 1s") && detail.contains("try again in 1 s"),
+            "{detail}"
         );
         run.stop().await;
     }

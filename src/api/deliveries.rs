@@ -11,11 +11,15 @@ use super::auth::Tenant;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiQuery, NoQuery, WaitId};
 use super::{AppState, json_response};
-use crate::model::{Delivery, DeliveryPage};
+use crate::model::{Delivery, DeliveryPage, DropReason};
 use crate::store::Redeliver;
 
 /// Deliveries per page.
 pub const PAGE: i64 = 100;
+
+/// `Retry-After` of a redelivery refused at a bound on pending deliveries: about
+/// what the default schedule's first retries (5 s, then 30 s) take to settle some.
+const PENDING_RETRY_AFTER: u64 = 30;
 
 /// The query of `GET /waits/{id}/deliveries`.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -82,9 +86,12 @@ pub async fn list_deliveries(
 
 /// Redeliver a webhook
 ///
-/// Queues a delivered, failed or stopped delivery again: its next attempt is due at
-/// once, with a fresh retry schedule, and a webhook stopped by a 410 is started
-/// again. It keeps its `webhook-id`.
+/// Queues a delivered, failed, stopped or dropped delivery again: its next attempt
+/// is due at once, with a fresh retry schedule, and a webhook stopped by a 410 is
+/// started again. It keeps its `webhook-id`. One delivery is queued again at most
+/// once per `--webhook-redelivery-interval` (10 s), never while it is pending or an
+/// attempt of it is in flight, and not while its webhook, wait or tenant is at its
+/// bound on pending deliveries.
 #[utoipa::path(
     post, path = "/waits/{id}/deliveries/{delivery}/retry", tag = "webhooks", operation_id = "retry_delivery",
     params(
@@ -96,7 +103,9 @@ pub async fn list_deliveries(
         (status = 202, description = "Queued: the delivery as it now stands", body = Delivery),
         (status = 400, description = "A query parameter was given", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such wait, or no such delivery of it", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The delivery is still pending: its next attempt is already planned", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The delivery is still pending (its next attempt is already planned), or an attempt of it is in flight", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Over this token's request rate; or the delivery was queued again less than the redelivery interval ago, or its webhook, wait or tenant is at its bound on pending deliveries: repeat after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
     )
 )]
 pub async fn retry_delivery(
@@ -132,7 +141,7 @@ pub async fn retry_delivery(
             StatusCode::CONFLICT,
             "Delivery pending",
             format!(
-                "delivery {number} is still pending{}; it can be queued again once it is delivered, failed or stopped",
+                "delivery {number} is still pending{}; it can be queued again once it is delivered, failed, stopped or dropped",
                 d.next_attempt_at
                     .map(|t| format!(
                         ": its next attempt is due at {}",
@@ -141,6 +150,49 @@ pub async fn retry_delivery(
                     .unwrap_or_default()
             ),
         )),
+        Redeliver::InFlight(_) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "Delivery in flight",
+            format!(
+                "an attempt of delivery {number} is in flight; it can be queued again once that attempt is written"
+            ),
+        )),
+        Redeliver::TooSoon {
+            retry_after,
+            interval,
+            ..
+        } => {
+            let secs = retry_after.as_millis().div_ceil(1000).max(1) as u64;
+            Err(ApiError {
+                retry_after: Some(secs),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "Redelivered too recently",
+                    format!(
+                        "delivery {number} was queued again less than {} ago; a delivery is queued again at most once per {}, so try again in {secs} s",
+                        crate::engine::duration::format(interval),
+                        crate::engine::duration::format(interval),
+                    ),
+                )
+            })
+        }
+        Redeliver::Full { bound, limit, .. } => {
+            let whose = match bound {
+                DropReason::WebhookCap => "its webhook".to_string(),
+                DropReason::WaitCap => format!("wait {id}"),
+                DropReason::TenantCap => "your tenant".to_string(),
+            };
+            Err(ApiError {
+                retry_after: Some(PENDING_RETRY_AFTER),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "Too many pending deliveries",
+                    format!(
+                        "delivery {number} cannot be queued again: {whose} already has {limit} pending deliveries, the most it may have; try again once some are delivered"
+                    ),
+                )
+            })
+        }
         Redeliver::NotFound => Err(no_such_delivery()),
     }
 }

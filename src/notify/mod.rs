@@ -1,14 +1,14 @@
 //! Webhooks: each replica's delivery loop.
 //!
 //! The store's outbox holds one delivery per event and webhook (see
-//! [`crate::store::Due`]). Every replica runs a [`Deliverer`]: it takes due
-//! deliveries under a lease, tenants in turn, POSTs each
-//! to its webhook in the Standard Webhooks format ([`sign`], [`payload`]), and writes
-//! the outcome fenced by its lease. A 2xx is delivered; 410 Gone stops the webhook;
-//! anything else is tried again on [`SCHEDULE`], honouring `Retry-After`, and after
-//! the last attempt the delivery is failed. A replica that dies mid-attempt loses
-//! its lease, and another replica sends the same delivery again with the same
-//! `webhook-id`: at least once.
+//! [`crate::store::Due`]), bounded per webhook, wait and tenant. Every replica runs
+//! a [`Deliverer`]: it takes due deliveries under a lease, tenants in turn, POSTs
+//! each to its webhook in the Standard Webhooks format ([`sign`], [`payload`]), and
+//! writes the outcome fenced by its lease. A 2xx is delivered; 410 Gone stops the
+//! webhook; anything else is tried again on [`SCHEDULE`], honouring `Retry-After`,
+//! and after the last attempt the delivery is failed. A replica that dies
+//! mid-attempt loses its lease, and another replica sends the same delivery again
+//! with the same `webhook-id`: at least once.
 //!
 //! Attempts are shared ([`share`]): a tenant has at most its share of them in
 //! flight, and each of its receivers half of that, so a receiver that hangs costs
@@ -305,11 +305,17 @@ impl Running {
         }
     }
 
-    /// The store-wide figure `/metrics` shows: the oldest pending delivery's age.
+    /// The store-wide figures `/metrics` shows: the oldest pending delivery's age,
+    /// and the deliveries each bound dropped.
     async fn read_gauges(&self) {
         if let Ok(oldest) = self.store.oldest_pending_delivery().await {
             let age = oldest.map_or(0, |t| (Utc::now() - t).num_milliseconds().max(0));
             self.metrics.webhook_oldest_pending_ms.store(age, Relaxed);
+        }
+        if let Ok(dropped) = self.store.dropped_deliveries().await {
+            for (gauge, n) in self.metrics.webhook_dropped.iter().zip(dropped) {
+                gauge.store(n, Relaxed);
+            }
         }
     }
 }

@@ -8,6 +8,9 @@
 //! own (owner, `lease_until`, epoch), and write each attempt's outcome fenced by
 //! owner and epoch, as the worker pool does for waits. A claim gives each tenant
 //! its turn (see [`Turns`]).
+//!
+//! The outbox is bounded: the trigger drops pending deliveries beyond the
+//! [`DeliveryLimits`] per webhook, per wait and per tenant.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,7 +22,9 @@ use uuid::Uuid;
 use super::columns::{Json, Time, from_row};
 use super::{Dialect, Store, StoreError, WaitRow};
 use crate::engine::spec::Notify;
-use crate::model::{Attempt, Delivery, DeliveryStatus, Event, EventBody, Wait, webhook_id};
+use crate::model::{
+    Attempt, Delivery, DeliveryStatus, DropReason, Event, EventBody, Wait, webhook_id,
+};
 
 /// The attempts a delivery keeps for `GET /waits/{id}/deliveries` (the count of all
 /// of them is kept apart).
@@ -64,7 +69,7 @@ pub(crate) const DELIVERY_COLUMNS: &str = "d.id AS d_id, d.wait_id AS d_wait_id,
      d.endpoint AS d_endpoint, d.seq AS d_seq, d.kind AS d_kind, d.status AS d_status, \
      d.created_at AS d_created_at, d.next_attempt_at AS d_next_attempt_at, \
      d.finished_at AS d_finished_at, d.tries AS d_tries, d.attempts_total AS d_attempts_total, \
-     d.attempts AS d_attempts, d.epoch AS d_epoch, n.url AS d_url";
+     d.attempts AS d_attempts, d.epoch AS d_epoch, d.drop_reason AS d_drop_reason, n.url AS d_url";
 
 from_row! {
 /// A delivery as both dialects read it back.
@@ -83,6 +88,7 @@ pub(crate) struct DeliveryRow {
     d_attempts_total: i32,
     d_attempts: Json,
     d_epoch: i64,
+    d_drop_reason: Option<String>,
     d_url: String,
 }
 }
@@ -103,6 +109,7 @@ impl DeliveryRow {
             created_at: self.d_created_at.0,
             next_attempt_at: self.d_next_attempt_at.map(|t| t.0),
             finished_at: self.d_finished_at.map(|t| t.0),
+            drop_reason: self.d_drop_reason.as_deref().and_then(DropReason::parse),
             attempts_total: self.d_attempts_total,
             attempts: serde_json::from_value(self.d_attempts.0).unwrap_or_default(),
         })
@@ -177,6 +184,32 @@ pub struct Turns<'a> {
     pub stalled: &'a [(String, String)],
 }
 
+/// The bounds on the outbox. Each replica writes its settings to the store at
+/// start-up ([`Store::set_delivery_limits`]): the outbox trigger, which applies the
+/// caps in the transaction of every event, reads them there, as redeliveries do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeliveryLimits {
+    /// Most pending deliveries of one webhook of a wait.
+    pub per_webhook: u32,
+    /// Most pending deliveries of one wait, over its webhooks.
+    pub per_wait: u32,
+    /// Most pending deliveries of one tenant.
+    pub per_tenant: u32,
+    /// Least time between two redeliveries of one delivery.
+    pub redelivery_interval: Duration,
+}
+
+impl Default for DeliveryLimits {
+    fn default() -> DeliveryLimits {
+        DeliveryLimits {
+            per_webhook: 8,
+            per_wait: 16,
+            per_tenant: 10_000,
+            redelivery_interval: Duration::from_secs(10),
+        }
+    }
+}
+
 /// The answer to a redelivery request.
 #[derive(Debug)]
 pub enum Redeliver {
@@ -184,8 +217,93 @@ pub enum Redeliver {
     Queued(Delivery),
     /// Already pending: nothing changed.
     Pending(Delivery),
+    /// An attempt of it is still in flight (its webhook was stopped meanwhile):
+    /// nothing changed.
+    InFlight(Delivery),
+    /// Queued again less than the redelivery interval ago: nothing changed.
+    TooSoon {
+        delivery: Delivery,
+        /// When it can be queued again, from now.
+        retry_after: Duration,
+        interval: Duration,
+    },
+    /// Its webhook, wait or tenant already has as many pending deliveries as that
+    /// bound allows: nothing changed.
+    Full {
+        delivery: Delivery,
+        bound: DropReason,
+        limit: u32,
+    },
     /// No such delivery of this wait.
     NotFound,
+}
+
+/// What a dialect's redelivery came to, before the delivery is read back.
+pub(crate) enum Requeue {
+    Queued,
+    Pending,
+    InFlight,
+    TooSoon(Duration, Duration),
+    Full(DropReason, u32),
+    NotFound,
+}
+
+/// A delivery as a redelivery finds it, and the bounds.
+pub(crate) struct Found {
+    pub status: String,
+    pub leased: bool,
+    pub redelivered_at: Option<DateTime<Utc>>,
+    pub limits: DeliveryLimits,
+}
+
+impl Found {
+    /// Whether it may be queued again now, before the bounds on pending deliveries
+    /// are counted: not while pending or in flight, and once per interval.
+    pub(crate) fn refusal(&self, now: DateTime<Utc>) -> Option<Requeue> {
+        if self.status == DeliveryStatus::Pending.as_str() {
+            return Some(Requeue::Pending);
+        }
+        if self.leased {
+            return Some(Requeue::InFlight);
+        }
+        let interval = self.limits.redelivery_interval;
+        let next = self.redelivered_at? + chrono::Duration::from_std(interval).ok()?;
+        (next > now).then(|| Requeue::TooSoon((next - now).to_std().unwrap_or_default(), interval))
+    }
+
+    /// The first bound that the pending deliveries of its webhook, wait and tenant
+    /// (counted in that order) already reach.
+    pub(crate) fn full(&self, webhook: i64, wait: i64, tenant: i64) -> Option<Requeue> {
+        let l = self.limits;
+        [
+            (webhook, l.per_webhook, DropReason::WebhookCap),
+            (wait, l.per_wait, DropReason::WaitCap),
+            (tenant, l.per_tenant, DropReason::TenantCap),
+        ]
+        .into_iter()
+        .find(|(n, limit, _)| *n >= i64::from(*limit))
+        .map(|(_, limit, bound)| Requeue::Full(bound, limit))
+    }
+}
+
+/// The row of `delivery_limits`, on both dialects.
+pub(crate) const LIMITS_SQL: &str = "SELECT CAST(per_webhook AS bigint), CAST(per_wait AS bigint), \
+     CAST(per_tenant AS bigint), CAST(redelivery_interval_ms AS bigint) FROM delivery_limits";
+
+pub(crate) type LimitsRow = (i64, i64, i64, i64);
+
+/// The bounds a row of `delivery_limits` holds (none: the defaults).
+pub(crate) fn limits_of(row: Option<LimitsRow>) -> DeliveryLimits {
+    let Some(row) = row else {
+        return DeliveryLimits::default();
+    };
+    let n = |v: i64| u32::try_from(v.max(1)).unwrap_or(u32::MAX);
+    DeliveryLimits {
+        per_webhook: n(row.0),
+        per_wait: n(row.1),
+        per_tenant: n(row.2),
+        redelivery_interval: Duration::from_millis(row.3.max(0) as u64),
+    }
 }
 
 /// The columns of a due row: the delivery's, the secret, the event, the wait.
@@ -299,8 +417,10 @@ impl Store {
             .collect()
     }
 
-    /// Queues a delivered, failed or stopped delivery again, due now, with a fresh
-    /// retry schedule; a stopped webhook is started again.
+    /// Queues a delivered, failed, stopped or dropped delivery again, due now, with
+    /// a fresh retry schedule; a stopped webhook is started again. Not while it is
+    /// pending or in flight, not twice within the redelivery interval, and not when
+    /// its webhook, wait or tenant is at its bound on pending deliveries.
     pub async fn redeliver(
         &self,
         tenant: &str,
@@ -308,18 +428,48 @@ impl Store {
         id: i64,
         now: DateTime<Utc>,
     ) -> Result<Redeliver, StoreError> {
-        let queued = sql!(self.redeliver(tenant, wait_id, id, now))?;
+        let requeue = sql!(self.redeliver(tenant, wait_id, id, now))?;
         let found = sql!(self.deliveries(tenant, wait_id, id - 1, 1))?
             .into_iter()
             .next()
             .filter(|d| d.d_id == id)
             .map(DeliveryRow::into_delivery)
             .transpose()?;
-        Ok(match found {
-            None => Redeliver::NotFound,
-            Some(d) if queued => Redeliver::Queued(d),
-            Some(d) => Redeliver::Pending(d),
+        let Some(delivery) = found else {
+            return Ok(Redeliver::NotFound);
+        };
+        Ok(match requeue {
+            Requeue::Queued => Redeliver::Queued(delivery),
+            Requeue::Pending => Redeliver::Pending(delivery),
+            Requeue::InFlight => Redeliver::InFlight(delivery),
+            Requeue::TooSoon(retry_after, interval) => Redeliver::TooSoon {
+                delivery,
+                retry_after,
+                interval,
+            },
+            Requeue::Full(bound, limit) => Redeliver::Full {
+                delivery,
+                bound,
+                limit,
+            },
+            Requeue::NotFound => Redeliver::NotFound,
         })
+    }
+
+    /// Writes the bounds the outbox trigger and redeliveries apply.
+    pub async fn set_delivery_limits(&self, limits: DeliveryLimits) -> Result<(), StoreError> {
+        sql!(self.set_delivery_limits(limits))
+    }
+
+    /// The bounds in force.
+    pub async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
+        sql!(self.delivery_limits())
+    }
+
+    /// Deliveries dropped by each bound ([`DropReason::ALL`]'s order), over the
+    /// store's life and every replica.
+    pub async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
+        sql!(self.dropped_deliveries())
     }
 
     /// When the oldest pending delivery was created, if any is pending.

@@ -28,6 +28,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0007_claim_at.sql",
     "0008_claim_at_on_insert.sql",
     "0009_delivery_turns.sql",
+    "0010_delivery_bounds.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -36,6 +37,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0003_claims.sql",
     "0004_webhooks.sql",
     "0005_delivery_turns.sql",
+    "0006_delivery_bounds.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

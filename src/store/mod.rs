@@ -611,7 +611,7 @@ macro_rules! sql {
 }
 
 mod deliveries;
-pub use deliveries::{Due, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
+pub use deliveries::{DeliveryLimits, Due, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
 
 /// The store. Cloning is shallow.
 #[derive(Clone, Debug)]

@@ -18,7 +18,10 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use super::deliveries::Outcome;
-use super::deliveries::{DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, Turns, due_columns};
+use super::deliveries::{
+    DELIVERY_COLUMNS, DUE_JOINS, DeliveryLimits, DeliveryRow, DueRow, Found, LIMITS_SQL, LimitsRow,
+    Requeue, Turns, due_columns, limits_of,
+};
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, LIMIT_MARGIN, ListFilter,
     NewWait, ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
@@ -1081,13 +1084,12 @@ impl PgDialect {
         wait_id: Uuid,
         id: i64,
         now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Requeue, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let endpoint: Option<(i32,)> = sqlx::query_as(
-            "UPDATE deliveries SET status = 'pending', next_attempt_at = $4, finished_at = NULL,
-                    tries = 0, owner = NULL, lease_until = NULL
-             WHERE id = $1 AND wait_id = $2 AND tenant = $3 AND status <> 'pending'
-             RETURNING endpoint",
+        // Locked: two redeliveries of one delivery at once are one, then a 409.
+        let row: Option<(String, i32, bool, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT status, endpoint, owner IS NOT NULL AND lease_until >= $4, redelivered_at
+             FROM deliveries WHERE id = $1 AND wait_id = $2 AND tenant = $3 FOR UPDATE",
         )
         .bind(id)
         .bind(wait_id)
@@ -1095,17 +1097,94 @@ impl PgDialect {
         .bind(now)
         .fetch_optional(&mut *tx)
         .await?;
-        if let Some((endpoint,)) = endpoint {
-            sqlx::query(
-                "UPDATE wait_notify SET stopped_at = NULL WHERE wait_id = $1 AND endpoint = $2",
-            )
-            .bind(wait_id)
-            .bind(endpoint)
-            .execute(&mut *tx)
-            .await?;
+        let Some((status, endpoint, leased, redelivered_at)) = row else {
+            return Ok(Requeue::NotFound);
+        };
+        let found = Found {
+            status,
+            leased,
+            redelivered_at,
+            limits: limits_of(
+                sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
+                    .fetch_optional(&mut *tx)
+                    .await?,
+            ),
+        };
+        if let Some(no) = found.refusal(now) {
+            return Ok(no);
         }
+        // The tenant's count stops at its bound: no more need be read to judge it.
+        let (webhook, wait, tenants): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM deliveries
+                     WHERE wait_id = $1 AND endpoint = $2 AND status = 'pending'),
+                    (SELECT count(*) FROM deliveries WHERE wait_id = $1 AND status = 'pending'),
+                    (SELECT count(*) FROM (SELECT 1 FROM deliveries
+                                           WHERE tenant = $3 AND status = 'pending' LIMIT $4) t)",
+        )
+        .bind(wait_id)
+        .bind(endpoint)
+        .bind(tenant)
+        .bind(i64::from(found.limits.per_tenant))
+        .fetch_one(&mut *tx)
+        .await?;
+        if let Some(no) = found.full(webhook, wait, tenants) {
+            return Ok(no);
+        }
+        sqlx::query(
+            "UPDATE deliveries SET status = 'pending', next_attempt_at = $2, finished_at = NULL,
+                    tries = 0, owner = NULL, lease_until = NULL, drop_reason = NULL,
+                    redelivered_at = $2
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE wait_notify SET stopped_at = NULL WHERE wait_id = $1 AND endpoint = $2",
+        )
+        .bind(wait_id)
+        .bind(endpoint)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
-        Ok(endpoint.is_some())
+        Ok(Requeue::Queued)
+    }
+
+    pub(super) async fn set_delivery_limits(&self, l: DeliveryLimits) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO delivery_limits (id, per_webhook, per_wait, per_tenant, redelivery_interval_ms)
+             VALUES (1, $1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET per_webhook = $1, per_wait = $2, per_tenant = $3,
+                                            redelivery_interval_ms = $4",
+        )
+        .bind(l.per_webhook.min(i32::MAX as u32) as i32)
+        .bind(l.per_wait.min(i32::MAX as u32) as i32)
+        .bind(l.per_tenant.min(i32::MAX as u32) as i32)
+        .bind(l.redelivery_interval.as_millis().min(i64::MAX as u128) as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
+        Ok(limits_of(
+            sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
+                .fetch_optional(&self.pool)
+                .await?,
+        ))
+    }
+
+    /// A sequence's count: `last_value` once `nextval` was called, else none yet.
+    pub(super) async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
+        let (a, b, c): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM deliveries_dropped_webhook_cap),
+                    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM deliveries_dropped_wait_cap),
+                    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM deliveries_dropped_tenant_cap)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok([a, b, c])
     }
 
     pub(super) async fn oldest_pending_delivery(

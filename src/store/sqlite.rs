@@ -21,14 +21,15 @@ use sqlx::{ConnectOptions, Connection, Sqlite, Transaction};
 use uuid::Uuid;
 
 use super::deliveries::{
-    DELIVERY_COLUMNS, DUE_JOINS, DeliveryRow, DueRow, Outcome, Turns, due_columns,
+    DELIVERY_COLUMNS, DUE_JOINS, DeliveryLimits, DeliveryRow, DueRow, Found, LIMITS_SQL, LimitsRow,
+    Outcome, Requeue, Turns, due_columns, limits_of,
 };
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, ListFilter, NewWait,
     ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
 };
 use crate::bus::{Bus, BusMsg, Notice};
-use crate::model::{DeliveryStatus, Event, EventBody};
+use crate::model::{DeliveryStatus, DropReason, Event, EventBody};
 
 /// A handle on the embedded database. Cloning is shallow.
 #[derive(Clone, Debug)]
@@ -855,13 +856,11 @@ impl SqliteDialect {
         wait_id: Uuid,
         id: i64,
         now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Requeue, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let endpoint: Option<(i32,)> = sqlx::query_as(
-            "UPDATE deliveries SET status = 'pending', next_attempt_at = ?, finished_at = NULL,
-                    tries = 0, owner = NULL, lease_until = NULL
-             WHERE id = ? AND wait_id = ? AND tenant = ? AND status <> 'pending'
-             RETURNING endpoint",
+        let row: Option<(String, i32, bool, Option<i64>)> = sqlx::query_as(
+            "SELECT status, endpoint, owner IS NOT NULL AND lease_until >= ?, redelivered_at
+             FROM deliveries WHERE id = ? AND wait_id = ? AND tenant = ?",
         )
         .bind(ms(now))
         .bind(id)
@@ -869,17 +868,93 @@ impl SqliteDialect {
         .bind(tenant)
         .fetch_optional(&mut *tx)
         .await?;
-        if let Some((endpoint,)) = endpoint {
-            sqlx::query(
-                "UPDATE wait_notify SET stopped_at = NULL WHERE wait_id = ? AND endpoint = ?",
-            )
+        let Some((status, endpoint, leased, redelivered_at)) = row else {
+            return Ok(Requeue::NotFound);
+        };
+        let found = Found {
+            status,
+            leased,
+            redelivered_at: redelivered_at.map(at),
+            limits: limits_of(
+                sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
+                    .fetch_optional(&mut *tx)
+                    .await?,
+            ),
+        };
+        if let Some(no) = found.refusal(now) {
+            return Ok(no);
+        }
+        let (webhook, wait, tenants): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM deliveries
+                     WHERE wait_id = ?1 AND endpoint = ?2 AND status = 'pending'),
+                    (SELECT count(*) FROM deliveries WHERE wait_id = ?1 AND status = 'pending'),
+                    (SELECT count(*) FROM (SELECT 1 FROM deliveries
+                                           WHERE tenant = ?3 AND status = 'pending' LIMIT ?4))",
+        )
+        .bind(wait_id)
+        .bind(endpoint)
+        .bind(tenant)
+        .bind(i64::from(found.limits.per_tenant))
+        .fetch_one(&mut *tx)
+        .await?;
+        if let Some(no) = found.full(webhook, wait, tenants) {
+            return Ok(no);
+        }
+        sqlx::query(
+            "UPDATE deliveries SET status = 'pending', next_attempt_at = ?1, finished_at = NULL,
+                    tries = 0, owner = NULL, lease_until = NULL, drop_reason = NULL,
+                    redelivered_at = ?1
+             WHERE id = ?2",
+        )
+        .bind(ms(now))
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE wait_notify SET stopped_at = NULL WHERE wait_id = ? AND endpoint = ?")
             .bind(wait_id)
             .bind(endpoint)
             .execute(&mut *tx)
             .await?;
-        }
         tx.commit().await?;
-        Ok(endpoint.is_some())
+        Ok(Requeue::Queued)
+    }
+
+    pub(super) async fn set_delivery_limits(&self, l: DeliveryLimits) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO delivery_limits (id, per_webhook, per_wait, per_tenant, redelivery_interval_ms)
+             VALUES (1, ?1, ?2, ?3, ?4)
+             ON CONFLICT (id) DO UPDATE SET per_webhook = ?1, per_wait = ?2, per_tenant = ?3,
+                                            redelivery_interval_ms = ?4",
+        )
+        .bind(i64::from(l.per_webhook))
+        .bind(i64::from(l.per_wait))
+        .bind(i64::from(l.per_tenant))
+        .bind(l.redelivery_interval.as_millis().min(i64::MAX as u128) as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
+        Ok(limits_of(
+            sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
+                .fetch_optional(&self.pool)
+                .await?,
+        ))
+    }
+
+    pub(super) async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT reason, dropped FROM deliveries_dropped")
+                .fetch_all(&self.pool)
+                .await?;
+        let mut out = [0; 3];
+        for (reason, n) in rows {
+            if let Some(i) = DropReason::ALL.iter().position(|r| r.as_str() == reason) {
+                out[i] = n;
+            }
+        }
+        Ok(out)
     }
 
     pub(super) async fn oldest_pending_delivery(
