@@ -22,6 +22,10 @@ mod support;
 use support::replica::Replica;
 use support::{App, TempDir, TestDb};
 
+// (13), the noisy neighbour: a phase of its own, in a file of its own.
+#[path = "load/noisy.rs"]
+mod noisy;
+
 /// The allocator the waitd binary ships with, so that the in-process phases measure
 /// what runs (the limit loop gets it too).
 #[global_allocator]
@@ -38,8 +42,11 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover, fanout, cel, webhooks, scale.
+    /// takeover, fanout, cel, webhooks, scale, noisy.
     only: Vec<String>,
+    /// The noisy-neighbour phase's store: Postgres (like every other phase), or a
+    /// SQLite file.
+    noisy_sqlite: bool,
     /// Waits and their poll interval in the scale phase.
     scale_waits: usize,
     scale_interval: Duration,
@@ -71,6 +78,7 @@ fn args() -> Args {
         scale_measure: None,
         scale_interval: Duration::from_secs(60),
         scale_replicas: 1,
+        noisy_sqlite: false,
         smoke: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -100,6 +108,13 @@ fn args() -> Args {
             "--scale-measure" => {
                 a.scale_measure =
                     Some(waitd::engine::duration::parse(&v).expect("--scale-measure DURATION"))
+            }
+            "--noisy-store" => {
+                a.noisy_sqlite = match v.as_str() {
+                    "postgres" => false,
+                    "sqlite" => true,
+                    _ => panic!("--noisy-store takes postgres or sqlite, not {v}"),
+                }
             }
             "--only" => {
                 a.only = v.split(',').map(str::to_string).collect();
@@ -134,9 +149,9 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 11] = [
+const PHASES: [&str; 12] = [
     "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel", "webhooks",
-    "scale",
+    "scale", "noisy",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -678,6 +693,8 @@ struct Run {
     hooks: Hooks,
     /// (12) many waits on one replica.
     scale: Option<Scale>,
+    /// (13) one tenant's figures, alone and while another attacks.
+    noisy: noisy::Noisy,
 }
 
 /// (12) The scale phase's figures.
@@ -804,6 +821,7 @@ async fn one_run(a: &Args) -> Run {
         cel_micro: (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
         hooks: Hooks::NONE,
         scale: None,
+        noisy: noisy::Noisy::NONE,
     };
     if a.runs("cel") {
         run.cel_micro = cel_micro();
@@ -946,6 +964,14 @@ async fn one_run(a: &Args) -> Run {
     }
     if a.runs("scale") {
         run.scale = Some(scale(a).await);
+    }
+    if a.runs("noisy") {
+        run.noisy = noisy::run(&noisy::Config {
+            window: Duration::from_secs(a.seconds * 2),
+            drain: Duration::from_secs(if a.smoke { 6 } else { 15 }),
+            sqlite: a.noisy_sqlite,
+        })
+        .await;
     }
     run
 }
@@ -2103,6 +2129,10 @@ fn main() {
             let (waitd_cpu, pg_cpu) = (m(&|r| r.fanout.cpu_per_delivery), m(&|r| r.fanout.pg_cpu_per_event));
             println!("| 9 | {} followers of /events, {:.0} events/s each: CPU per event per follower, waitd + Postgres | {:.1} µs + {:.1} µs (Postgres {:.0} µs per event, once for all) | ≪ 110 µs |", a.followers, m(&|r| r.fanout.events_per_s), waitd_cpu, pg_cpu / a.followers as f64, pg_cpu);
             println!("| 9b | create latency p50 / p99: alone, then while {} more followers connect and replay at once (all open after {:.1} s) | {:.1} / {:.1} ms, then {:.1} / {:.1} ms | |", a.followers, m(&|r| r.fanout.storm_open), m(&|r| r.fanout.create_p50), m(&|r| r.fanout.create_p99), m(&|r| r.fanout.storm_p50), m(&|r| r.fanout.storm_p99));
+        }
+        if a.runs("noisy") {
+            let runs: Vec<&noisy::Noisy> = runs.iter().map(|r| &r.noisy).collect();
+            print!("{}", noisy::table(&runs, Duration::from_secs(a.seconds * 2), a.noisy_sqlite));
         }
     });
 }
