@@ -44,9 +44,6 @@ struct Args {
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
     /// takeover, fanout, cel, webhooks, scale, noisy.
     only: Vec<String>,
-    /// The noisy-neighbour phase's store: Postgres (like every other phase), or a
-    /// SQLite file.
-    noisy_sqlite: bool,
     /// Waits and their poll interval in the scale phase.
     scale_waits: usize,
     scale_interval: Duration,
@@ -55,6 +52,11 @@ struct Args {
     /// How long the scale phase measures (one interval unless given): ten lease
     /// TTLs or more (300 s) take in a round of the checkpoints of unchanged polls.
     scale_measure: Option<Duration>,
+    /// The noisy-neighbour phase's store: Postgres (like every other phase), or a
+    /// SQLite file.
+    noisy_sqlite: bool,
+    /// What tenant A sends in the noisy-neighbour phase (all of it by default).
+    noisy_inputs: Vec<String>,
     smoke: bool,
 }
 
@@ -79,6 +81,7 @@ fn args() -> Args {
         scale_interval: Duration::from_secs(60),
         scale_replicas: 1,
         noisy_sqlite: false,
+        noisy_inputs: noisy::INPUTS.map(String::from).to_vec(),
         smoke: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -114,6 +117,16 @@ fn args() -> Args {
                     "postgres" => false,
                     "sqlite" => true,
                     _ => panic!("--noisy-store takes postgres or sqlite, not {v}"),
+                }
+            }
+            "--noisy-inputs" => {
+                a.noisy_inputs = v.split(',').map(str::to_string).collect();
+                for i in &a.noisy_inputs {
+                    assert!(
+                        noisy::INPUTS.contains(&i.as_str()),
+                        "--noisy-inputs takes inputs from {:?}, not {i}",
+                        noisy::INPUTS
+                    );
                 }
             }
             "--only" => {
@@ -970,6 +983,7 @@ async fn one_run(a: &Args) -> Run {
             window: Duration::from_secs(a.seconds * 2),
             drain: Duration::from_secs(if a.smoke { 6 } else { 15 }),
             sqlite: a.noisy_sqlite,
+            inputs: a.noisy_inputs.clone(),
         })
         .await;
     }
@@ -2132,7 +2146,7 @@ fn main() {
         }
         if a.runs("noisy") {
             let runs: Vec<&noisy::Noisy> = runs.iter().map(|r| &r.noisy).collect();
-            print!("{}", noisy::table(&runs, Duration::from_secs(a.seconds * 2), a.noisy_sqlite));
+            print!("{}", noisy::table(&runs, Duration::from_secs(a.seconds * 2), a.noisy_sqlite, &a.noisy_inputs));
         }
     });
 }

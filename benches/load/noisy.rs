@@ -60,7 +60,13 @@ pub struct Config {
     /// last deadlines.
     pub drain: Duration,
     pub sqlite: bool,
+    /// What tenant A sends, some of [`INPUTS`] (all of them for the figure; fewer
+    /// to tell which one costs B what).
+    pub inputs: Vec<String>,
 }
+
+/// Tenant A's hostile inputs.
+pub const INPUTS: [&str; 7] = ["C1", "C2", "H1", "H2", "M1", "M2", "M4"];
 
 /// B's figures over one window: p50 / p99 in ms, and counts.
 #[derive(Clone, Copy)]
@@ -170,7 +176,7 @@ async fn b_upstream(seen: Arc<Seen>) -> String {
 }
 
 /// The webhook receiver both tenants send to, one host and port: B's healthy path,
-/// H2's that never answers, M1's that fails, and M4's that answers.
+/// H2's that never answers and M1's that fails.
 async fn receiver(seen: Arc<Seen>) -> String {
     let app = axum::Router::new()
         .route(
@@ -203,15 +209,12 @@ async fn receiver(seen: Arc<Seen>) -> String {
         .route(
             "/fail/{k}",
             axum::routing::post(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
-        )
-        .route(
-            "/a-ok",
-            axum::routing::post(|| async { StatusCode::NO_CONTENT }),
         );
     serve(app).await
 }
 
-/// A's targets, on a host and port of their own, and on a thread of their own: the
+/// A's targets and the receiver of M4's webhook, on a host and port of their own
+/// (so that H2 does not hold M4's redeliveries up), and on a thread of their own: the
 /// 100 KB bodies it serves H1 do not delay B's upstream and receiver in the
 /// benchmark's runtime, whose timestamps are the figures.
 fn a_upstream() -> String {
@@ -230,6 +233,10 @@ fn a_upstream() -> String {
         }
     };
     let app = axum::Router::new()
+        .route(
+            "/a-ok",
+            axum::routing::post(|| async { StatusCode::NO_CONTENT }),
+        )
         .route("/same", axum::routing::get(json_of(same)))
         .route("/many", axum::routing::get(json_of(many)))
         .route(
@@ -422,6 +429,7 @@ impl Outcomes {
                     .map(|(st, n)| match **st {
                         0 => format!("{n} no answer"),
                         1 => format!("{n} closed by waitd"),
+                        2 => format!("{n} held open to the end"),
                         _ => format!("{n}×{st}"),
                     })
                     .collect();
@@ -452,13 +460,14 @@ fn nested_length() -> String {
     format!("$[?{e}>0]")
 }
 
-/// Tenant A: every hostile input at once until `until`; the ids of its H1 waits.
+/// Tenant A: the hostile `inputs` at once until `until`; the ids of its H1 waits.
 async fn attack(
     base: String,
     up: String,
     hooks: String,
     until: Instant,
     out: Arc<Outcomes>,
+    inputs: Vec<String>,
 ) -> Vec<String> {
     let c = support::client_builder()
         .timeout(A_TIMEOUT)
@@ -586,12 +595,16 @@ async fn attack(
                         loop {
                             match tokio::time::timeout_at(until.into(), s.read(&mut buf)).await {
                                 Ok(Ok(0)) | Ok(Err(_)) => {
-                                    // Closed by waitd: "status" 1, with how long it stayed open.
+                                    // Closed by waitd: "status" 1 (2: held to the
+                                    // end), with how long it stayed open.
                                     out.add("M2", 1, t.elapsed().as_secs_f64() * 1e3);
                                     break;
                                 }
                                 Ok(Ok(_)) => continue,
-                                Err(_) => break,
+                                Err(_) => {
+                                    out.add("M2", 2, t.elapsed().as_secs_f64() * 1e3);
+                                    break;
+                                }
                             }
                         }
                     }
@@ -603,7 +616,7 @@ async fn attack(
     // M4: redelivery of one of A's delivered webhooks, again and again.
     let m4 = {
         let spec = json!({"target": {"url": format!("{up}/on")}, "state": "/data/attributes/status",
-            "want": ["on"], "notify": [{"url": format!("{hooks}/a-ok"), "secret": SECRET}]});
+            "want": ["on"], "notify": [{"url": format!("{up}/a-ok"), "secret": SECRET}]});
         let (c, out) = (c.clone(), out.clone());
         async move {
             let (_, w) = a_send(&out, "M4", c.post(&url).json(&spec)).await;
@@ -634,7 +647,24 @@ async fn attack(
             .await
         }
     };
-    tokio::join!(c1, c2, h1, h2, m1, m2, m4);
+    let on = |input: &str| inputs.iter().any(|i| i == input);
+    let only = |input: &str, f: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+        let on = on(input);
+        async move {
+            if on {
+                f.await
+            }
+        }
+    };
+    tokio::join!(
+        only("C1", Box::pin(c1)),
+        only("C2", Box::pin(c2)),
+        only("H1", Box::pin(h1)),
+        only("H2", Box::pin(h2)),
+        only("M1", Box::pin(m1)),
+        only("M2", Box::pin(m2)),
+        only("M4", Box::pin(m4)),
+    );
     h1_ids.lock().unwrap().clone()
 }
 
@@ -784,6 +814,7 @@ pub async fn run(cfg: &Config) -> Noisy {
         hooks.clone(),
         b_until,
         out.clone(),
+        cfg.inputs.clone(),
     ));
     let (creates, reads, ids) = b.await.unwrap();
     let (t2, cpu2) = (Utc::now(), super::process_cpu(&pid));
@@ -915,7 +946,7 @@ type Row = (&'static str, &'static str, fn(&Window) -> [f64; 2]);
 
 /// The phase's rows of the table: medians of the runs, and the ratio of B's p99
 /// under attack to its p99 alone (of the medians; the runs' own, median).
-pub fn table(runs: &[&Noisy], window: Duration, sqlite: bool) -> String {
+pub fn table(runs: &[&Noisy], window: Duration, sqlite: bool, inputs: &[String]) -> String {
     use std::fmt::Write;
     let m = |f: &dyn Fn(&Noisy) -> f64| super::median(runs.iter().map(|r| f(r)).collect());
     let store = if sqlite { "SQLite" } else { "Postgres" };
@@ -923,7 +954,7 @@ pub fn table(runs: &[&Noisy], window: Duration, sqlite: bool) -> String {
     let rows: [Row; 4] = [
         (
             "13",
-            "tenant B's create latency, p50 / p99: alone → while tenant A sends C1, C2, H1, H2, M1, M2 and M4 at once",
+            "tenant B's create latency, p50 / p99: alone → while tenant A sends {inputs} at once",
             |w| w.create,
         ),
         ("13b", "B's read latency (`GET /waits/{id}`)", |w| w.read),
@@ -942,6 +973,7 @@ pub fn table(runs: &[&Noisy], window: Duration, sqlite: bool) -> String {
         let (a50, a99) = (m(&|r| get(&r.alone)[0]), m(&|r| get(&r.alone)[1]));
         let (b50, b99) = (m(&|r| get(&r.attacked)[0]), m(&|r| get(&r.attacked)[1]));
         let own = m(&|r| get(&r.attacked)[1] / get(&r.alone)[1]);
+        let what = what.replace("{inputs}", &inputs.join(", "));
         let setting = if i == 0 {
             format!(
                 " (one waitd, {store}, {} s each, medians of {})",
