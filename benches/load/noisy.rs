@@ -17,10 +17,9 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::support::replica::{Replica, free_port, replica_args};
+use crate::support::replica::{Replica, free_port, peak_rss_kib, replica_args};
 use crate::support::{self, TempDir, TestDb};
 
 const TOKEN_A: &str = "noisy-tenant-a-0123456789";
@@ -590,23 +589,15 @@ async fn attack(
                             tokio::time::sleep(Duration::from_millis(100)).await;
                             continue;
                         };
-                        let mut buf = [0u8; 256];
-                        // Held until waitd closes it, or the attack ends.
-                        loop {
-                            match tokio::time::timeout_at(until.into(), s.read(&mut buf)).await {
-                                Ok(Ok(0)) | Ok(Err(_)) => {
-                                    // Closed by waitd: "status" 1 (2: held to the
-                                    // end), with how long it stayed open.
-                                    out.add("M2", 1, t.elapsed().as_secs_f64() * 1e3);
-                                    break;
-                                }
-                                Ok(Ok(_)) => continue,
-                                Err(_) => {
-                                    out.add("M2", 2, t.elapsed().as_secs_f64() * 1e3);
-                                    break;
-                                }
-                            }
-                        }
+                        // Held until waitd closes it ("status" 1), or to the
+                        // attack's end (2), with how long it stayed open.
+                        let left = until.saturating_duration_since(Instant::now());
+                        let closed = support::closes_within(&mut s, left).await;
+                        out.add(
+                            "M2",
+                            if closed { 1 } else { 2 },
+                            t.elapsed().as_secs_f64() * 1e3,
+                        );
                     }
                 });
             }
@@ -670,12 +661,7 @@ async fn attack(
 
 /// Peak resident memory of a process so far, MiB.
 fn peak_rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kib| kib / 1024.0)
+    peak_rss_kib(pid) as f64 / 1024.0
 }
 
 fn p50_p99(v: Vec<f64>) -> [f64; 2] {
