@@ -459,7 +459,8 @@ fn nested_length() -> String {
     format!("$[?{e}>0]")
 }
 
-/// Tenant A: the hostile `inputs` at once until `until`; the ids of its H1 waits.
+/// Tenant A: the hostile `inputs` at once until `until`; its H1 waits (which
+/// body, and the id).
 async fn attack(
     base: String,
     up: String,
@@ -467,7 +468,7 @@ async fn attack(
     until: Instant,
     out: Arc<Outcomes>,
     inputs: Vec<String>,
-) -> Vec<String> {
+) -> Vec<(&'static str, String)> {
     let c = support::client_builder()
         .timeout(A_TIMEOUT)
         .build()
@@ -505,7 +506,7 @@ async fn attack(
         }
     };
     // H1: a heavy pattern from the body over 3,000 items, and 3,000 distinct ones.
-    let h1_ids: Arc<Mutex<Vec<String>>> = Arc::default();
+    let h1_ids: Arc<Mutex<Vec<(&'static str, String)>>> = Arc::default();
     let h1 = {
         let (c, url, out, ids, up) = (
             c.clone(),
@@ -532,7 +533,7 @@ async fn attack(
                         });
                         let (_, body) = a_send(&out, "H1", c.post(&url).json(&spec)).await;
                         if let Some(id) = body["id"].as_str() {
-                            ids.lock().unwrap().push(id.to_string());
+                            ids.lock().unwrap().push((path, id.to_string()));
                         }
                     }
                 }
@@ -838,7 +839,9 @@ pub async fn run(cfg: &Config) -> Noisy {
             .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
             .map(|t| t.with_timezone(&Utc))
     };
-    for id in &h1_ids {
+    // Per body and end: how long the waits lived (ms), and one reason.
+    let mut lives: HashMap<(&str, String), (Vec<f64>, String)> = HashMap::new();
+    for (body, id) in &h1_ids {
         let w = loop {
             let (status, w, _) =
                 send(c.get(format!("{}/waits/{id}", r.base)).bearer_auth(TOKEN_A)).await;
@@ -851,12 +854,32 @@ pub async fn run(cfg: &Config) -> Noisy {
             continue;
         };
         let finished = at(&w, "finished_at").unwrap_or(now);
+        if let Some(created) = at(&w, "created_at") {
+            let e = lives
+                .entry((body, w["status"].as_str().unwrap_or("?").to_string()))
+                .or_default();
+            e.0.push((finished - created).num_milliseconds() as f64);
+            e.1 = w["reason"]
+                .as_str()
+                .unwrap_or("")
+                .chars()
+                .take(160)
+                .collect();
+        }
         let past = (finished - deadline).num_milliseconds() as f64 / 1e3;
         overrun = overrun.max(past);
         read += 1;
         if past > 1.0 {
             late += 1;
         }
+    }
+    for ((body, status), (v, reason)) in lives {
+        eprintln!(
+            "noisy phase: A's H1 waits on /{body}: {} {status}, {:.0} / {:.0} ms after their create (p50 / max): {reason}",
+            v.len(),
+            super::percentile(v.clone(), 0.5),
+            super::percentile(v, 1.0)
+        );
     }
 
     let alive = r.running() && r.panics().is_empty();
