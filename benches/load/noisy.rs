@@ -439,8 +439,9 @@ impl Outcomes {
     }
 }
 
-/// A's requests: one answer, after waiting out a 429 (A's loops stay under its rate,
-/// so this is a safeguard, counted).
+/// A's requests: one answer, counted, and a pause of 500 ms after a 429. A's loops
+/// stay under its token's rate, so a 429 comes from elsewhere (M4's redelivery
+/// interval); the pause keeps such a loop from spinning on refusals.
 async fn a_send(out: &Outcomes, input: &'static str, req: reqwest::RequestBuilder) -> (u16, Value) {
     let (status, body, ms) = send(req.bearer_auth(TOKEN_A)).await;
     out.add(input, status, ms);
