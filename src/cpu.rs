@@ -13,6 +13,11 @@
 //! - **Fair.** Jobs queue per tenant, and the threads take the tenants in turn, one
 //!   job each: a tenant with a thousand jobs queued delays another tenant's next
 //!   job by at most one job per thread.
+//! - **Two lanes.** Parsing a request (bounded by its length: milliseconds) is a
+//!   [`Lane::Quick`] job; reading an answer (bounded by its budget, which can be a
+//!   second) a [`Lane::Long`] one. Quick jobs go first, and long ones run on at
+//!   most all threads but one, so a create, or a stored expression decoded at a
+//!   claim, never waits behind evaluations.
 //! - **Deep.** Its threads have [`STACK`] bytes of stack, sized for the recursion
 //!   of the CEL parser on the longest expression waitd accepts (measured in
 //!   `tests/conditions_props.rs`); everything after the parse is bounded by the
@@ -58,11 +63,58 @@ struct Shared {
     pending: AtomicUsize,
 }
 
-#[derive(Default)]
+/// What kind of work a job is, which decides where it queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// Bounded by the length of a request: parsing at creation, decoding at a claim.
+    Quick,
+    /// Bounded by an evaluation budget: reading a target's answer.
+    Long,
+}
+
 struct Queues {
+    quick: Turns,
+    long: Turns,
+    /// Long jobs running now, and the most that may run at once.
+    long_running: usize,
+    long_max: usize,
+}
+
+/// Jobs by tenant, and the tenants in the order of their next turn.
+#[derive(Default)]
+struct Turns {
     by_tenant: HashMap<Arc<str>, VecDeque<Job>>,
-    /// Tenants with jobs queued, in the order they get their next turn.
     turns: VecDeque<Arc<str>>,
+}
+
+impl Turns {
+    fn push(&mut self, tenant: &str, job: Job) {
+        match self.by_tenant.get_mut(tenant) {
+            Some(jobs) => jobs.push_back(job),
+            None => {
+                let key: Arc<str> = Arc::from(tenant);
+                self.by_tenant.insert(key.clone(), VecDeque::from([job]));
+                self.turns.push_back(key);
+            }
+        }
+    }
+
+    /// The first job of the tenant whose turn it is; that tenant goes to the back
+    /// of the line if it has more.
+    fn pop(&mut self) -> Option<Job> {
+        let tenant = self.turns.pop_front()?;
+        let jobs = self
+            .by_tenant
+            .get_mut(&tenant)
+            .expect("a tenant in line has a queue");
+        let job = jobs.pop_front().expect("a tenant in line has a job");
+        if jobs.is_empty() {
+            self.by_tenant.remove(&tenant);
+        } else {
+            self.turns.push_back(tenant);
+        }
+        Some(job)
+    }
 }
 
 thread_local! {
@@ -96,7 +148,12 @@ pub fn on_pool_thread() -> bool {
 impl Pool {
     fn start(threads: usize) -> Pool {
         let shared = Arc::new(Shared {
-            queues: Mutex::default(),
+            queues: Mutex::new(Queues {
+                quick: Turns::default(),
+                long: Turns::default(),
+                long_running: 0,
+                long_max: threads.saturating_sub(1).max(1),
+            }),
             ready: Condvar::new(),
             pending: AtomicUsize::new(0),
         });
@@ -108,9 +165,14 @@ impl Pool {
                 .spawn(move || {
                     ON_POOL.with(|p| p.set(true));
                     loop {
-                        let job = shared.next();
+                        let (lane, job) = shared.next();
                         job();
                         shared.pending.fetch_sub(1, Relaxed);
+                        if lane == Lane::Long {
+                            shared.lock().long_running -= 1;
+                            // A long job may now start on another thread.
+                            shared.ready.notify_one();
+                        }
                     }
                 })
                 .expect("the CPU pool's threads start");
@@ -128,15 +190,17 @@ impl Pool {
         self.shared.pending.load(Relaxed)
     }
 
-    /// Runs `f` on the pool in `tenant`'s turn and returns what it returned. If the
-    /// returned future is dropped before the job starts, the job never runs.
-    pub async fn run<T, F>(&self, tenant: &str, f: F) -> Result<T, Lost>
+    /// Runs `f` on the pool in `tenant`'s turn of `lane` and returns what it
+    /// returned. If the returned future is dropped before the job starts, the job
+    /// never runs.
+    pub async fn run<T, F>(&self, lane: Lane, tenant: &str, f: F) -> Result<T, Lost>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.push(
+            lane,
             tenant,
             Box::new(move || {
                 if tx.is_closed() {
@@ -161,6 +225,7 @@ impl Pool {
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.push(
+            Lane::Quick,
             SYSTEM,
             Box::new(move || {
                 let _ = tx.send(catch_unwind(AssertUnwindSafe(f)).map_err(|_| Lost));
@@ -169,19 +234,17 @@ impl Pool {
         rx.recv().unwrap_or(Err(Lost))
     }
 
-    fn push(&self, tenant: &str, job: Job) {
+    fn push(&self, lane: Lane, tenant: &str, job: Job) {
         self.shared.pending.fetch_add(1, Relaxed);
         let mut q = self.shared.lock();
-        match q.by_tenant.get_mut(tenant) {
-            Some(jobs) => jobs.push_back(job),
-            None => {
-                let key: Arc<str> = Arc::from(tenant);
-                q.by_tenant.insert(key.clone(), VecDeque::from([job]));
-                q.turns.push_back(key);
-            }
+        match lane {
+            Lane::Quick => q.quick.push(tenant, job),
+            Lane::Long => q.long.push(tenant, job),
         }
         drop(q);
-        self.shared.ready.notify_one();
+        // Every thread may be waiting for a different reason (a long job cannot
+        // start while the long lane is full, a quick one can): wake them all.
+        self.shared.ready.notify_all();
     }
 }
 
@@ -190,23 +253,19 @@ impl Shared {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next job: the first job of the tenant whose turn it is; that tenant goes
-    /// to the back of the line if it has more.
-    fn next(&self) -> Job {
+    /// The next job: a quick one if any is queued, else a long one if fewer than
+    /// the most long jobs are running; in either lane, the tenants in turn.
+    fn next(&self) -> (Lane, Job) {
         let mut q = self.lock();
         loop {
-            if let Some(tenant) = q.turns.pop_front() {
-                let jobs = q
-                    .by_tenant
-                    .get_mut(&tenant)
-                    .expect("a tenant in line has a queue");
-                let job = jobs.pop_front().expect("a tenant in line has a job");
-                if jobs.is_empty() {
-                    q.by_tenant.remove(&tenant);
-                } else {
-                    q.turns.push_back(tenant);
-                }
-                return job;
+            if let Some(job) = q.quick.pop() {
+                return (Lane::Quick, job);
+            }
+            if q.long_running < q.long_max
+                && let Some(job) = q.long.pop()
+            {
+                q.long_running += 1;
+                return (Lane::Long, job);
             }
             q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
         }
@@ -223,6 +282,7 @@ mod tests {
     fn hold(pool: &Pool) -> mpsc::Sender<()> {
         let (tx, rx) = mpsc::channel::<()>();
         pool.push(
+            Lane::Long,
             "a",
             Box::new(move || {
                 let _ = rx.recv();
@@ -238,11 +298,19 @@ mod tests {
         let (order_tx, order_rx) = mpsc::channel();
         for i in 0..50 {
             let tx = order_tx.clone();
-            pool.push("a", Box::new(move || tx.send(format!("a{i}")).unwrap()));
+            pool.push(
+                Lane::Long,
+                "a",
+                Box::new(move || tx.send(format!("a{i}")).unwrap()),
+            );
         }
         for i in 0..2 {
             let tx = order_tx.clone();
-            pool.push("b", Box::new(move || tx.send(format!("b{i}")).unwrap()));
+            pool.push(
+                Lane::Long,
+                "b",
+                Box::new(move || tx.send(format!("b{i}")).unwrap()),
+            );
         }
         hold_tx.send(()).unwrap();
         let order: Vec<String> = (0..52).map(|_| order_rx.recv().unwrap()).collect();
@@ -257,9 +325,9 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let lost: Result<(), Lost> = rt.block_on(pool.run("a", || panic!("boom")));
+        let lost: Result<(), Lost> = rt.block_on(pool.run(Lane::Long, "a", || panic!("boom")));
         assert_eq!(lost, Err(Lost));
-        assert_eq!(rt.block_on(pool.run("a", || 7)), Ok(7));
+        assert_eq!(rt.block_on(pool.run(Lane::Long, "a", || 7)), Ok(7));
         assert_eq!(pool.run_blocking(|| 8), Ok(8));
     }
 
@@ -276,15 +344,30 @@ mod tests {
         let cut = rt.block_on(async {
             tokio::time::timeout(
                 std::time::Duration::from_millis(10),
-                pool.run("a", move || r.fetch_add(1, Relaxed)),
+                pool.run(Lane::Long, "a", move || r.fetch_add(1, Relaxed)),
             )
             .await
         });
         assert!(cut.is_err());
         hold_tx.send(()).unwrap();
-        // A job queued after it runs only once the dropped one has been passed over.
-        assert_eq!(pool.run_blocking(|| 1), Ok(1));
+        // A job of the same tenant and lane queued after it runs only once the
+        // dropped one has been passed over.
+        assert_eq!(rt.block_on(pool.run(Lane::Long, "a", || 1)), Ok(1));
         assert_eq!(ran.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn quick_jobs_never_wait_behind_long_ones() {
+        // Two threads: long jobs may take one of them.
+        let pool = Pool::start(2);
+        let hold_tx = hold(&pool);
+        let (long_tx, long_rx) = mpsc::channel();
+        pool.push(Lane::Long, "b", Box::new(move || long_tx.send(()).unwrap()));
+        // The long lane is full: the second long job waits, a quick one does not.
+        assert_eq!(pool.run_blocking(|| 2), Ok(2));
+        assert!(long_rx.try_recv().is_err(), "a second long job ran");
+        hold_tx.send(()).unwrap();
+        long_rx.recv().unwrap();
     }
 
     #[test]

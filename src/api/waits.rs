@@ -224,7 +224,7 @@ pub async fn create_wait(
     // done on the CPU pool, in the tenant's turn.
     let (presets, limits) = (s.presets.clone(), s.limits.clone());
     let (body, spec) = crate::cpu::pool()
-        .run(&tenant, move || {
+        .run(crate::cpu::Lane::Quick, &tenant, move || {
             let spec = super::presets::expand(&presets, &body).and_then(|request| {
                 Spec::from_request(&request, &limits).map_err(ApiError::validation)
             });

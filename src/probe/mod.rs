@@ -537,7 +537,9 @@ impl Prober {
         let (obs, read_memo) = if heavy {
             let spec = spec.clone();
             match crate::cpu::pool()
-                .run(&target.tenant, move || answer.read(&spec))
+                .run(crate::cpu::Lane::Long, &target.tenant, move || {
+                    answer.read(&spec)
+                })
                 .await
             {
                 Ok(read) => read,
