@@ -898,9 +898,21 @@ fn matches_charged<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, 
             vec!["a string".into(), "a string pattern".into()],
         ));
     };
-    let found = super::pattern::lookup(p.inner());
-    charge(super::pattern::lookup_units(p.inner(), &found))?;
-    match found.pattern {
+    let p = p.inner();
+    charge(super::pattern::read_units(p))?;
+    let found = match super::pattern::cached(p) {
+        Some(found) => found,
+        None => {
+            // A compile starts only when the budget can pay for the worst of it.
+            if LEFT.with(Cell::get) < super::pattern::worst_compile_units(p) {
+                charge(u64::MAX)?;
+            }
+            let (found, units) = super::pattern::compile_cached(p);
+            charge(units)?;
+            found
+        }
+    };
+    match found {
         Ok(compiled) => {
             charge(compiled.search_units(s.inner().len()))?;
             let hit = compiled.is_match(s.inner());

@@ -1252,11 +1252,22 @@ impl<'a> Eval<'a, '_> {
                 } else {
                     format!("(?R)({r})")
                 };
-                let found = super::pattern::lookup(&pattern);
-                self.budget
-                    .nodes(1 + super::pattern::lookup_units(&pattern, &found) / 10)?;
+                use super::pattern;
+                self.budget.nodes(1 + pattern::read_units(&pattern) / 10)?;
+                let found = match pattern::cached(&pattern) {
+                    Some(found) => found,
+                    None => {
+                        // A compile starts only when the budget can pay its worst.
+                        if self.budget.nodes < 1 + pattern::worst_compile_units(&pattern) / 10 {
+                            return Err(Exceeded::Nodes);
+                        }
+                        let (found, units) = pattern::compile_cached(&pattern);
+                        self.budget.nodes(1 + units / 10)?;
+                        found
+                    }
+                };
                 // An invalid pattern matches nothing (RFC 9535 §2.4.6).
-                let Ok(compiled) = found.pattern else {
+                let Ok(compiled) = found else {
                     return Ok(Out::Logical(false));
                 };
                 self.budget.nodes(1 + compiled.search_units(s.len()) / 10)?;

@@ -15,7 +15,10 @@
 //! - **Price.** A compile costs [`Compiled::compile_units`] (its text, and the size
 //!   of what it built), a search costs the haystack's length times a factor that
 //!   grows with the automaton's size (a search's worst case is the product of the
-//!   two). Callers charge both to their budget before or as the work is done.
+//!   two). Callers charge both to their budget, and start a compile only while
+//!   the budget left could pay for the largest ([`worst_compile_units`]). That
+//!   holds an evaluation's budget of 1,000,000 units to about a tenth of a second
+//!   of a core however its patterns are chosen.
 //!
 //! Pure: no I/O, no clock.
 
@@ -31,6 +34,9 @@ pub const MAX_PROGRAM: usize = 256 * 1024;
 pub const CACHE: usize = 512;
 /// Units a byte of a pattern's text costs to compile (see [`Compiled::compile_units`]).
 const TEXT_UNITS_PER_BYTE: u64 = 16;
+/// Units a byte of automaton costs to build: the largest compile costs about
+/// 790,000 of a budget of 1,000,000 units.
+const COMPILE_UNITS_PER_BYTE: u64 = 3;
 /// Bytes of automaton that add one to a search's price per 16 bytes of haystack.
 const PROGRAM_BYTES_PER_FACTOR: u64 = 16 * 1024;
 
@@ -44,7 +50,8 @@ pub struct Compiled {
 
 impl Compiled {
     /// What compiling it cost, in budget units: a thousand, 16 a byte of its text,
-    /// and one per 4 bytes of the automaton built.
+    /// and 3 a byte of the automaton built (building one costs up to about 300 ns a
+    /// byte, and a unit is priced at about 100 ns: see the module's text).
     pub fn compile_units(&self) -> u64 {
         self.compile_units
     }
@@ -71,44 +78,44 @@ type Entry = Result<Arc<Compiled>, Refused>;
 
 static CACHED: LazyLock<Mutex<HashMap<Box<str>, Entry>>> = LazyLock::new(Mutex::default);
 
-/// What a lookup found, and whether it was compiled just now (and so costs its
-/// compile units) or found compiled.
-pub struct Lookup {
-    pub pattern: Entry,
-    pub fresh: bool,
+/// `pattern` as compiled before (or refused before), if it still is in the cache.
+/// Reading its text costs [`read_units`].
+pub fn cached(pattern: &str) -> Option<Entry> {
+    CACHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(pattern)
+        .cloned()
 }
 
-/// `pattern`, compiled or from the cache.
-pub fn lookup(pattern: &str) -> Lookup {
-    let lock = || CACHED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(found) = lock().get(pattern) {
-        return Lookup {
-            pattern: found.clone(),
-            fresh: false,
-        };
-    }
+/// What reading a pattern's text costs, compiled or not.
+pub fn read_units(pattern: &str) -> u64 {
+    1 + pattern.len() as u64 / 16
+}
+
+/// The most a compile of `pattern` can cost: a caller starts one only when its
+/// budget can pay this, so that a spent budget never pays for a compile after the
+/// fact.
+pub fn worst_compile_units(pattern: &str) -> u64 {
+    1_000 + pattern.len() as u64 * TEXT_UNITS_PER_BYTE + MAX_PROGRAM as u64 * COMPILE_UNITS_PER_BYTE
+}
+
+/// Compiles `pattern` into the cache: the compiled pattern or its refusal, and
+/// what the compile cost (at most [`worst_compile_units`]).
+pub fn compile_cached(pattern: &str) -> (Entry, u64) {
     let compiled = compile(pattern);
-    let mut cache = lock();
+    let units = match &compiled {
+        Ok(c) => c.compile_units(),
+        Err(r) => r.units,
+    };
+    let mut cache = CACHED.lock().unwrap_or_else(|p| p.into_inner());
     // Bounded by construction: a full cache starts again, which costs the patterns
     // still in use one compile each, charged to whoever uses them next.
     if cache.len() >= CACHE {
         cache.clear();
     }
     cache.insert(pattern.into(), compiled.clone());
-    Lookup {
-        pattern: compiled,
-        fresh: true,
-    }
-}
-
-/// The units of a lookup: its compile when fresh (or the refusal's), else what
-/// reading its text costs.
-pub fn lookup_units(pattern: &str, found: &Lookup) -> u64 {
-    match (&found.pattern, found.fresh) {
-        (Ok(c), true) => c.compile_units(),
-        (Err(r), true) => r.units,
-        (_, false) => 1 + pattern.len() as u64 / 16,
-    }
+    (compiled, units)
 }
 
 fn compile(pattern: &str) -> Entry {
@@ -129,15 +136,15 @@ fn compile(pattern: &str) -> Entry {
             let size = regex.memory_usage() as u64;
             Ok(Arc::new(Compiled {
                 regex,
-                compile_units: text_units + size / 4,
+                compile_units: text_units + size * COMPILE_UNITS_PER_BYTE,
                 search_factor: 1 + size / PROGRAM_BYTES_PER_FACTOR,
             }))
         }
         Err(e) => Err(Refused {
             message: describe(pattern, &e).into(),
             // What it built before it gave up is bounded by the size limit; a
-            // refusal is priced as the largest compile, so a budget pays for few.
-            units: text_units + MAX_PROGRAM as u64 / 4,
+            // refusal is priced as the largest compile.
+            units: text_units + MAX_PROGRAM as u64 * COMPILE_UNITS_PER_BYTE,
         }),
     }
 }
