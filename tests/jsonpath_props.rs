@@ -68,9 +68,13 @@ fn comparable() -> impl Strategy<Value = String> {
 }
 
 /// `<=` and `>=` are left out: the crate answers `Nothing <= Nothing` false, where
-/// RFC 9535 (Table 11) says true, as ours does (see the unit tests).
+/// RFC 9535 (Table 11) says true, as ours does (see the unit tests). `>` is left
+/// out too: the crate reads `a > b` as "same type, neither less nor equal", so it
+/// answers `true > false` (and any two unequal arrays, objects) true, where RFC 9535
+/// orders only numbers and strings. Both sides come from the same set, so `<`
+/// alone covers ordering in both directions.
 fn op() -> impl Strategy<Value = &'static str> {
-    prop_oneof![Just("=="), Just("!="), Just("<"), Just(">")]
+    prop_oneof![Just("=="), Just("!="), Just("<")]
 }
 
 fn basic() -> impl Strategy<Value = String> {
@@ -175,13 +179,18 @@ fn document() -> impl Strategy<Value = Value> {
 }
 
 /// Queries on which the two differ on purpose: more descendant segments than ours
-/// allows, and blanks before a descendant segment (RFC 9535 allows them, as
-/// `segments = *(S segment)`; the crate refuses them).
+/// allows, blanks before a descendant segment (RFC 9535 allows them, as
+/// `segments = *(S segment)`; the crate refuses them), and a `>` whose right side is
+/// not a number (a mutation can make one; `op` says why the crate differs there).
 fn known_difference(q: &str) -> bool {
     q.matches("..").count() > MAX_DESCENDANTS
         || [" ..", "\t..", "\n..", "\r.."]
             .iter()
             .any(|b| q.contains(b))
+        || q.match_indices('>').any(|(i, _)| {
+            let rest = q[i + 1..].trim_start_matches(['=', ' ']);
+            !rest.starts_with(|c: char| c.is_ascii_digit() || c == '-')
+        })
 }
 
 fn check(q: &str, doc: &Value) -> Result<(), TestCaseError> {
