@@ -1,9 +1,10 @@
 //! The `waitd` command: `serve` (the default), `migrate`, `openapi`, `healthcheck`,
-//! and the client: `create`, `get`, `list`, `cancel`, `follow`.
+//! the client (`create`, `get`, `list`, `cancel`, `follow`) and `wait`, which runs
+//! one wait in this process.
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use waitd::Config;
 use waitd::config::LogFormat;
@@ -21,6 +22,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "An HTTP service that waits for things so that you don't have to."
 )]
 struct Cli {
+    /// The waitd server the client commands and `healthcheck` talk to (the API
+    /// token comes from WAITD_TOKEN); before or after the command.
+    #[arg(long, global = true, env = "WAITD_URL", default_value = waitd::client::DEFAULT_SERVER)]
+    server: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,24 +42,62 @@ enum Command {
     /// Print the OpenAPI document.
     Openapi,
     /// Exit 0 when a waitd answers /healthz (for container health checks).
-    Healthcheck {
-        #[arg(long, env = "WAITD_URL", default_value = "http://127.0.0.1:8080")]
-        server: String,
-    },
+    Healthcheck,
     #[command(flatten)]
     Client(Box<waitd::client::Command>),
 }
 
-fn main() -> ExitCode {
-    // `waitd` alone, or `waitd --flag …`, means `waitd serve …`.
+/// The arguments, with `serve` put first when they name no command: `waitd`
+/// alone, or `waitd --flag …`, means `waitd serve …`, while `waitd --server URL
+/// get ID` is the client's `get`.
+fn arguments() -> Vec<std::ffi::OsString> {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let commands: Vec<String> = Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let names_a_command = args
+        .iter()
+        .skip(1)
+        .any(|a| a.to_str().is_some_and(|a| commands.iter().any(|c| c == a)));
     let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
     if args.len() == 1
-        || (first.starts_with('-') && !matches!(first, "-h" | "--help" | "-V" | "--version"))
+        || (first.starts_with('-')
+            && !matches!(first, "-h" | "--help" | "-V" | "--version")
+            && !names_a_command)
     {
         args.insert(1, "serve".into());
     }
-    let cli = match Cli::try_parse_from(&args) {
+    args
+}
+
+/// The command line, parsed; `--server` given to a command that does not use it
+/// is a usage mistake rather than a setting silently ignored.
+fn parse() -> Result<Cli, clap::Error> {
+    let mut command = Cli::command();
+    let matches = command.try_get_matches_from_mut(arguments())?;
+    let cli = Cli::from_arg_matches(&matches)?;
+    let explicit = matches
+        .subcommand()
+        .and_then(|(_, m)| m.value_source("server"))
+        .or_else(|| matches.value_source("server"))
+        == Some(clap::parser::ValueSource::CommandLine);
+    if explicit
+        && matches!(
+            cli.command,
+            Command::Serve(_) | Command::Migrate { .. } | Command::Openapi
+        )
+    {
+        return Err(command.error(
+            clap::error::ErrorKind::ArgumentConflict,
+            "--server names the server the client commands talk to; `waitd serve` listens on --listen",
+        ));
+    }
+    Ok(cli)
+}
+
+fn main() -> ExitCode {
+    let cli = match parse() {
         Ok(c) => c,
         // Usage mistakes exit 5, whatever the command: the client's exit codes 1–4
         // tell how a wait ended (2 is "timed out"), so clap's own 2 would lie.
@@ -73,7 +116,7 @@ fn main() -> ExitCode {
         }
     };
     let command = match cli.command {
-        Command::Client(c) => return runtime.block_on(waitd::client::run(*c)),
+        Command::Client(c) => return runtime.block_on(waitd::client::run(*c, &cli.server)),
         other => other,
     };
     let result = runtime.block_on(async {
@@ -100,7 +143,7 @@ fn main() -> ExitCode {
                 print!("{}", waitd::api::openapi::document());
                 Ok(())
             }
-            Command::Healthcheck { server } => healthcheck(&server).await,
+            Command::Healthcheck => healthcheck(&cli.server).await,
             Command::Client(_) => unreachable!("client commands returned above"),
         }
     });

@@ -110,6 +110,27 @@ impl From<engine::End> for Status {
     }
 }
 
+/// An engine event as the API records it.
+impl From<&engine::Event> for EventBody {
+    fn from(e: &engine::Event) -> EventBody {
+        match e {
+            engine::Event::State { from, to } => EventBody::State {
+                from: from.clone(),
+                to: to.clone(),
+            },
+            engine::Event::Retry {
+                error,
+                attempt,
+                delay,
+            } => EventBody::Retry {
+                error: error.clone(),
+                attempt: *attempt,
+                delay: engine::duration::format(*delay),
+            },
+        }
+    }
+}
+
 /// A wait as clients see it (`GET /waits/{id}`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Wait {

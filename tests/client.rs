@@ -17,13 +17,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_waitd");
 
 /// What a finished client run printed, and how it exited.
 #[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
-fn command(server: &str, args: &[&str]) -> Command {
+pub(crate) fn command(server: &str, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(args)
         .env("WAITD_URL", server)
@@ -33,11 +33,11 @@ fn command(server: &str, args: &[&str]) -> Command {
 }
 
 /// Runs the client to its end (off the async runtime, which serves the app).
-async fn waitd(server: &str, args: &[&str]) -> Run {
+pub(crate) async fn waitd(server: &str, args: &[&str]) -> Run {
     waitd_env(server, args, &[]).await
 }
 
-async fn waitd_env(server: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+pub(crate) async fn waitd_env(server: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = command(server, args);
     for (k, v) in env {
         c.env(k, v);
@@ -53,14 +53,14 @@ async fn waitd_env(server: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
 }
 
 /// A client process whose output lines are collected as they come.
-struct Live {
+pub(crate) struct Live {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
     stderr: Arc<Mutex<String>>,
 }
 
 impl Live {
-    fn spawn(server: &str, args: &[&str]) -> Live {
+    pub(crate) fn spawn(server: &str, args: &[&str]) -> Live {
         let mut child = command(server, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -91,11 +91,11 @@ impl Live {
         }
     }
 
-    fn lines(&self) -> Vec<String> {
+    pub(crate) fn lines(&self) -> Vec<String> {
         self.lines.lock().unwrap().clone()
     }
 
-    async fn wait_for_lines(&self, n: usize) {
+    pub(crate) async fn wait_for_lines(&self, n: usize) {
         let ok = eventually(Duration::from_secs(15), || async {
             self.lines().len() >= n
         })
@@ -108,7 +108,7 @@ impl Live {
         );
     }
 
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
             .status()
@@ -118,7 +118,7 @@ impl Live {
     }
 
     /// Waits for the process to exit; returns its code, stdout lines and stderr.
-    async fn finish(mut self) -> (i32, Vec<String>, String) {
+    pub(crate) async fn finish(mut self) -> (i32, Vec<String>, String) {
         let started = Instant::now();
         let code = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -146,7 +146,7 @@ impl Drop for Live {
 }
 
 /// A JSON file with fast timings, to lay over a preset.
-fn fast_spec_file(extra: Value) -> std::path::PathBuf {
+pub(crate) fn fast_spec_file(extra: Value) -> std::path::PathBuf {
     let mut spec = json!({
         "poll": {"initial": "5ms", "max": "20ms", "jitter": 0},
         "retry": {"delay": "5ms", "max_delay": "20ms"}
@@ -161,16 +161,16 @@ fn fast_spec_file(extra: Value) -> std::path::PathBuf {
     path
 }
 
-fn status(s: &str) -> Reply {
+pub(crate) fn status(s: &str) -> Reply {
     Reply::status(s)
 }
 
 /// The event kind of a `follow` line (`HH:MM:SS <kind>…`).
-fn kind_of(line: &str) -> &str {
+pub(crate) fn kind_of(line: &str) -> &str {
     line.split(' ').nth(1).unwrap_or("").trim_end_matches(':')
 }
 
-fn is_uuid(s: &str) -> bool {
+pub(crate) fn is_uuid(s: &str) -> bool {
     uuid::Uuid::parse_str(s).is_ok()
 }
 
@@ -821,5 +821,57 @@ async fn create_takes_webhooks_from_flags_with_the_secret_from_a_file_and_never_
     // --notify without the secret file is a usage error.
     let run = waitd(&app.base, &["create", "--url", &ok, "--notify", &a]).await;
     assert_eq!(run.code, 5, "{run:?}");
+    finish(app, db).await;
+}
+
+#[tokio::test]
+async fn server_goes_before_or_after_the_command_and_cancel_takes_several_ids() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let url = up.script("/servers/m", vec![status("deploying")]);
+    let app = App::start(&db).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (_, w) = app.create(spec(&url)).await;
+        ids.push(w["id"].as_str().unwrap().to_string());
+    }
+    let (a, b) = (ids[0].as_str(), ids[1].as_str());
+    // WAITD_URL names a server that is not there: only --server can reach it.
+    let nowhere = "http://127.0.0.1:1";
+    let run = waitd(nowhere, &["--server", &app.base, "get", a]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.starts_with(&format!("{a} running")), "{run:?}");
+    let run = waitd(nowhere, &["get", a, "--server", &app.base]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+
+    let run = waitd(&app.base, &["cancel", a, b]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let canceled: Vec<&str> = run
+        .stdout
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(canceled, [a, b], "{run:?}");
+    for id in [a, b] {
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["status"], "canceled", "{w}");
+    }
+
+    // A typo among the ids cancels nothing.
+    let (_, w) = app.create(spec(&url)).await;
+    let c = w["id"].as_str().unwrap();
+    let run = waitd(&app.base, &["cancel", c, "not-an-id"]).await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(
+        run.stderr.contains("\"not-an-id\" is not a wait id"),
+        "{run:?}"
+    );
+    let (_, w) = app.get(&format!("/waits/{c}")).await;
+    assert_eq!(w["status"], "running", "{w}");
+
+    // --server means nothing to serve: a usage mistake, not ignored.
+    let run = waitd(&app.base, &["serve", "--server", &app.base]).await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(run.stderr.contains("--listen"), "{run:?}");
     finish(app, db).await;
 }

@@ -14,6 +14,7 @@ mod api_smoke;
 mod api_sqlite;
 mod api_waits;
 mod client;
+mod client_wait;
 mod conditions;
 mod conditions_props;
 mod connections;

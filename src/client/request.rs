@@ -1,0 +1,255 @@
+//! The client's arguments, and the request they make: a spec file, a preset or a
+//! URL, with flags laid over it. `create` and `wait` share [`SpecArgs`], so the
+//! same flags describe a wait whether it runs on a server or in this process.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::{Map, Value, json};
+
+use super::Problem;
+
+/// What to wait for: the flags `create` and `wait` share.
+#[derive(Args, Debug)]
+pub struct SpecArgs {
+    /// Start from this preset (`GET /presets` on a server lists them).
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
+    /// A preset parameter, NAME=VALUE; repeat for several.
+    #[arg(long = "param", value_name = "NAME=VALUE")]
+    pub params: Vec<String>,
+    /// A JSON file with the request (with --preset: fields that override the
+    /// preset's); `-` reads standard input.
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+    /// The URL to poll (target.url).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// The JSON Pointer or JSONPath of the state in the target's answer, e.g.
+    /// /data/attributes/status (used with --want and --fail).
+    #[arg(long, value_name = "PATH")]
+    pub state: Option<String>,
+    /// A state that means done; repeat for several.
+    #[arg(long = "want", value_name = "STATE")]
+    pub want: Vec<String>,
+    /// A state that means it failed; repeat for several.
+    #[arg(long = "fail", value_name = "STATE")]
+    pub fail: Vec<String>,
+    /// A CEL expression over body, status, headers and state: the wait succeeds
+    /// when it is true, e.g. 'body.status.readyReplicas >= body.spec.replicas'.
+    #[arg(long, value_name = "EXPR")]
+    pub success_condition: Option<String>,
+    /// A CEL expression: the wait fails as soon as it is true, e.g. 'status == 403'.
+    #[arg(long, value_name = "EXPR")]
+    pub failure_condition: Option<String>,
+    /// A label, KEY=VALUE; repeat for several.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// The wait's timeout (its deadline is now plus this), e.g. 30m; 10m when
+    /// neither this nor the request says.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// A webhook to POST to when the wait ends (signed, Standard Webhooks); repeat
+    /// for several. Needs --notify-secret-file.
+    #[arg(long = "notify", value_name = "URL", requires = "notify_secret_file")]
+    pub notify: Vec<String>,
+    /// A file holding the webhooks' signing secret (whsec_…, one line), so that it
+    /// never shows in a process list or a shell history.
+    #[arg(long, value_name = "FILE", requires = "notify")]
+    pub notify_secret_file: Option<PathBuf>,
+    /// Follow the wait to its end, printing one line per event; the exit code tells
+    /// how it ended.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: cancel the wait on the server when interrupted.
+    #[arg(long, requires = "wait")]
+    pub cancel_on_interrupt: bool,
+    /// Make a retried create return the first wait (the Idempotency-Key header).
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    /// Print the wait as JSON (with --wait: the ended wait; progress goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct OneArgs {
+    /// The wait's id.
+    pub id: String,
+    /// Print the wait as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct IdsArgs {
+    /// The waits' ids.
+    #[arg(required = true, value_name = "ID")]
+    pub ids: Vec<String>,
+    /// Print each wait as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only waits with this status: running, succeeded, failed, timed_out, canceled,
+    /// error.
+    #[arg(long, value_name = "STATUS")]
+    pub status: Option<String>,
+    /// Only waits with this label, KEY=VALUE; repeat for several (all must match).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// At most this many waits (1 to 500).
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Print the waits as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct FollowArgs {
+    /// The wait's id.
+    pub id: String,
+    /// Cancel the wait on the server when interrupted.
+    #[arg(long)]
+    pub cancel_on_interrupt: bool,
+    /// Print each event as one line of JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub(super) fn check_id(id: &str) -> Result<(), Problem> {
+    uuid::Uuid::parse_str(id).map(|_| ()).map_err(|_| {
+        Problem(format!(
+            "\"{id}\" is not a wait id; wait ids are UUIDs such as 0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21"
+        ))
+    })
+}
+
+pub(super) fn split_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str), Problem> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| Problem(format!("{flag} takes NAME=VALUE, not \"{s}\"")))
+}
+
+/// The object at `key` of `req`, taken out to be added to (empty if absent).
+fn take_object(req: &mut Map<String, Value>, key: &str) -> Map<String, Value> {
+    match req.remove(key) {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// `NAME=VALUE` flags added to the object at `key`.
+fn add_pairs(
+    req: &mut Map<String, Value>,
+    key: &str,
+    flag: &str,
+    pairs: &[String],
+) -> Result<(), Problem> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let mut obj = take_object(req, key);
+    for p in pairs {
+        let (k, v) = split_pair(flag, p)?;
+        obj.insert(k.into(), json!(v));
+    }
+    req.insert(key.into(), Value::Object(obj));
+    Ok(())
+}
+
+/// The request the flags describe: the spec file (if any), then the flags over it.
+pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem> {
+    let mut req = match &a.spec {
+        None => Map::new(),
+        Some(path) => {
+            let text = if path.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .map_err(|e| format!("cannot read the request from standard input: {e}"))?
+            } else {
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            };
+            match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Object(m)) => m,
+                Ok(_) => return Err(format!("{} is not a JSON object", path.display()).into()),
+                Err(e) => return Err(format!("{} is not valid JSON: {e}", path.display()).into()),
+            }
+        }
+    };
+    if a.spec.is_none() && a.preset.is_none() && a.url.is_none() {
+        return Err(
+            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, or --url URL with --state PATH --want STATE or --success-condition EXPR"
+                .into(),
+        );
+    }
+    if let Some(url) = &a.url {
+        let mut target = take_object(&mut req, "target");
+        target.insert("url".into(), json!(url));
+        req.insert("target".into(), Value::Object(target));
+    }
+    for (key, value) in [
+        ("state", &a.state),
+        ("success_condition", &a.success_condition),
+        ("failure_condition", &a.failure_condition),
+        ("preset", &a.preset),
+    ] {
+        if let Some(v) = value {
+            req.insert(key.into(), json!(v));
+        }
+    }
+    for (key, values) in [("want", &a.want), ("fail", &a.fail)] {
+        if !values.is_empty() {
+            req.insert(key.into(), json!(values));
+        }
+    }
+    add_pairs(&mut req, "params", "--param", &a.params)?;
+    add_pairs(&mut req, "labels", "--label", &a.labels)?;
+    if let Some(t) = &a.timeout {
+        crate::engine::duration::parse(t).map_err(|e| format!("--timeout {e}"))?;
+        req.insert("timeout".into(), json!(t));
+    }
+    Ok(req)
+}
+
+/// The request `create` sends: [`build_request`], and the webhooks of `--notify`
+/// with the secret from `--notify-secret-file`.
+pub(super) fn create_request(a: &CreateArgs) -> Result<Value, Problem> {
+    let mut req = build_request(&a.spec)?;
+    if let Some(path) = &a.notify_secret_file {
+        let secret = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "cannot read the --notify-secret-file {}: {e}",
+                path.display()
+            )
+        })?;
+        let secret = secret.trim();
+        if crate::engine::spec::secret_key(secret).is_none() {
+            // Never print the secret itself.
+            return Err(format!(
+                "{} does not hold a webhook secret: write whsec_ followed by base64, e.g. `echo whsec_$(openssl rand -base64 32) > {}`",
+                path.display(),
+                path.display()
+            )
+            .into());
+        }
+        let mut notify = match req.remove("notify") {
+            Some(Value::Array(v)) => v,
+            _ => Vec::new(),
+        };
+        for url in &a.notify {
+            notify.push(json!({"url": url, "secret": secret}));
+        }
+        req.insert("notify".into(), Value::Array(notify));
+    }
+    Ok(Value::Object(req))
+}
