@@ -15,6 +15,43 @@ use uuid::Uuid;
 
 use crate::engine;
 
+/// Every timestamp waitd writes, in a response, an event or a webhook, has
+/// millisecond precision: a wait reads the same from the answer to its create as
+/// from any later read, whichever store keeps it (Postgres keeps microseconds,
+/// the clock gives nanoseconds).
+mod millis {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        DateTime::<Utc>::deserialize(d)
+    }
+
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(
+            t: &Option<DateTime<Utc>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match t {
+                Some(t) => super::serialize(t, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<DateTime<Utc>>, D::Error> {
+            Option::<DateTime<Utc>>::deserialize(d)
+        }
+    }
+}
+
 /// How a wait stands. Every status but `running` is an end, and an end is final.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -147,10 +184,15 @@ pub struct Wait {
     pub last_error: Option<String>,
     pub polls: i32,
     pub retries: i32,
+    #[serde(with = "millis")]
     pub created_at: DateTime<Utc>,
+    #[serde(with = "millis")]
     pub updated_at: DateTime<Utc>,
+    #[serde(with = "millis")]
     pub deadline: DateTime<Utc>,
+    #[serde(default, with = "millis::option")]
     pub next_poll_at: Option<DateTime<Utc>>,
+    #[serde(default, with = "millis::option")]
     pub finished_at: Option<DateTime<Utc>>,
     #[schema(value_type = crate::engine::schema::Labels)]
     pub labels: BTreeMap<String, String>,
@@ -190,6 +232,7 @@ pub struct Event {
     /// Position in this wait's history, from 1.
     pub seq: i32,
     pub wait_id: Uuid,
+    #[serde(with = "millis")]
     pub at: DateTime<Utc>,
     /// The kind, and the kind's own fields, flattened into the event object.
     #[serde(flatten)]
@@ -213,6 +256,7 @@ pub enum EventBody {
     /// The wait was created.
     Created {
         /// When it times out.
+        #[serde(with = "millis")]
         deadline: DateTime<Utc>,
     },
     /// The observed state changed.
@@ -495,6 +539,7 @@ impl DropReason {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Attempt {
     /// When it was sent.
+    #[serde(with = "millis")]
     pub at: DateTime<Utc>,
     /// The receiver's HTTP status, when it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -521,10 +566,13 @@ pub struct Delivery {
     pub seq: i32,
     pub kind: String,
     pub status: DeliveryStatus,
+    #[serde(with = "millis")]
     pub created_at: DateTime<Utc>,
     /// When the next attempt is due (pending only).
+    #[serde(default, with = "millis::option")]
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// When it was delivered, failed, stopped or dropped.
+    #[serde(default, with = "millis::option")]
     pub finished_at: Option<DateTime<Utc>>,
     /// When dropped: the bound that dropped it.
     pub drop_reason: Option<DropReason>,

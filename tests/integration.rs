@@ -29,5 +29,6 @@ mod presets;
 mod probe;
 mod security;
 mod store_conformance;
+mod timestamps;
 mod webhook_store;
 mod webhooks;
