@@ -138,11 +138,8 @@ impl App {
         }
         let tokens = load_tokens(&config)?;
         let cors_origins = parse_origins(&config.cors_origins)?;
-        if tokens.is_empty() {
-            if !addr.ip().is_loopback() && !config.allow_anonymous {
-                return Err(StartError::Anonymous(addr));
-            }
-            tracing::warn!(%addr, "no API tokens configured: serving anonymously");
+        if tokens.is_empty() && !addr.ip().is_loopback() && !config.allow_anonymous {
+            return Err(StartError::Anonymous(addr));
         }
         let limits = engine::Limits {
             min_poll_interval: config.min_poll_interval,
@@ -152,7 +149,7 @@ impl App {
         let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
         let guard = probe::guard::Guard::new(&config.allow_targets)?;
         let bus = bus::Bus::new();
-        let store = open_store(&config, bus.clone()).await?;
+        let (store, sealed) = open_store(&config, bus.clone()).await?;
         let prober = probe::Prober::new(probe::ProbeConfig {
             timeout: config.probe_timeout,
             max_body: config.max_body,
@@ -162,6 +159,18 @@ impl App {
             identity: config.probe_identity.clone(),
         })?;
 
+        let fd_limit = server::raise_fd_limit();
+        let connections = server::Limits::new(&config, fd_limit);
+        let max_connections = connections.max_connections;
+        // The summary comes first, so the first line says what this replica runs
+        // with; what deserves a second look follows it.
+        log_start(&config, &store, addr, &tokens, max_connections, fd_limit);
+        if tokens.is_empty() {
+            tracing::warn!(%addr, "no API tokens configured: serving anonymously");
+        }
+        if !sealed {
+            tracing::info!("no WAITD_SECRET_KEY: target header values are stored unencrypted");
+        }
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -195,10 +204,6 @@ impl App {
                 let _ = deliverer.await;
             })
         });
-        let fd_limit = server::raise_fd_limit();
-        let connections = server::Limits::new(&config, fd_limit);
-        let max_connections = connections.max_connections;
-        log_start(&config, &store, addr, &tokens, max_connections, fd_limit);
         let state = api::AppState {
             store: store.clone(),
             bus,
@@ -253,8 +258,9 @@ impl App {
 }
 
 /// The store `config` names (no URL: the embedded SQLite file in the working
-/// directory), checked and migrated, with its cipher.
-async fn open_store(config: &Config, bus: bus::Bus) -> Result<store::Store, StartError> {
+/// directory), checked and migrated, with its cipher; and whether that cipher
+/// seals header values.
+async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, bool), StartError> {
     let url = config
         .database_url
         .clone()
@@ -263,9 +269,7 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<store::Store, Star
         config.secret_key.as_deref(),
         config.secret_key_previous.as_deref(),
     )?;
-    if !cipher.is_enabled() {
-        tracing::info!("no WAITD_SECRET_KEY: target header values are stored unencrypted");
-    }
+    let sealed = cipher.is_enabled();
     let store = store::Store::open(&url, config.db_connections, bus)?.with_cipher(cipher);
     if let Some(pg) = store.postgres()
         && let Some(why) = pg.diagnose().await
@@ -282,7 +286,7 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<store::Store, Star
             redelivery_interval: config.webhook_redelivery_interval,
         })
         .await?;
-    Ok(store)
+    Ok((store, sealed))
 }
 
 fn worker_for(
