@@ -27,6 +27,7 @@ mod jsonpath_props;
 mod openapi;
 mod presets;
 mod probe;
+mod readme;
 mod security;
 mod store_conformance;
 mod timestamps;
