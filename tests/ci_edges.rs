@@ -31,10 +31,12 @@ async fn curl(args: Vec<String>) -> (i32, String, Duration) {
     .unwrap()
 }
 
-/// The README's resilient one-liner, against `base`, with a fast retry delay.
+/// The documented resilient one-liner (docs/api.md), against `base`, with a fast
+/// retry delay.
 fn one_liner(base: &str, key: &str, spec: &Value) -> Vec<String> {
     [
-        "-fsS",
+        "--fail-with-body",
+        "-sS",
         "--retry",
         "30",
         "--retry-delay",
@@ -51,6 +53,14 @@ fn one_liner(base: &str, key: &str, spec: &Value) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// The JSON values curl printed, one after another.
+fn json_values(out: &str) -> Vec<Value> {
+    serde_json::Deserializer::from_str(out)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("curl printed something that is not JSON ({e}): {out}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,8 +90,14 @@ async fn a_blocked_curl_with_retry_rides_a_rolling_restart_and_exits_by_how_the_
         .expect("curl ends")
         .unwrap();
     assert_eq!(code, 0, "curl: {out}\n{}", a.log_tail(20));
-    let w: Value = serde_json::from_str(&out).unwrap();
+    // --fail-with-body prints every answer's body, the 503s it retried included:
+    // the last is the wait.
+    let bodies = json_values(&out);
+    let (w, retried) = bodies.split_last().expect("curl printed the wait");
     assert_eq!(w["status"], "succeeded", "{w}");
+    for r in retried {
+        assert_eq!(r["status"], 503, "only 503s are retried: {out}");
+    }
     // The retried POST blocked on the same wait rather than creating another.
     let list = send(client().get(a.url("/waits"))).await;
     assert_eq!(
@@ -103,9 +119,12 @@ async fn a_blocked_curl_with_retry_rides_a_rolling_restart_and_exits_by_how_the_
         ("timed_out", short, "timed_out"),
     ] {
         let (code, out, took) = curl(one_liner(&b.base, &format!("bad-{name}"), &s)).await;
-        assert_eq!(code, 22, "{name}: curl -f fails: {out}");
+        assert_eq!(code, 22, "{name}: curl --fail-with-body fails: {out}");
         assert!(took < Duration::from_secs(3), "{name}: curl took {took:?}");
-        // With -f curl prints nothing of the body; the wait tells how it ended.
+        // The body is the wait, so the job's log says how and why it ended.
+        let w: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(w["status"], status, "{name}: {w}");
+        assert!(w["reason"].is_string(), "{name}: {w}");
         let list = send(client().get(b.url(&format!("/waits?status={status}")))).await;
         assert_eq!(
             list.body["items"].as_array().unwrap().len(),
