@@ -13,6 +13,9 @@
 
 mod support;
 
+#[path = "dashboard/forms.rs"]
+mod forms;
+
 use std::os::unix::process::CommandExt;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;

@@ -180,6 +180,14 @@ export const api = {
   globalEvents({ after, labels } = {}, opts = {}) {
     return request('GET', '/events', { ...opts, query: { after, label: labels || [] } });
   },
+  /** GET /waits/{id}/deliveries — {items: [Delivery]}, in event order. */
+  deliveries(id, opts = {}) {
+    return request('GET', `/waits/${encodeURIComponent(id)}/deliveries`, opts);
+  },
+  /** POST /waits/{id}/deliveries/{delivery}/retry — 202 with the delivery, queued again. */
+  redeliver(id, delivery, opts = {}) {
+    return request('POST', `/waits/${encodeURIComponent(id)}/deliveries/${encodeURIComponent(delivery)}/retry`, opts);
+  },
   /** GET /presets — {items: [{name, description, params: {name: Param}}]}. */
   presets(opts = {}) {
     return request('GET', '/presets', opts);

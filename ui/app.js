@@ -30,7 +30,8 @@ import {
 } from './api.js';
 import { EventStream, backoffDelay } from './sse.js';
 import { WaitList } from './list.js';
-import { DetailPanel, CreatePanel } from './panels.js';
+import { DetailPanel } from './panels.js';
+import { CreatePanel } from './create.js';
 
 const PAGE = 500;
 const REFRESH_MS = 10000;
@@ -369,6 +370,17 @@ function applyFilters(e) {
   if (e) e.preventDefault();
   const errorEl = $('filter-error');
   errorEl.textContent = '';
+  // A full id opens that wait, whether or not the list has it loaded.
+  const id = $('id-filter').value.trim();
+  $('id-filter').classList.remove('invalid');
+  if (id) {
+    if (!isUuid(id)) {
+      errorEl.textContent = 'Id: write a wait’s full id, a UUID such as 0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21.';
+      $('id-filter').classList.add('invalid');
+      return;
+    }
+    location.hash = `#/waits/${id.toLowerCase()}`;
+  }
   let labels;
   try {
     labels = parseLabelList($('label-filter').value).map(([k, v]) => `${k}:${v}`);
@@ -384,6 +396,7 @@ function applyFilters(e) {
 
 function clearFilters() {
   $('status-filter').value = '';
+  $('id-filter').value = '';
   $('label-filter').value = '';
   applyFilters();
 }

@@ -207,12 +207,25 @@ export function prettyJson(v) {
 }
 
 /**
- * A short form of a wait id for the list: its last group. Wait ids are UUIDv7, whose
- * leading digits are a timestamp (alike for waits created together) and whose last 12
- * hex digits are random. The full id shows on hover and in the detail.
+ * A short form of a wait id for the list: its head, as the CLI prints the id first.
+ * Wait ids are UUIDv7: the first 12 hex digits are the creation's millisecond and
+ * the next three (after the version digit) random, so the first three groups tell
+ * apart waits created together. The full id shows on hover and in the detail.
  */
 export function shortId(id) {
-  return isUuid(id) ? `…${id.slice(-12)}` : String(id);
+  return isUuid(id) ? `${id.slice(0, 18)}…` : String(id);
+}
+
+/** A wait's target as the list shows it: the URL without its scheme or query. */
+export function targetText(w) {
+  const url = w && w.spec && w.spec.target && w.spec.target.url;
+  if (typeof url !== 'string') return '';
+  try {
+    const u = new URL(url);
+    return `${u.host}${u.pathname}`;
+  } catch {
+    return url;
+  }
 }
 
 /** Labels {k: v} as "k:v, k2:v2" (for titles). */

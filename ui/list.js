@@ -10,7 +10,7 @@
 // per batch of events, which compacts the order array once and re-renders the window.
 
 import {
-  el, clear, statusBadge, setBadge, shortId, waitHref, fmtAge, fmtLeft, fmtDateTime,
+  el, clear, statusBadge, setBadge, shortId, targetText, waitHref, fmtAge, fmtLeft, fmtDateTime,
   fmtNumber, fmtCoarse, labelsText, TIME_ZONE, ms,
 } from './common.js';
 
@@ -255,6 +255,7 @@ export class WaitList {
       { class: 'row', data: { testid: 'wait-row' }, attrs: { role: 'row', tabindex: '0' } },
       (c.status = el('div', { class: 'cell c-status', attrs: { role: 'cell' } }, (c.badge = statusBadge('running')))),
       (c.idCell = el('div', { class: 'cell c-id mono', attrs: { role: 'cell' } }, (c.link = el('a', { class: 'id-link' })))),
+      (c.target = el('div', { class: 'cell c-target mono', data: { testid: 'wait-target' }, attrs: { role: 'cell' } })),
       (c.state = el('div', { class: 'cell c-state mono', data: { testid: 'wait-state' }, attrs: { role: 'cell' } })),
       (c.labels = el('div', { class: 'cell c-labels', data: { testid: 'wait-labels' }, attrs: { role: 'cell' } })),
       (c.age = el('div', { class: 'cell c-age num', attrs: { role: 'cell' } })),
@@ -278,6 +279,8 @@ export class WaitList {
       else c.link.removeAttribute('href');
       c.link.textContent = shortId(w.id);
       c.link.title = w.id;
+      c.target.textContent = targetText(w);
+      c.target.title = (w.spec && w.spec.target && w.spec.target.url) || '';
       this.fillLabels(c.labels, w.labels);
     }
     row.classList.toggle('selected', w.id === this.selected);

@@ -1,4 +1,5 @@
-// panels.js — the two side panels:
+// panels.js — the detail panel (the "new wait" form is create.js, the webhooks'
+// deliveries deliveries.js):
 //
 //   * DetailPanel: one wait in full (reachable as #/waits/<id>): its fields, its
 //     event timeline, its spec as waitd returns it (header values read <redacted>),
@@ -6,18 +7,16 @@
 //     stream (GET /waits/{id}/events?follow=true replays the history, then follows
 //     live and ends after the terminal event), and the app also hands over events of
 //     this wait from the global stream; both are merged by seq, so nothing shows twice.
-//   * CreatePanel: the "new wait" form built from GET /presets: a preset, its
-//     parameters (required ones marked, defaults as placeholders), optional labels,
-//     timeout and target headers; problems are shown next to the fields they name.
 //
 // Everything from the server is rendered as text through el() (see common.js).
 
 import {
   el, clear, append, statusBadge, setBadge, fmtDateTime, fmtTime, fmtLeft, fmtDuration,
-  fmtNumber, prettyJson, applyEvent, parseLabelList, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms,
+  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms,
 } from './common.js';
 import { api, authHeaders, readProblem, reportUnauthorized, ApiError } from './api.js';
 import { EventStream } from './sse.js';
+import { DeliveriesView } from './deliveries.js';
 
 const KIND_GLYPH = { created: '✚', state: '→', retry: '↻' };
 /** Most timeline entries kept in the DOM: the first (created) and the newest ones. */
@@ -81,6 +80,7 @@ export class DetailPanel {
 
   teardown() {
     this.gen++;
+    if (this.deliveries) this.deliveries.stop();
     if (this.stream) this.stream.stop();
     this.stream = null;
     clearTimeout(this.refetchTimer);
@@ -248,6 +248,7 @@ export class DetailPanel {
           (r.timelineEmpty = el('p', { class: 'muted small timeline-note', text: 'Loading events…' })),
           (r.timeline = el('ol', { class: 'timeline', data: { testid: 'timeline' } })),
         ),
+        (this.deliveries = new DeliveriesView()).section,
         el(
           'section',
           { class: 'block' },
@@ -283,6 +284,7 @@ export class DetailPanel {
     const key = `${w.status === 'running'}|${this.cancelMessage ? this.cancelMessage.text : ''}`;
     if (key !== this.actionsKey) this.renderActions();
     this.renderFields(Date.now());
+    this.deliveries.show(w);
     const hasDetail = w.error_detail !== null && w.error_detail !== undefined;
     r.errorSection.hidden = !hasDetail;
     if (hasDetail) r.errorDetail.textContent = prettyJson(w.error_detail);
@@ -502,271 +504,3 @@ export class DetailPanel {
 
 // ===========================================================================
 // Create
-
-function randomKey() {
-  if (crypto.randomUUID) return crypto.randomUUID();
-  const b = crypto.getRandomValues(new Uint8Array(16));
-  return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
-}
-
-export class CreatePanel {
-  /**
-   * @param {HTMLElement} host the panel's container (hidden when closed)
-   * @param {{onCreated: (wait) => void, onClose: () => void}} hooks
-   */
-  constructor(host, hooks) {
-    this.host = host;
-    this.hooks = hooks;
-    this.presets = null;
-    this.built = false;
-    this.pendingKey = null; // reused when a submit failed on the network (same body)
-  }
-
-  get isOpen() {
-    return !this.host.hidden;
-  }
-
-  open() {
-    if (!this.built) this.build();
-    this.host.hidden = false;
-    if (!this.presets) this.loadPresets();
-    else this.r.select.focus();
-  }
-
-  close() {
-    this.host.hidden = true;
-  }
-
-  /** Forgets the presets (another token may see other ones). */
-  reset() {
-    this.presets = null;
-    this.built = false;
-    clear(this.host);
-  }
-
-  build() {
-    const r = {};
-    this.r = r;
-    r.form = el('form', {
-      class: 'create-form',
-      data: { testid: 'create-form' },
-      attrs: { novalidate: true, autocomplete: 'off' },
-      on: { submit: (e) => { e.preventDefault(); this.submit(); } },
-    });
-    r.select = el('select', {
-      class: 'input',
-      data: { testid: 'preset-select' },
-      attrs: { id: 'preset-select', name: 'preset' },
-      on: { change: () => this.renderParams() },
-    }, el('option', { text: 'Loading presets…', props: { value: '' } }));
-    r.presetError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
-    r.desc = el('p', { class: 'preset-desc muted small' });
-    r.params = el('div', { class: 'params' });
-    r.labels = el('textarea', {
-      class: 'input mono',
-      data: { testid: 'create-labels' },
-      attrs: { id: 'create-labels', rows: '2', placeholder: 'pipeline:1234\nteam:infra', spellcheck: 'false' },
-    });
-    r.labelsError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
-    r.timeout = el('input', {
-      class: 'input mono',
-      data: { testid: 'create-timeout' },
-      attrs: { id: 'create-timeout', type: 'text', placeholder: 'the preset’s own, e.g. 10m', spellcheck: 'false' },
-    });
-    r.timeoutError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
-    r.headers = el('textarea', {
-      class: 'input mono',
-      data: { testid: 'create-headers' },
-      attrs: { id: 'create-headers', rows: '2', placeholder: 'Authorization: Bearer …', spellcheck: 'false' },
-    });
-    r.headersError = el('p', { class: 'field-error', attrs: { role: 'alert' } });
-    r.errors = el('div', { class: 'create-errors', data: { testid: 'create-errors' }, attrs: { role: 'alert', 'aria-live': 'polite' } });
-    r.submit = el('button', { class: 'btn primary', text: 'Create wait', data: { testid: 'create-submit' }, attrs: { type: 'submit' } });
-    const field = (label, forId, input, help, error) =>
-      el('div', { class: 'field' }, el('label', { text: label, attrs: { for: forId } }), input, help ? el('p', { class: 'help muted small', text: help }) : null, error);
-    append(r.form, [
-      field('Preset', 'preset-select', r.select, null, r.presetError),
-      r.desc,
-      r.params,
-      el('details', { class: 'more' },
-        el('summary', { text: 'Labels, timeout and target headers' }),
-        field('Labels', 'create-labels', r.labels, 'One key:value a line; follow or filter waits by them.', r.labelsError),
-        field('Timeout', 'create-timeout', r.timeout, 'A duration such as 30s, 10m or 2h; empty keeps the preset’s.', r.timeoutError),
-        field('Target headers', 'create-headers', r.headers, 'One “Name: value” a line, e.g. the target API’s token. Write-only: waitd never shows the values back.', r.headersError)),
-      r.errors,
-      el('div', { class: 'form-actions' }, r.submit,
-        el('button', { class: 'btn', text: 'Close', data: { testid: 'close-create' }, attrs: { type: 'button' }, on: { click: () => this.hooks.onClose() } })),
-    ]);
-    const root = el('section', { class: 'panel create', attrs: { 'aria-label': 'New wait' } },
-      el('header', { class: 'panel-head' },
-        el('div', { class: 'panel-title' }, el('h2', { text: 'New wait' })),
-        el('button', { class: 'btn icon', text: '✕', title: 'Close (Esc)', attrs: { type: 'button', 'aria-label': 'Close new wait' }, on: { click: () => this.hooks.onClose() } })),
-      el('div', { class: 'panel-body' }, r.form));
-    clear(this.host).appendChild(root);
-    this.built = true;
-  }
-
-  async loadPresets() {
-    const r = this.r;
-    try {
-      const page = await api.presets();
-      this.presets = Array.isArray(page.items) ? page.items : [];
-      clear(r.select);
-      r.select.appendChild(el('option', { text: this.presets.length ? 'Choose a preset…' : 'This server has no presets', props: { value: '' } }));
-      for (const p of this.presets) r.select.appendChild(el('option', { text: String(p.name), props: { value: String(p.name) } }));
-      this.renderParams();
-      r.select.focus();
-    } catch (e) {
-      if (e.name === 'AbortError') return;
-      clear(r.select).appendChild(el('option', { text: 'Presets unavailable', props: { value: '' } }));
-      this.showErrors(e instanceof ApiError ? e.detail : String(e), []);
-    }
-  }
-
-  selectedPreset() {
-    return (this.presets || []).find((p) => p.name === this.r.select.value) || null;
-  }
-
-  /** The inputs of the chosen preset's parameters (required ones first). */
-  renderParams() {
-    const r = this.r;
-    const p = this.selectedPreset();
-    clear(r.params);
-    this.paramInputs = new Map();
-    this.paramErrors = new Map();
-    r.desc.textContent = p ? String(p.description || '') : '';
-    this.clearErrors();
-    if (!p) return;
-    // params is an object {name: Param} (PresetSummary); accept an array too.
-    const entries = Array.isArray(p.params)
-      ? p.params.map((x) => [x.name, x])
-      : Object.entries(p.params || {});
-    entries.sort((a, b) => Number(!!b[1].required) - Number(!!a[1].required));
-    if (!entries.length) r.params.appendChild(el('p', { class: 'muted small', text: 'This preset takes no parameters.' }));
-    for (const [name, param] of entries) {
-      const id = `param-${name}`;
-      const required = !!param.required || param.default === undefined || param.default === null;
-      const placeholder = param.default ? String(param.default) : param.example ? `e.g. ${param.example}` : '';
-      const input = el('input', {
-        class: 'input mono',
-        data: { testid: `param-${name}` },
-        attrs: { id, type: 'text', name, placeholder, spellcheck: 'false', 'aria-required': required ? 'true' : null },
-      });
-      const error = el('p', { class: 'field-error', attrs: { role: 'alert' } });
-      this.paramInputs.set(name, input);
-      this.paramErrors.set(name, error);
-      const label = el('label', { attrs: { for: id } }, el('span', { class: 'mono', text: String(name) }),
-        required ? el('span', { class: 'req', text: ' * required' }) : el('span', { class: 'muted small', text: ' optional' }),
-        param.kind ? el('span', { class: 'kind', text: String(param.kind) }) : null);
-      r.params.appendChild(el('div', { class: 'field' }, label, input,
-        param.description ? el('p', { class: 'help muted small', text: String(param.description) }) : null,
-        param.default ? el('p', { class: 'help muted small', text: `Default: ${param.default}` }) : null,
-        error));
-    }
-  }
-
-  clearErrors() {
-    const r = this.r;
-    clear(r.errors);
-    for (const n of [r.presetError, r.labelsError, r.timeoutError, r.headersError, ...(this.paramErrors?.values() || [])]) n.textContent = '';
-    r.form.querySelectorAll('.invalid').forEach((n) => n.classList.remove('invalid'));
-  }
-
-  /** Shows a problem: `detail` on top, each {field, message} next to its input. */
-  showErrors(detail, errors) {
-    const r = this.r;
-    this.clearErrors();
-    append(r.errors, [el('p', { class: 'notice error', text: detail })]);
-    // One problem is usually already the detail sentence ("field message"): no list.
-    const same = errors.length === 1 && `${errors[0].field || ''} ${errors[0].message || ''}`.trim() === String(detail).trim();
-    if (errors.length && !same) {
-      const ul = el('ul', { class: 'error-list' });
-      for (const e of errors) ul.appendChild(el('li', {}, el('span', { class: 'mono', text: String(e.field || '(request)') }), ` ${e.message || ''}`));
-      r.errors.appendChild(ul);
-    }
-    for (const e of errors) {
-      const f = String(e.field || '');
-      const msg = `${f} ${e.message || ''}`.trim();
-      let target = null;
-      let input = null;
-      if (f.startsWith('params.') && this.paramErrors.has(f.slice(7))) {
-        target = this.paramErrors.get(f.slice(7));
-        input = this.paramInputs.get(f.slice(7));
-      } else if (f === 'preset') [target, input] = [r.presetError, r.select];
-      else if (f === 'labels' || f.startsWith('labels.')) [target, input] = [r.labelsError, r.labels];
-      else if (f === 'timeout') [target, input] = [r.timeoutError, r.timeout];
-      else if (f.startsWith('target.headers')) [target, input] = [r.headersError, r.headers];
-      if (target) {
-        target.textContent = target.textContent ? `${target.textContent}; ${msg}` : msg;
-        input.classList.add('invalid');
-        if (input.closest('details')) input.closest('details').open = true;
-      }
-    }
-  }
-
-  /** Reads "Name: value" / "key:value" lines into an object; throws on a bad line. */
-  static lines(text, what, sep) {
-    const out = {};
-    text.split(/\r?\n/).forEach((line, i) => {
-      if (!line.trim()) return;
-      const at = line.indexOf(sep);
-      if (at <= 0) throw new Error(`${what}, line ${i + 1}: write ${what === 'labels' ? 'key:value' : 'Name: value'}`);
-      out[line.slice(0, at).trim()] = line.slice(at + 1).trim();
-    });
-    return out;
-  }
-
-  async submit() {
-    const r = this.r;
-    this.clearErrors();
-    const body = {};
-    const preset = r.select.value;
-    if (!preset) {
-      r.presetError.textContent = 'Choose a preset.';
-      r.select.classList.add('invalid');
-      this.showErrors('Choose a preset first.', []);
-      return;
-    }
-    body.preset = preset;
-    const params = {};
-    for (const [name, input] of this.paramInputs) if (input.value.trim() !== '') params[name] = input.value.trim();
-    body.params = params;
-    try {
-      if (r.labels.value.trim()) {
-        body.labels = Object.fromEntries(r.labels.value.split(/\r?\n/).filter((l) => l.trim()).flatMap((l) => parseLabelList(l)));
-      }
-    } catch (e) {
-      r.labelsError.textContent = e.message;
-      r.labels.classList.add('invalid');
-      this.showErrors(`labels: ${e.message}`, []);
-      return;
-    }
-    try {
-      const headers = CreatePanel.lines(r.headers.value, 'target headers', ':');
-      if (Object.keys(headers).length) body.target = { headers };
-    } catch (e) {
-      r.headersError.textContent = e.message;
-      this.showErrors(e.message, []);
-      return;
-    }
-    if (r.timeout.value.trim()) body.timeout = r.timeout.value.trim();
-
-    const text = JSON.stringify(body);
-    const key = this.pendingKey && this.pendingKey.body === text ? this.pendingKey.key : randomKey();
-    r.submit.disabled = true;
-    r.submit.textContent = 'Creating…';
-    try {
-      const wait = await api.createWait(body, key);
-      this.pendingKey = null;
-      this.hooks.onCreated(wait);
-    } catch (e) {
-      if (e instanceof ApiError) {
-        this.pendingKey = e.network ? { key, body: text } : null;
-        this.showErrors(e.detail, e.errors);
-      } else if (e.name !== 'AbortError') this.showErrors(String(e), []);
-    } finally {
-      r.submit.disabled = false;
-      r.submit.textContent = 'Create wait';
-    }
-  }
-}

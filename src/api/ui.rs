@@ -57,6 +57,16 @@ const FILES: &[(&str, &str, &str)] = &[
         "text/javascript; charset=utf-8",
         include_str!("../../ui/panels.js"),
     ),
+    (
+        "create.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/create.js"),
+    ),
+    (
+        "deliveries.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/deliveries.js"),
+    ),
 ];
 
 fn file(name: &str) -> Response {
