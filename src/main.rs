@@ -82,16 +82,17 @@ fn parse() -> Result<Cli, clap::Error> {
         .and_then(|(_, m)| m.value_source("server"))
         .or_else(|| matches.value_source("server"))
         == Some(clap::parser::ValueSource::CommandLine);
-    if explicit
-        && matches!(
-            cli.command,
-            Command::Serve(_) | Command::Migrate { .. } | Command::Openapi
-        )
-    {
-        return Err(command.error(
-            clap::error::ErrorKind::ArgumentConflict,
+    let serverless = match &cli.command {
+        Command::Serve(_) | Command::Migrate { .. } | Command::Openapi => Some(
             "--server names the server the client commands talk to; `waitd serve` listens on --listen",
-        ));
+        ),
+        Command::Client(c) if matches!(**c, waitd::client::Command::Wait(_)) => Some(
+            "--server names a server, but `waitd wait` runs the wait in this process; `waitd create --wait` runs it on a server",
+        ),
+        _ => None,
+    };
+    if let Some(why) = serverless.filter(|_| explicit) {
+        return Err(command.error(clap::error::ErrorKind::ArgumentConflict, why));
     }
     Ok(cli)
 }

@@ -197,6 +197,14 @@ async fn a_refused_target_or_a_bad_request_exits_5_with_the_servers_sentence() {
         !run.stderr.contains("whsec_"),
         "the secret never echoes: {run:?}"
     );
+    // A server has nothing to do with it: --server is a mistake, not ignored.
+    let run = waitd(
+        NO_SERVER,
+        &wait_args(&file, &["--server", "http://127.0.0.1:8080"]),
+    )
+    .await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(run.stderr.contains("waitd create --wait"), "{run:?}");
     for f in [file, bad, hooked] {
         let _ = std::fs::remove_file(f);
     }
