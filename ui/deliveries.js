@@ -6,7 +6,7 @@
 //
 // Everything from the server is rendered as text through el() (see common.js).
 
-import { el, clear, append, fmtDateTime } from './common.js';
+import { el, clear, fmtDateTime } from './common.js';
 import { api, ApiError } from './api.js';
 
 /** How often pending deliveries are read again while the view is open. */
@@ -112,7 +112,6 @@ export class DeliveriesView {
       this.redelivered = true;
       this.note.textContent = e instanceof ApiError ? e.detail : String(e);
     }
-    append(this.note, []);
     this.load();
   }
 }
