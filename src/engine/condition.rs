@@ -15,26 +15,17 @@
 //!
 //! ## The budget
 //!
-//! cel-rust has no cost limit of its own, and the macros (`all`, `exists`,
-//! `exists_one`, `map`, `filter`) over a 1 MiB body nest into quadratic work, while
-//! `+` and `map` can copy the body over and over. So every place where work grows
-//! with the size of a value is charged, before the work, to one budget per
-//! evaluation ([`BUDGET`] units; a unit is one value, or 16 bytes of a string):
-//!
-//! - a comprehension's range, by its deep size, each time the comprehension starts
-//!   (its iterations clone each element);
-//! - each element a `map` or `filter` appends, by its deep size;
-//! - the operands of `==`, `!=`, `in` and `+`, and each element of a list or map
-//!   literal (building it copies them), by their deep size;
-//! - the operands of every other function by their length (strings and bytes);
-//! - a `matches` pattern by what compiling it cost, when it is not compiled
-//!   already ([`super::pattern`]), and its search by the haystack's length times a
-//!   factor of the automaton's size.
-//!
-//! What is not charged costs a bounded amount per node of the expression, and the
-//! expression itself is bounded ([`MAX_LEN`], [`MAX_DEPTH`], [`MAX_TREE`]). An
-//! evaluation past the budget stops at the next charge and is reported as
-//! [`Failure::Budget`], whatever its result would have been.
+//! cel-rust has no cost limit of its own, and the macros over a 1 MiB body nest
+//! into quadratic work, while `+`, `map`, `replace` or `split` can copy the body
+//! over and over. So every place where work grows with the size of a value is
+//! charged, before the work, to one budget per evaluation ([`BUDGET`] units; a
+//! unit is one value, or 16 bytes of a string): the expression is rewritten to
+//! call the meters of [`super::cel::meter`], and the functions of
+//! [`super::cel`] charge what they build. `docs/conditions.md` lists what each
+//! costs. What is not charged costs a bounded amount per node of the
+//! expression, and the expression itself is bounded ([`MAX_LEN`], [`MAX_DEPTH`],
+//! [`MAX_TREE`]). An evaluation past the budget stops at the next charge and is
+//! reported as [`Failure::Budget`], whatever its result would have been.
 //!
 //! ## Recursion
 //!
@@ -50,18 +41,18 @@
 //!
 //! Pure: no I/O, no clock.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use cel::common::ast::{ComprehensionExpr, EntryExpr, Expr, IdedExpr, operators};
+use cel::Context;
+use cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
 use cel::common::types::{
-    CelBool, CelBytes, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
-    DYN_TYPE,
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelTimestamp,
+    CelUInt,
 };
-use cel::common::value::{CowVal, Val};
-use cel::{Context, Env, ExecutionError};
+use cel::common::value::Val;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -74,15 +65,31 @@ pub const MAX_DEPTH: u16 = 32;
 pub const MAX_TREE: usize = 64;
 /// What one evaluation of a response's conditions may spend, in units.
 pub const BUDGET: u64 = 1_000_000;
-/// Bytes of a string that cost one unit.
-const BYTES_PER_UNIT: u64 = 16;
-
 /// The variables an expression may name.
-pub const VARIABLES: [&str; 4] = ["body", "status", "headers", "state"];
+pub const VARIABLES: [&str; 5] = ["body", "status", "headers", "state", "now"];
+
+/// The types an expression may name, as in `type(x) == int`.
+pub const TYPES: &[&str] = &[
+    "bool",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bytes",
+    "list",
+    "map",
+    "null_type",
+    "type",
+    "google.protobuf.Timestamp",
+    "google.protobuf.Duration",
+];
 
 /// The functions an expression may call, besides operators and macros: CEL's
-/// standard functions as cel-rust provides them (without timestamps and durations).
+/// standard functions, timestamps and durations, the strings extension, and the
+/// list and regex libraries Kubernetes adds. `docs/conditions.md` describes each
+/// and what it costs; a test evaluates every one.
 pub const FUNCTIONS: &[&str] = &[
+    // Standard.
     "size",
     "contains",
     "startsWith",
@@ -96,8 +103,7 @@ pub const FUNCTIONS: &[&str] = &[
     "bool",
     "type",
     "dyn",
-    "max",
-    "min",
+    // Optional values.
     "optional.of",
     "optional.ofNonZeroValue",
     "optional.none",
@@ -105,34 +111,46 @@ pub const FUNCTIONS: &[&str] = &[
     "value",
     "or",
     "orValue",
+    // Timestamps and durations.
+    "timestamp",
+    "duration",
+    "getFullYear",
+    "getMonth",
+    "getDayOfYear",
+    "getDayOfMonth",
+    "getDate",
+    "getDayOfWeek",
+    "getHours",
+    "getMinutes",
+    "getSeconds",
+    "getMilliseconds",
+    // Strings extension.
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "lowerAscii",
+    "upperAscii",
+    "replace",
+    "split",
+    "substring",
+    "trim",
+    "join",
+    "reverse",
+    "format",
+    "strings.quote",
+    // Lists: Kubernetes' library and the lists extension.
+    "isSorted",
+    "sum",
+    "min",
+    "max",
+    "slice",
+    "flatten",
+    "distinct",
+    "sort",
+    // Regular expressions (Kubernetes).
+    "find",
+    "findAll",
 ];
-
-const DEEP: &str = "@waitd_deep";
-const FLAT: &str = "@waitd_flat";
-const MATCHES: &str = "@waitd_matches";
-
-static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
-    let mut env = Env::stdlib();
-    // The meters: identity functions that charge their argument's size first.
-    for (name, f) in [
-        (DEEP, charge_deep as cel::common::functions::Function),
-        (FLAT, charge_flat),
-    ] {
-        env.add_overload(name, name, vec![DYN_TYPE], f)
-            .expect("the meters are declared once");
-    }
-    // `matches`, with its pattern compiled once, within a size bound, and charged.
-    env.add_overload(MATCHES, MATCHES, vec![DYN_TYPE, DYN_TYPE], matches_charged)
-        .expect("the meters are declared once");
-    Arc::new(env)
-});
-
-thread_local! {
-    /// Units left in the evaluation running on this thread.
-    static LEFT: Cell<u64> = const { Cell::new(0) };
-    /// The evaluation on this thread ran past its budget.
-    static SPENT: Cell<bool> = const { Cell::new(false) };
-}
 
 /// A compiled condition: its source, the metered expression evaluated, and what
 /// of a response it reads, shared by the waits that hold the same text.
@@ -154,6 +172,7 @@ struct Reads {
     body: Fields,
     headers: bool,
     state: bool,
+    now: bool,
 }
 
 /// The fields read under one JSON node: `whole` when the node itself is used as a
@@ -249,7 +268,7 @@ impl Condition {
         if source.contains('\0') {
             return Err("contains a NUL character (\\u0000), which waitd does not store".into());
         }
-        let parser = ENV.parser().max_recursion_depth(MAX_DEPTH);
+        let parser = super::cel::ENV.parser().max_recursion_depth(MAX_DEPTH);
         // The parser is a stranger's input's first reader: a panic in it is a 400,
         // not a lost worker.
         let parsed =
@@ -274,7 +293,7 @@ impl Condition {
         }
         let mut reads = Reads::default();
         collect_reads(&expr, &mut reads);
-        meter(&mut expr);
+        super::cel::meter::meter(&mut expr);
         Ok(Condition {
             expr: Arc::new(Compiled {
                 source: source.to_string(),
@@ -292,6 +311,12 @@ impl Condition {
     /// Whether the expression names `state` (the prober then selects it).
     pub fn reads_state(&self) -> bool {
         self.expr.reads.state
+    }
+
+    /// Whether the expression names `now`: its answer on one response can change
+    /// with time, so it is not remembered for the next same response.
+    pub fn reads_now(&self) -> bool {
+        self.expr.reads.now
     }
 
     /// [`Condition::compile`], sharing the compiled form with every other held
@@ -329,15 +354,16 @@ impl Condition {
         if budget.left == 0 {
             return Err(Failure::Budget);
         }
-        LEFT.with(|l| l.set(budget.left));
-        SPENT.with(|s| s.set(false));
+        super::cel::start(budget.left);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             vars.context.resolve(&self.expr.expr)
         }));
-        budget.left = LEFT.with(Cell::get);
-        if SPENT.with(Cell::get) {
-            budget.left = 0;
-            return Err(Failure::Budget);
+        match super::cel::finish() {
+            Some(left) => budget.left = left,
+            None => {
+                budget.left = 0;
+                return Err(Failure::Budget);
+            }
         }
         match result {
             Ok(Ok(cel::Value::Bool(b))) => Ok(b),
@@ -413,7 +439,7 @@ impl<'v> Vars<'v> {
         let reads: Option<Vec<&Reads>> =
             conditions.map(|cs| cs.iter().map(|c| &c.expr.reads).collect());
         let any = |f: fn(&Reads) -> bool| reads.as_ref().is_none_or(|r| r.iter().any(|x| f(x)));
-        let mut context = Context::with_env(Arc::clone(&ENV));
+        let mut context = Context::with_env(Arc::clone(&super::cel::ENV));
         let body: Box<dyn Val + 'v> = match (body, &reads) {
             (None, _) => Box::new(CelNull),
             (Some(b), None) => json(b),
@@ -444,6 +470,14 @@ impl<'v> Vars<'v> {
         };
         context.add_variable_as_val("state", state);
         Vars { context }
+    }
+
+    /// The variables with `now`, the time of the poll (without it, an expression
+    /// that names `now` fails to evaluate).
+    pub fn at(mut self, now: DateTime<Utc>) -> Vars<'v> {
+        self.context
+            .add_variable_as_val("now", Box::new(CelTimestamp::from(now.fixed_offset())));
+        self
     }
 }
 
@@ -514,6 +548,7 @@ fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
     match &e.expr {
         Expr::Ident(n) if n == "headers" => reads.headers = true,
         Expr::Ident(n) if n == "state" => reads.state = true,
+        Expr::Ident(n) if n == "now" => reads.now = true,
         _ => children(e, |c| collect_reads(c, reads)),
     }
 }
@@ -664,13 +699,26 @@ fn not_a_bool(e: &IdedExpr) -> Option<&'static str> {
 /// function, reported as sentences.
 fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
     match &e.expr {
+        Expr::Select(_) if dotted(e).is_some_and(|n| TYPES.contains(&n.as_str())) => {}
         Expr::Ident(name) => {
-            if !VARIABLES.contains(&name.as_str()) && !bound.iter().any(|b| b == name) {
+            if !VARIABLES.contains(&name.as_str())
+                && !TYPES.contains(&name.as_str())
+                && !bound.iter().any(|b| b == name)
+            {
                 problems.push(format!(
-                    "names {name}, which is not a variable{}; the variables are body, status, headers and state",
+                    "names {name}, which is not a variable{}; the variables are body, status, headers, state and now",
                     hint(&VARIABLES, name)
                 ));
             }
+        }
+        Expr::Call(call)
+            if call.target.as_deref().and_then(dotted).is_some_and(|ns| {
+                FUNCTIONS.contains(&format!("{ns}.{}", call.func_name).as_str())
+            }) =>
+        {
+            // A namespaced function (`optional.of(x)`, `strings.quote(s)`): the
+            // namespace is not a variable.
+            call.args.iter().for_each(|a| check(a, bound, problems));
         }
         Expr::Call(call) => {
             let name = call.func_name.as_str();
@@ -680,7 +728,7 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
                 || name == operators::NEGATE;
             if !builtin && !FUNCTIONS.contains(&name) {
                 problems.push(format!(
-                    "calls {name}(), which is not a function waitd provides{}; see README \"Conditions\" for the list",
+                    "calls {name}(), which is not a function waitd provides{}; docs/conditions.md lists them",
                     hint(FUNCTIONS, name)
                 ));
             }
@@ -706,6 +754,15 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
     }
 }
 
+/// `a.b.c` when `e` is that chain of names.
+fn dotted(e: &IdedExpr) -> Option<String> {
+    match &e.expr {
+        Expr::Ident(n) => Some(n.clone()),
+        Expr::Select(s) if !s.test => dotted(&s.operand).map(|o| format!("{o}.{}", s.field)),
+        _ => None,
+    }
+}
+
 /// " (did you mean x?)" when one of `known` is a likely typo of `name`.
 fn hint(known: &[&str], name: &str) -> String {
     known
@@ -713,249 +770,4 @@ fn hint(known: &[&str], name: &str) -> String {
         .find(|k| super::spec::close(k, name))
         .map(|k| format!(" (did you mean {k}?)"))
         .unwrap_or_default()
-}
-
-/// Rewrites `e` so that evaluating it charges the budget (see the module's text).
-fn meter(e: &mut IdedExpr) {
-    match &mut e.expr {
-        Expr::Call(call) => {
-            let name = call.func_name.clone();
-            if let Some(t) = call.target.as_deref_mut() {
-                meter(t);
-            }
-            for a in &mut call.args {
-                meter(a);
-            }
-            let meter_fn = match name.as_str() {
-                // Short-circuits and cheap operators: bounded per node.
-                operators::LOGICAL_AND
-                | operators::LOGICAL_OR
-                | operators::LOGICAL_NOT
-                | operators::CONDITIONAL
-                | operators::NOT_STRICTLY_FALSE
-                | operators::INDEX
-                | operators::OPT_INDEX
-                | operators::OPT_SELECT
-                | operators::NEGATE
-                | "size"
-                | "type"
-                | "dyn"
-                | "hasValue"
-                | "value"
-                | "or"
-                | "orValue" => None,
-                operators::EQUALS | operators::NOT_EQUALS | operators::IN | operators::ADD => {
-                    Some(DEEP)
-                }
-                n if n.starts_with("@waitd_") => None,
-                _ => Some(FLAT),
-            };
-            let Some(meter_fn) = meter_fn else { return };
-            // `s.matches(p)` and `matches(s, p)` become `@waitd_matches(s, p)`,
-            // which charges the pattern's compile and the search itself.
-            if name == "matches" && usize::from(call.target.is_some()) + call.args.len() == 2 {
-                if let Some(t) = call.target.take() {
-                    call.args.insert(0, *t);
-                }
-                call.func_name = MATCHES.to_string();
-                return;
-            }
-            if let Some(t) = call.target.as_deref_mut() {
-                wrap(t, meter_fn);
-            }
-            for a in &mut call.args {
-                wrap(a, meter_fn);
-            }
-        }
-        Expr::Comprehension(c) => {
-            meter_comprehension(c);
-        }
-        // A literal holds its elements by value: building it copies each one.
-        Expr::List(l) => {
-            for e in &mut l.elements {
-                meter(e);
-                wrap(e, DEEP);
-            }
-        }
-        Expr::Map(m) => {
-            for entry in &mut m.entries {
-                if let EntryExpr::MapEntry(me) = &mut entry.expr {
-                    meter(&mut me.key);
-                    meter(&mut me.value);
-                    wrap(&mut me.value, DEEP);
-                }
-            }
-        }
-        Expr::Select(s) => meter(&mut s.operand),
-        Expr::Ident(_) | Expr::Literal(_) | Expr::Struct(_) | Expr::Unspecified => {}
-    }
-}
-
-fn meter_comprehension(c: &mut ComprehensionExpr) {
-    meter(&mut c.iter_range);
-    wrap(&mut c.iter_range, DEEP);
-    meter(&mut c.accu_init);
-    meter(&mut c.loop_cond);
-    meter(&mut c.result);
-    // `@result + [e]` (map, filter): the interpreter appends in place when it sees
-    // this shape, so the shape stays and the element is charged instead.
-    let accu = c.accu_var.clone();
-    let step = &mut c.loop_step;
-    let append = |e: &mut IdedExpr| -> bool {
-        if let Expr::Call(call) = &mut e.expr
-            && call.func_name == operators::ADD
-            && call.target.is_none()
-            && let [lhs, rhs] = call.args.as_mut_slice()
-            && matches!(&lhs.expr, Expr::Ident(n) if *n == accu)
-            && let Expr::List(list) = &mut rhs.expr
-        {
-            for el in &mut list.elements {
-                meter(el);
-                wrap(el, DEEP);
-            }
-            return true;
-        }
-        false
-    };
-    if append(step) {
-        return;
-    }
-    if let Expr::Call(call) = &mut step.expr
-        && call.func_name == operators::CONDITIONAL
-        && call.args.len() == 3
-    {
-        let (guard, rest) = call.args.split_at_mut(1);
-        if append(&mut rest[0]) {
-            meter(&mut guard[0]);
-            meter(&mut rest[1]);
-            return;
-        }
-    }
-    meter(step);
-}
-
-/// `e` becomes `f(e)`; a literal, bounded by the expression's length, stays as it is.
-fn wrap(e: &mut IdedExpr, f: &str) {
-    if matches!(e.expr, Expr::Literal(_)) {
-        return;
-    }
-    let inner = std::mem::take(e);
-    *e = IdedExpr {
-        id: inner.id,
-        expr: Expr::Call(cel::common::ast::CallExpr {
-            func_name: f.to_string(),
-            target: None,
-            args: vec![inner],
-        }),
-    };
-}
-
-fn charge(units: u64) -> Result<(), ExecutionError> {
-    let left = LEFT.with(Cell::get);
-    if units > left {
-        LEFT.with(|l| l.set(0));
-        SPENT.with(|s| s.set(true));
-        return Err(ExecutionError::function_error(
-            "budget",
-            "the evaluation ran past its budget",
-        ));
-    }
-    LEFT.with(|l| l.set(left - units));
-    Ok(())
-}
-
-fn only<'b, 'v>(mut args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    match (args.pop(), args.is_empty()) {
-        (Some(v), true) => Ok(v),
-        _ => Err(ExecutionError::invalid_argument_count(1, args.len() + 1)),
-    }
-}
-
-fn charge_deep<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let v = only(args)?;
-    let left = LEFT.with(Cell::get);
-    let mut units = 0;
-    deep_size(&*v, left.saturating_add(1), &mut units);
-    charge(units)?;
-    Ok(v)
-}
-
-fn charge_flat<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let v = only(args)?;
-    charge(1 + flat_len(&*v) / BYTES_PER_UNIT)?;
-    Ok(v)
-}
-
-/// `matches(s, p)`: the pattern from the cache or compiled (its compile charged),
-/// then the search (charged by the haystack's length and the automaton's size).
-fn matches_charged<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let [s, p] = args.as_slice() else {
-        return Err(ExecutionError::invalid_argument_count(2, args.len()));
-    };
-    let (Some(s), Some(p)) = (s.downcast_ref::<CelString>(), p.downcast_ref::<CelString>()) else {
-        return Err(ExecutionError::no_such_overload(
-            "matches",
-            vec!["a string".into(), "a string pattern".into()],
-        ));
-    };
-    let p = p.inner();
-    charge(super::pattern::read_units(p))?;
-    let found = match super::pattern::cached(p) {
-        Some(found) => found,
-        None => {
-            // A compile starts only when the budget can pay for the worst of it.
-            if LEFT.with(Cell::get) < super::pattern::worst_compile_units(p) {
-                charge(u64::MAX)?;
-            }
-            let (found, units) = super::pattern::compile_cached(p);
-            charge(units)?;
-            found
-        }
-    };
-    match found {
-        Ok(compiled) => {
-            charge(compiled.search_units(s.inner().len()))?;
-            let hit = compiled.is_match(s.inner());
-            Ok(CowVal::Owned(Box::new(CelBool::from(hit))))
-        }
-        Err(refused) => Err(ExecutionError::function_error("matches", &*refused.message)),
-    }
-}
-
-/// Bytes of a string or bytes value; 0 for anything else.
-fn flat_len(v: &dyn Val) -> u64 {
-    if let Some(s) = v.downcast_ref::<CelString>() {
-        s.inner().len() as u64
-    } else if let Some(b) = v.downcast_ref::<CelBytes>() {
-        b.inner().len() as u64
-    } else {
-        0
-    }
-}
-
-/// Adds the units of `v` (one a value, one per 16 bytes of string) to `units`,
-/// stopping once they pass `cap`, so that measuring costs no more than charging.
-fn deep_size(v: &dyn Val, cap: u64, units: &mut u64) {
-    *units += 1 + flat_len(v) / BYTES_PER_UNIT;
-    if *units > cap {
-        return;
-    }
-    if let Some(list) = v.downcast_ref::<CelList>() {
-        for item in list.inner() {
-            deep_size(&**item, cap, units);
-            if *units > cap {
-                return;
-            }
-        }
-    } else if let Some(map) = v.downcast_ref::<CelMap>() {
-        for (k, item) in map.inner() {
-            if let CelMapKey::String(s) = k {
-                *units += s.inner().len() as u64 / BYTES_PER_UNIT;
-            }
-            deep_size(&**item, cap, units);
-            if *units > cap {
-                return;
-            }
-        }
-    }
 }

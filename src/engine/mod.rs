@@ -9,6 +9,7 @@
 //! same decisions when restored on another.
 
 pub mod bound;
+mod cel;
 pub mod condition;
 pub mod duration;
 pub mod jsonpath;

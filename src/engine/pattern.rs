@@ -65,6 +65,19 @@ impl Compiled {
     pub fn is_match(&self, haystack: &str) -> bool {
         self.regex.is_match(haystack)
     }
+
+    /// The first match in `haystack`, as a byte range.
+    pub fn find(&self, haystack: &str) -> Option<std::ops::Range<usize>> {
+        self.regex.find(haystack).map(|m| m.range())
+    }
+
+    /// The successive non-overlapping matches in `haystack`, as byte ranges.
+    pub fn find_iter<'h>(
+        &'h self,
+        haystack: &'h str,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + 'h {
+        self.regex.find_iter(haystack).map(|m| m.range())
+    }
 }
 
 /// A pattern that did not compile: the sentence, and what finding that out cost.

@@ -730,10 +730,13 @@ impl Answer {
             return (obs, Some(Memo { reused: true, ..m }));
         }
         let obs = judge(spec, status, &headers, parsed.as_ref(), base);
+        // A condition that reads `now` may decide the same response differently
+        // later, so its answer is not remembered.
+        let timeless = !spec.conditions().iter().any(|c| c.reads_now());
         let memo = match &obs {
             Observation::Judged {
                 failure, success, ..
-            } => Some(Memo {
+            } if timeless => Some(Memo {
                 key,
                 failure: *failure,
                 success: *success,
@@ -868,7 +871,9 @@ pub fn judge(
             .and_then(|nodes| nodes.into_iter().next().cloned()),
         _ => None,
     };
-    let vars = condition::Vars::for_conditions(&conditions, body, status, headers, state.as_ref());
+    // `now` is the time of this poll: the engine is given it, never reads a clock.
+    let vars = condition::Vars::for_conditions(&conditions, body, status, headers, state.as_ref())
+        .at(chrono::Utc::now());
     let mut budget = condition::Budget::default();
     let mut run =
         |name: &str, c: &Option<condition::Condition>| -> Result<Option<bool>, Observation> {
