@@ -80,6 +80,7 @@ pub const TYPES: &[&str] = &[
     "map",
     "null_type",
     "type",
+    "optional_type",
     "google.protobuf.Timestamp",
     "google.protobuf.Duration",
 ];
@@ -256,41 +257,7 @@ impl Condition {
     /// that measure what the parse needs.
     #[doc(hidden)]
     pub fn compile_here(source: &str) -> Result<Condition, String> {
-        if source.trim().is_empty() {
-            return Err("is empty; write a CEL expression such as status == 200".into());
-        }
-        if source.len() > MAX_LEN {
-            return Err(format!(
-                "is {} bytes long; the limit is {MAX_LEN}",
-                source.len()
-            ));
-        }
-        if source.contains('\0') {
-            return Err("contains a NUL character (\\u0000), which waitd does not store".into());
-        }
-        let parser = super::cel::ENV.parser().max_recursion_depth(MAX_DEPTH);
-        // The parser is a stranger's input's first reader: a panic in it is a 400,
-        // not a lost worker.
-        let parsed =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)))
-                .map_err(|_| "could not be parsed (the CEL parser failed on it)".to_string())?;
-        let mut expr = parsed.map_err(|errors| parse_message(source, &errors))?;
-        let depth = tree_depth(&expr);
-        if depth > MAX_TREE {
-            return Err(format!(
-                "nests {depth} levels deep, and the limit is {MAX_TREE} (every operator, call, member, index and macro counts as a level, chained or bracketed alike); split it, or write a chain of comparisons as a list, e.g. x in [1, 2, 3]"
-            ));
-        }
-        let mut problems = Vec::new();
-        check(&expr, &mut Vec::new(), &mut problems);
-        if let Some(kind) = not_a_bool(&expr) {
-            problems.push(format!(
-                "always evaluates to {kind}, never a bool; compare it, e.g. \"… == …\" or \"… > 0\""
-            ));
-        }
-        if let Some(first) = problems.into_iter().next() {
-            return Err(first);
-        }
+        let mut expr = parse_checked(source, &[], true)?;
         let mut reads = Reads::default();
         collect_reads(&expr, &mut reads);
         super::cel::meter::meter(&mut expr);
@@ -376,6 +343,74 @@ impl Condition {
                 "the CEL interpreter failed on this response".into(),
             )),
         }
+    }
+}
+
+/// `source` parsed and checked: its size, its tree's depth, the names it uses
+/// (the variables, `variables` besides, the functions waitd provides) and, when
+/// `boolean`, that it can be a bool.
+fn parse_checked(source: &str, variables: &[String], boolean: bool) -> Result<IdedExpr, String> {
+    if source.trim().is_empty() {
+        return Err("is empty; write a CEL expression such as status == 200".into());
+    }
+    if source.len() > MAX_LEN {
+        return Err(format!(
+            "is {} bytes long; the limit is {MAX_LEN}",
+            source.len()
+        ));
+    }
+    if source.contains('\0') {
+        return Err("contains a NUL character (\\u0000), which waitd does not store".into());
+    }
+    let parser = super::cel::ENV.parser().max_recursion_depth(MAX_DEPTH);
+    // The parser is a stranger's input's first reader: a panic in it is a 400,
+    // not a lost worker.
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)))
+        .map_err(|_| "could not be parsed (the CEL parser failed on it)".to_string())?;
+    let expr = parsed.map_err(|errors| parse_message(source, &errors))?;
+    let depth = tree_depth(&expr);
+    if depth > MAX_TREE {
+        return Err(format!(
+            "nests {depth} levels deep, and the limit is {MAX_TREE} (every operator, call, member, index and macro counts as a level, chained or bracketed alike); split it, or write a chain of comparisons as a list, e.g. x in [1, 2, 3]"
+        ));
+    }
+    let mut problems = Vec::new();
+    check(&expr, &mut variables.to_vec(), &mut problems);
+    if let Some(kind) = not_a_bool(&expr).filter(|_| boolean) {
+        problems.push(format!(
+            "always evaluates to {kind}, never a bool; compare it, e.g. \"… == …\" or \"… > 0\""
+        ));
+    }
+    if let Some(first) = problems.into_iter().next() {
+        return Err(first);
+    }
+    Ok(expr)
+}
+
+/// An expression evaluated to whatever value it yields, over `variables` besides
+/// waitd's own, with waitd's checks, meters and budget: how the conformance tests
+/// hold waitd's evaluator to CEL's specification. Not for conditions, which must
+/// yield a bool.
+#[doc(hidden)]
+pub fn evaluate_any(
+    source: &str,
+    variables: Vec<(String, cel::Value)>,
+) -> Result<cel::Value, String> {
+    let names: Vec<String> = variables.iter().map(|(n, _)| n.clone()).collect();
+    let mut expr = parse_checked(source, &names, false)?;
+    super::cel::meter::meter(&mut expr);
+    let mut context = Context::with_env(Arc::clone(&super::cel::ENV));
+    for (name, value) in variables {
+        context.add_variable_from_value(name, value);
+    }
+    super::cel::start(BUDGET);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| context.resolve(&expr)));
+    if super::cel::finish().is_none() {
+        return Err(Failure::Budget.to_string());
+    }
+    match result {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("the CEL interpreter failed".into()),
     }
 }
 

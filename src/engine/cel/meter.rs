@@ -80,6 +80,10 @@ pub(in crate::engine) fn meter(e: &mut IdedExpr) {
                 call.func_name = format!("{ns}.{}", call.func_name);
                 call.target = None;
             }
+            if call.func_name == "getMilliseconds" && call.target.is_some() && call.args.is_empty()
+            {
+                call.func_name = super::time::GET_MILLISECONDS.to_string();
+            }
             let name = call.func_name.clone();
             // `max(a, b, c)` is `max([a, b, c])`, as Kubernetes' `[a, b, c].max()`.
             if (name == "max" || name == "min") && call.target.is_none() && call.args.len() > 1 {

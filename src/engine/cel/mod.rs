@@ -18,6 +18,7 @@ mod lists;
 pub(super) mod meter;
 mod regex;
 mod strings;
+mod time;
 
 use std::cell::Cell;
 use std::sync::{Arc, LazyLock};
@@ -40,6 +41,7 @@ pub(super) static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     strings::declare_all(&mut env);
     lists::declare_all(&mut env);
     regex::declare_all(&mut env);
+    time::declare_all(&mut env);
     cel::extensions::strings(&mut env).expect("the strings extension is declared once");
     cel::extensions::lists(&mut env).expect("the lists extension is declared once");
     Arc::new(env)
