@@ -247,7 +247,7 @@ fn run(case: &Value) -> Option<String> {
     if case.get("container").is_some() {
         return Some("names a protobuf container".into());
     }
-    let got = condition::evaluate_any(expr, variables);
+    let got = condition::evaluate_any(expr, None, variables);
     match (expected, got) {
         (Expected::Error, Err(_)) => None,
         (Expected::Error, Ok(v)) => Some(format!("expected an error, got {}", canonical(&v))),

@@ -14,6 +14,7 @@ mod api_smoke;
 mod api_sqlite;
 mod api_waits;
 mod cel_conformance;
+mod cel_differential;
 mod cel_library;
 mod client;
 mod client_wait;

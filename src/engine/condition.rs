@@ -387,19 +387,25 @@ fn parse_checked(source: &str, variables: &[String], boolean: bool) -> Result<Id
     Ok(expr)
 }
 
-/// An expression evaluated to whatever value it yields, over `variables` besides
-/// waitd's own, with waitd's checks, meters and budget: how the conformance tests
+/// An expression evaluated to whatever value it yields, over `body` and
+/// `variables`, with waitd's checks, meters and budget: how the conformance tests
 /// hold waitd's evaluator to CEL's specification. Not for conditions, which must
 /// yield a bool.
 #[doc(hidden)]
 pub fn evaluate_any(
     source: &str,
+    body: Option<&Value>,
     variables: Vec<(String, cel::Value)>,
 ) -> Result<cel::Value, String> {
     let names: Vec<String> = variables.iter().map(|(n, _)| n.clone()).collect();
     let mut expr = parse_checked(source, &names, false)?;
     super::cel::meter::meter(&mut expr);
     let mut context = Context::with_env(Arc::clone(&super::cel::ENV));
+    let body: Box<dyn Val> = match body {
+        Some(b) => json(b),
+        None => Box::new(CelNull),
+    };
+    context.add_variable_as_val("body", body);
     for (name, value) in variables {
         context.add_variable_from_value(name, value);
     }
