@@ -1,0 +1,134 @@
+//! The CEL libraries through the API, on both stores: a header compared with
+//! `lowerAscii()`, a condition on how long ago a target's timestamp was (`now`),
+//! and a bad timestamp string, which counts as a missing state.
+
+use crate::support;
+
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{Value, json};
+use support::*;
+
+/// How long the timestamp condition waits for: short, so the test is quick, and
+/// many polls long, so a wait that succeeds early shows it.
+const HELD: Duration = Duration::from_millis(400);
+
+fn poll() -> Value {
+    json!({"initial": "10ms", "max": "20ms", "jitter": 0})
+}
+
+async fn header_lower_ascii(app: &App, up: &Upstream) {
+    let url = up.script(
+        "/phase",
+        vec![
+            Reply::json(200, json!({})).header("x-phase", "Running"),
+            Reply::json(200, json!({})).header("x-phase", "DONE"),
+        ],
+    );
+    let (code, w) = app
+        .create(json!({
+            "target": {"url": url},
+            "success_condition": "headers['x-phase'].lowerAscii() == 'done'",
+            "poll": poll(),
+        }))
+        .await;
+    assert_eq!(code, 201, "{w}");
+    let done = app.wait_end(w["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(up.hits("/phase"), 2);
+}
+
+/// A Kubernetes-shaped object whose Ready condition changed at `at`.
+fn ready_since(at: &str) -> Value {
+    json!({"status": {"conditions": [
+        {"type": "Progressing", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+        {"type": "Ready", "status": "True", "lastTransitionTime": at},
+    ]}})
+}
+
+async fn held_for_a_duration(app: &App, up: &Upstream) {
+    let since: DateTime<Utc> = Utc::now();
+    let url = up.script(
+        "/held",
+        vec![Reply::json(
+            200,
+            ready_since(&since.to_rfc3339_opts(SecondsFormat::Millis, true)),
+        )],
+    );
+    let condition = format!(
+        "now - timestamp(body.status.conditions.filter(c, c.type == 'Ready')[0].lastTransitionTime) > duration('{}ms')",
+        HELD.as_millis()
+    );
+    let (code, w) = app
+        .create(json!({
+            "target": {"url": url},
+            "success_condition": condition,
+            "poll": poll(),
+        }))
+        .await;
+    assert_eq!(code, 201, "{w}");
+    let done = app.wait_end(w["id"].as_str().unwrap()).await;
+    let ended = Utc::now();
+    assert_eq!(done["status"], "succeeded", "{done}");
+    // The same body every time: it was false on the first polls, and true only
+    // once the duration had passed since the target's timestamp.
+    assert!(
+        ended - since > chrono::Duration::from_std(HELD).unwrap(),
+        "ended {:?} after the timestamp",
+        ended - since
+    );
+    assert!(up.hits("/held") > 2, "polled {} times", up.hits("/held"));
+}
+
+async fn bad_timestamp(app: &App, up: &Upstream) {
+    let url = up.script("/bad", vec![Reply::json(200, ready_since("yesterday"))]);
+    let (code, w) = app
+        .create(json!({
+            "target": {"url": url},
+            "success_condition": "now - timestamp(body.status.conditions.filter(c, c.type == 'Ready')[0].lastTransitionTime) > duration('1s')",
+            "poll": poll(),
+            "retry": {"delay": "10ms", "max_delay": "20ms"},
+        }))
+        .await;
+    assert_eq!(code, 201, "{w}");
+    let id = w["id"].as_str().unwrap().to_string();
+    let running = support::poll_for(Duration::from_secs(10), || async {
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        w["last_error"].as_str().is_some().then_some(w)
+    })
+    .await
+    .expect("a last_error");
+    assert_eq!(running["status"], "running", "{running}");
+    let error = running["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("success_condition could not be evaluated") && error.contains("timestamp"),
+        "{error}"
+    );
+    let (code, _) = app.post(&format!("/waits/{id}/cancel")).await;
+    assert_eq!(code, 200);
+}
+
+async fn all(app: &App) {
+    let up = Upstream::start().await;
+    header_lower_ascii(app, &up).await;
+    held_for_a_duration(app, &up).await;
+    bad_timestamp(app, &up).await;
+}
+
+#[tokio::test]
+async fn the_cel_libraries_work_through_the_api_on_postgres() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    all(&app).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_cel_libraries_work_through_the_api_on_sqlite() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    all(&app).await;
+    app.stop().await.0.unwrap();
+}
