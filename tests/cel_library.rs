@@ -305,3 +305,49 @@ proptest! {
         }
     }
 }
+
+/// kubernetes.condition with `held_for`: the condition must be True and have
+/// changed at least that long before the poll.
+#[test]
+fn the_kubernetes_condition_preset_waits_for_a_condition_to_have_held() {
+    use waitd::engine::{Limits, Observation, Spec};
+    let spec = |held_for: Option<&str>| {
+        let mut params = json!({"path": "/api/v1/namespaces/a/pods/b", "condition": "Ready"});
+        if let Some(h) = held_for {
+            params["held_for"] = json!(h);
+        }
+        let request = json!({"preset": "kubernetes.condition", "params": params});
+        let merged = waitd::presets::Registry::builtin()
+            .apply(&request)
+            .expect("the preset applies");
+        Spec::from_request(&merged, &Limits::default()).expect("valid")
+    };
+    let pod = |ago: chrono::Duration| {
+        let at = (Utc::now() - ago).to_rfc3339();
+        json!({"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": at}]}})
+    };
+    let judged = |spec: &Spec, body: &Value| {
+        let base = Observation::State {
+            values: vec!["True".into()],
+            detail: None,
+        };
+        match waitd::probe::judge(spec, 200, &BTreeMap::new(), Some(body), base) {
+            Observation::Judged { success, .. } => success,
+            other => panic!("{other:?}"),
+        }
+    };
+    let held = spec(Some("5m"));
+    assert_eq!(
+        judged(&held, &pod(chrono::Duration::minutes(10))),
+        Some(true)
+    );
+    assert_eq!(
+        judged(&held, &pod(chrono::Duration::minutes(1))),
+        Some(false)
+    );
+    // Without held_for, True is enough, as kubectl wait --for=condition.
+    assert_eq!(
+        judged(&spec(None), &pod(chrono::Duration::zero())),
+        Some(true)
+    );
+}
