@@ -12,7 +12,7 @@ use support::*;
 
 /// How long the timestamp condition waits for: short, so the test is quick, and
 /// many polls long, so a wait that succeeds early shows it.
-const HELD: Duration = Duration::from_millis(400);
+const HELD: Duration = Duration::from_millis(500);
 
 fn poll() -> Value {
     json!({"initial": "10ms", "max": "20ms", "jitter": 0})
@@ -48,13 +48,11 @@ fn ready_since(at: &str) -> Value {
 }
 
 async fn held_for_a_duration(app: &App, up: &Upstream) {
-    let since: DateTime<Utc> = Utc::now();
+    // Ready since a time far ahead, until the wait has polled once: then Ready
+    // since now, the same body from there on.
     let url = up.script(
         "/held",
-        vec![Reply::json(
-            200,
-            ready_since(&since.to_rfc3339_opts(SecondsFormat::Millis, true)),
-        )],
+        vec![Reply::json(200, ready_since("2100-01-01T00:00:00Z"))],
     );
     let condition = format!(
         "now - timestamp(body.status.conditions.filter(c, c.type == 'Ready')[0].lastTransitionTime) > duration('{}ms')",
@@ -68,17 +66,35 @@ async fn held_for_a_duration(app: &App, up: &Upstream) {
         }))
         .await;
     assert_eq!(code, 201, "{w}");
+    let polled = support::poll_for(Duration::from_secs(10), || async {
+        (up.hits("/held") > 0).then_some(())
+    })
+    .await;
+    assert!(polled.is_some(), "the wait polls its target");
+    let since: DateTime<Utc> = Utc::now();
+    up.script(
+        "/held",
+        vec![Reply::json(
+            200,
+            ready_since(&since.to_rfc3339_opts(SecondsFormat::Millis, true)),
+        )],
+    );
+    let before = up.hits("/held");
     let done = app.wait_end(w["id"].as_str().unwrap()).await;
     let ended = Utc::now();
     assert_eq!(done["status"], "succeeded", "{done}");
-    // The same body every time: it was false on the first polls, and true only
-    // once the duration had passed since the target's timestamp.
+    // The same body at every poll since: false until the duration had passed
+    // since the target's timestamp, then true.
     assert!(
         ended - since > chrono::Duration::from_std(HELD).unwrap(),
         "ended {:?} after the timestamp",
         ended - since
     );
-    assert!(up.hits("/held") > 2, "polled {} times", up.hits("/held"));
+    let same_body_polls = up.hits("/held") - before;
+    assert!(
+        same_body_polls > 1,
+        "polled {same_body_polls} times on the same body"
+    );
 }
 
 async fn bad_timestamp(app: &App, up: &Upstream) {

@@ -47,39 +47,18 @@ os._exit(0)
 "#;
 
 fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("WAITD_TEST_CEL_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cel-python-venv");
-    let python = venv.join("bin/python");
-    let has = |p: &PathBuf| {
-        Command::new(p)
-            .args(["-c", "from cel_expr_python import cel"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if has(&python) {
-        return python;
-    }
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        made,
-        "the differential CEL test needs python3 (3.11 or later) with venv (Debian: apt-get install python3 python3-venv), or WAITD_TEST_CEL_PYTHON naming a Python that has the cel-expr-python package"
-    );
-    let installed = Command::new(venv.join("bin/pip"))
-        .args(["install", "-q", "--disable-pip-version-check", PACKAGE])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        installed && has(&python),
-        "could not install {PACKAGE} from PyPI into {} (it needs Python 3.11 or later on Linux, macOS or Windows)",
-        venv.display()
-    );
-    python
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            crate::support::venv::python_with(
+                "WAITD_TEST_CEL_PYTHON",
+                "cel-python-venv",
+                PACKAGE,
+                "from cel_expr_python import cel",
+                "python3 (3.11 or later) with venv for the differential CEL test",
+            )
+        })
+        .clone()
 }
 
 /// The kind of an error, from either implementation's sentence.

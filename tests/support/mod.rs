@@ -15,6 +15,7 @@ pub mod pg;
 pub mod receiver;
 pub mod recorder;
 pub mod replica;
+pub mod venv;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

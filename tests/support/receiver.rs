@@ -205,45 +205,13 @@ pub fn python_with_standardwebhooks() -> PathBuf {
 }
 
 fn find_or_make_python() -> PathBuf {
-    if let Ok(p) = std::env::var("WAITD_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("webhooks-venv");
-    let python = venv.join("bin/python");
-    let has = |p: &PathBuf| {
-        Command::new(p)
-            .args(["-c", "import standardwebhooks"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if has(&python) {
-        return python;
-    }
-    // --clear: a virtualenv left half made by an interrupted run is made again.
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        made,
-        "the webhook signature test needs python3 with venv (Debian: apt-get install python3 python3-venv), or WAITD_TEST_PYTHON naming a Python that has the standardwebhooks package"
-    );
-    let installed = Command::new(venv.join("bin/pip"))
-        .args([
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "standardwebhooks==1.1.0",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        installed && has(&python),
-        "could not install the standardwebhooks package from PyPI into {}",
-        venv.display()
-    );
-    python
+    super::venv::python_with(
+        "WAITD_TEST_PYTHON",
+        "webhooks-venv",
+        "standardwebhooks==1.1.0",
+        "import standardwebhooks",
+        "python3 with venv for the webhook signature check",
+    )
 }
 
 /// What the `standardwebhooks` package says of each request signed with `secret`:

@@ -182,26 +182,38 @@ fn index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Executi
 }
 
 fn index_of_offset<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    from_offset("indexOf", args, |s, needle, start| {
+        s[start..]
+            .find(needle)
+            .map_or(-1, |b| chars_before(s, start + b))
+    })
+}
+
+/// `s.f(needle, offset)`: CEL's checks of the offset (in code points), then
+/// `search` from its byte position.
+fn from_offset<'b, 'v>(
+    function: &str,
+    args: Vec<CowVal<'b, 'v>>,
+    search: impl Fn(&str, &str, usize) -> i64,
+) -> Result<CowVal<'b, 'v>, ExecutionError> {
     let [s, needle, offset] = take(args)?;
     let (s, needle, offset) = (
-        string_arg("indexOf", &*s)?,
-        string_arg("indexOf", &*needle)?,
-        int_arg("indexOf", &*offset)?,
+        string_arg(function, &*s)?,
+        string_arg(function, &*needle)?,
+        int_arg(function, &*offset)?,
     );
     let len = s.chars().count() as i64;
     if offset < 0 {
-        return Err(out_of_range("indexOf", offset));
+        return Err(out_of_range(function, offset));
     }
     if needle.is_empty() {
         return Ok(int(offset.min(len)));
     }
     if offset >= len {
-        return Err(out_of_range("indexOf", offset));
+        return Err(out_of_range(function, offset));
     }
     let start = byte_offset(s, offset as usize).unwrap_or(s.len());
-    Ok(int(s[start..]
-        .find(needle)
-        .map_or(-1, |b| chars_before(s, start + b))))
+    Ok(int(search(s, needle, start)))
 }
 
 fn last_index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
@@ -227,30 +239,13 @@ fn last_index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Ex
 fn last_index_of_offset<'b, 'v>(
     args: Vec<CowVal<'b, 'v>>,
 ) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let [s, needle, offset] = take(args)?;
-    let (s, needle, offset) = (
-        string_arg("lastIndexOf", &*s)?,
-        string_arg("lastIndexOf", &*needle)?,
-        int_arg("lastIndexOf", &*offset)?,
-    );
-    let len = s.chars().count() as i64;
-    if offset < 0 {
-        return Err(out_of_range("lastIndexOf", offset));
-    }
-    if needle.is_empty() {
-        return Ok(int(offset.min(len)));
-    }
-    if offset >= len {
-        return Err(out_of_range("lastIndexOf", offset));
-    }
-    // A match starting at or before `offset` ends at most a needle's length
-    // after it; a match cannot end inside a code point.
-    let start = byte_offset(s, offset as usize).unwrap_or(s.len());
-    let mut end = (start + needle.len()).min(s.len());
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    Ok(int(s[..end]
-        .rfind(needle)
-        .map_or(-1, |b| chars_before(s, b))))
+    from_offset("lastIndexOf", args, |s, needle, start| {
+        // A match starting at or before the offset ends at most a needle's
+        // length after it; a match cannot end inside a code point.
+        let mut end = (start + needle.len()).min(s.len());
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s[..end].rfind(needle).map_or(-1, |b| chars_before(s, b))
+    })
 }
