@@ -230,6 +230,7 @@ fn growth_of_a_large_body_string_ends_on_the_budget() {
         "l": vec!["x".repeat(100); 3000],
         "items": (0..2000).collect::<Vec<_>>(),
         "f": "%.99999999f",
+        "ints": (0..400_000).rev().collect::<Vec<_>>(),
     });
     let hostile = [
         "body.items.all(i, body.s.split(',').size() > 0)",
@@ -248,6 +249,8 @@ fn growth_of_a_large_body_string_ends_on_the_budget() {
         "body.items.all(i, strings.quote(body.s).size() > 0)",
         "body.items.all(i, body.items.map(j, duration('1s') + duration(string(j) + 's')).size() > 0)",
         "body.items.all(i, body.items.all(j, now - duration('1h') < now))",
+        "body.ints.sort().size() > 0 && body.ints.sort().size() > 0",
+        "body.ints.sortBy(x, -x).size() > 0",
     ];
     for expr in hostile {
         let t = Instant::now();
