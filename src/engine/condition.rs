@@ -4,7 +4,8 @@
 //! (cel-rust, the maintained Rust implementation of the Common Expression Language),
 //! checked for what can be checked before any response exists (size, nesting, the
 //! variables and functions it names), and rewritten so that its evaluation is
-//! metered. It is then evaluated on every response against four variables:
+//! metered ([`super::cel::check`], [`super::cel::meter`]). It is then evaluated on
+//! every response against five variables:
 //!
 //! | variable | value |
 //! |---|---|
@@ -12,6 +13,7 @@
 //! | `status` | the HTTP status, an int |
 //! | `headers` | lower-case header name → value; repeated headers joined with `", "` |
 //! | `state` | what the wait's `state` path yields (one value, a list for a JSONPath, the status for `@status`); `null` without one |
+//! | `now` | the time of the poll, which the evaluation is given ([`Vars::at`]) |
 //!
 //! ## The budget
 //!
@@ -45,8 +47,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
+use super::cel::check::children;
 use cel::Context;
-use cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
+use cel::common::ast::{Expr, IdedExpr, operators};
 use cel::common::types::{
     CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelTimestamp,
     CelUInt,
@@ -257,7 +260,7 @@ impl Condition {
     /// that measure what the parse needs.
     #[doc(hidden)]
     pub fn compile_here(source: &str) -> Result<Condition, String> {
-        let mut expr = parse_checked(source, &[], true)?;
+        let mut expr = super::cel::check::parse_checked(source, &[], true)?;
         let mut reads = Reads::default();
         collect_reads(&expr, &mut reads);
         super::cel::meter::meter(&mut expr);
@@ -346,47 +349,6 @@ impl Condition {
     }
 }
 
-/// `source` parsed and checked: its size, its tree's depth, the names it uses
-/// (the variables, `variables` besides, the functions waitd provides) and, when
-/// `boolean`, that it can be a bool.
-fn parse_checked(source: &str, variables: &[String], boolean: bool) -> Result<IdedExpr, String> {
-    if source.trim().is_empty() {
-        return Err("is empty; write a CEL expression such as status == 200".into());
-    }
-    if source.len() > MAX_LEN {
-        return Err(format!(
-            "is {} bytes long; the limit is {MAX_LEN}",
-            source.len()
-        ));
-    }
-    if source.contains('\0') {
-        return Err("contains a NUL character (\\u0000), which waitd does not store".into());
-    }
-    let parser = super::cel::ENV.parser().max_recursion_depth(MAX_DEPTH);
-    // The parser is a stranger's input's first reader: a panic in it is a 400,
-    // not a lost worker.
-    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)))
-        .map_err(|_| "could not be parsed (the CEL parser failed on it)".to_string())?;
-    let expr = parsed.map_err(|errors| parse_message(source, &errors))?;
-    let depth = tree_depth(&expr);
-    if depth > MAX_TREE {
-        return Err(format!(
-            "nests {depth} levels deep, and the limit is {MAX_TREE} (every operator, call, member, index and macro counts as a level, chained or bracketed alike); split it, or write a chain of comparisons as a list, e.g. x in [1, 2, 3]"
-        ));
-    }
-    let mut problems = Vec::new();
-    check(&expr, &mut variables.to_vec(), &mut problems);
-    if let Some(kind) = not_a_bool(&expr).filter(|_| boolean) {
-        problems.push(format!(
-            "always evaluates to {kind}, never a bool; compare it, e.g. \"… == …\" or \"… > 0\""
-        ));
-    }
-    if let Some(first) = problems.into_iter().next() {
-        return Err(first);
-    }
-    Ok(expr)
-}
-
 /// An expression evaluated to whatever value it yields, over `body` and
 /// `variables`, with waitd's checks, meters and budget: how the conformance tests
 /// hold waitd's evaluator to CEL's specification. Not for conditions, which must
@@ -398,7 +360,7 @@ pub fn evaluate_any(
     variables: Vec<(String, cel::Value)>,
 ) -> Result<cel::Value, String> {
     let names: Vec<String> = variables.iter().map(|(n, _)| n.clone()).collect();
-    let mut expr = parse_checked(source, &names, false)?;
+    let mut expr = super::cel::check::parse_checked(source, &names, false)?;
     super::cel::meter::meter(&mut expr);
     let mut context = Context::with_env(Arc::clone(&super::cel::ENV));
     let body: Box<dyn Val> = match body {
@@ -594,57 +556,6 @@ fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
     }
 }
 
-/// The depth of `e`'s tree, every node counted, measured without recursion so that
-/// it can measure any tree the parser built.
-fn tree_depth(e: &IdedExpr) -> usize {
-    let mut deepest = 0;
-    let mut todo: Vec<(&IdedExpr, usize)> = vec![(e, 1)];
-    while let Some((e, d)) = todo.pop() {
-        deepest = deepest.max(d);
-        children(e, |c| todo.push((c, d + 1)));
-    }
-    deepest
-}
-
-/// Calls `f` on each direct sub-expression of `e`, in evaluation order.
-fn children<'e>(e: &'e IdedExpr, mut f: impl FnMut(&'e IdedExpr)) {
-    match &e.expr {
-        Expr::Call(c) => {
-            c.target.iter().for_each(|t| f(t));
-            c.args.iter().for_each(f);
-        }
-        Expr::Comprehension(c) => {
-            for part in [
-                &c.iter_range,
-                &c.accu_init,
-                &c.loop_cond,
-                &c.loop_step,
-                &c.result,
-            ] {
-                f(part);
-            }
-        }
-        Expr::List(l) => l.elements.iter().for_each(f),
-        Expr::Map(m) => {
-            for entry in &m.entries {
-                if let EntryExpr::MapEntry(me) = &entry.expr {
-                    f(&me.key);
-                    f(&me.value);
-                }
-            }
-        }
-        Expr::Select(sel) => f(&sel.operand),
-        Expr::Struct(st) => {
-            for entry in &st.entries {
-                if let EntryExpr::StructField(field) = &entry.expr {
-                    f(&field.value);
-                }
-            }
-        }
-        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
-    }
-}
-
 /// A JSON value as CEL sees it: integers that fit are `int` (then `uint`), other
 /// numbers `double`.
 fn json<'v>(v: &'v Value) -> Box<dyn Val + 'v> {
@@ -680,135 +591,4 @@ fn type_name(v: &cel::Value) -> &'static str {
         cel::Value::Null => "null",
         _ => "a value of another type",
     }
-}
-
-/// "at line 1, column 8: mismatched input…", the first of the parser's errors.
-fn parse_message(source: &str, errors: &cel::ParseErrors) -> String {
-    let Some(e) = errors.errors.first() else {
-        return "could not be parsed".into();
-    };
-    let (line, column) = e.pos;
-    let shown: String = source.chars().take(120).collect();
-    if e.msg.contains("Recursion limit") {
-        return format!(
-            "nests deeper than {MAX_DEPTH} levels (parentheses, lists, maps, calls and operators) at line {line}; flatten it"
-        );
-    }
-    format!(
-        "is not a valid CEL expression: at line {line}, column {}: {} (in \"{shown}\")",
-        column + 1,
-        e.msg
-    )
-}
-
-/// What the whole expression evaluates to when that is known without a response
-/// and is not a bool.
-fn not_a_bool(e: &IdedExpr) -> Option<&'static str> {
-    use cel::common::ast::LiteralValue as L;
-    match &e.expr {
-        Expr::Literal(L::Boolean(_)) => None,
-        Expr::Literal(L::Int(_) | L::UInt(_)) => Some("a number"),
-        Expr::Literal(L::Double(_)) => Some("a double"),
-        Expr::Literal(L::String(_)) => Some("a string"),
-        Expr::Literal(L::Bytes(_)) => Some("bytes"),
-        Expr::Literal(L::Null) => Some("null"),
-        Expr::List(_) => Some("a list"),
-        Expr::Map(_) => Some("a map"),
-        Expr::Call(c) => match c.func_name.as_str() {
-            operators::ADD
-            | operators::SUBSTRACT
-            | operators::MULTIPLY
-            | operators::DIVIDE
-            | operators::MODULO
-            | operators::NEGATE
-            | "size"
-            | "int"
-            | "uint"
-            | "double" => Some("a number"),
-            "string" => Some("a string"),
-            "bytes" => Some("bytes"),
-            "type" => Some("a type"),
-            _ => None,
-        },
-        // `map` and `filter` build a list.
-        Expr::Comprehension(c) if matches!(&c.accu_init.expr, Expr::List(_)) => Some("a list"),
-        _ => None,
-    }
-}
-
-/// Names that are neither a variable, a bound comprehension variable nor a known
-/// function, reported as sentences.
-fn check(e: &IdedExpr, bound: &mut Vec<String>, problems: &mut Vec<String>) {
-    match &e.expr {
-        Expr::Select(_) if dotted(e).is_some_and(|n| TYPES.contains(&n.as_str())) => {}
-        Expr::Ident(name) => {
-            if !VARIABLES.contains(&name.as_str())
-                && !TYPES.contains(&name.as_str())
-                && !bound.iter().any(|b| b == name)
-            {
-                problems.push(format!(
-                    "names {name}, which is not a variable{}; the variables are body, status, headers, state and now",
-                    hint(&VARIABLES, name)
-                ));
-            }
-        }
-        Expr::Call(call)
-            if call.target.as_deref().and_then(dotted).is_some_and(|ns| {
-                FUNCTIONS.contains(&format!("{ns}.{}", call.func_name).as_str())
-            }) =>
-        {
-            // A namespaced function (`optional.of(x)`, `strings.quote(s)`): the
-            // namespace is not a variable.
-            call.args.iter().for_each(|a| check(a, bound, problems));
-        }
-        Expr::Call(call) => {
-            let name = call.func_name.as_str();
-            let builtin = name.starts_with('_')
-                || name.starts_with('@')
-                || name == operators::LOGICAL_NOT
-                || name == operators::NEGATE;
-            if !builtin && !FUNCTIONS.contains(&name) {
-                problems.push(format!(
-                    "calls {name}(), which is not a function waitd provides{}; docs/conditions.md lists them",
-                    hint(FUNCTIONS, name)
-                ));
-            }
-            children(e, |c| check(c, bound, problems));
-        }
-        Expr::Comprehension(c) => {
-            // The range and the start are outside the comprehension's scope.
-            check(&c.iter_range, bound, problems);
-            check(&c.accu_init, bound, problems);
-            let before = bound.len();
-            bound.push(c.iter_var.clone());
-            bound.extend(c.iter_var2.clone());
-            bound.push(c.accu_var.clone());
-            for part in [&c.loop_cond, &c.loop_step, &c.result] {
-                check(part, bound, problems);
-            }
-            bound.truncate(before);
-        }
-        Expr::Struct(_) => problems.push(
-            "builds a message (struct) literal, which waitd's conditions have no types for".into(),
-        ),
-        _ => children(e, |c| check(c, bound, problems)),
-    }
-}
-
-/// `a.b.c` when `e` is that chain of names.
-fn dotted(e: &IdedExpr) -> Option<String> {
-    match &e.expr {
-        Expr::Ident(n) => Some(n.clone()),
-        Expr::Select(s) if !s.test => dotted(&s.operand).map(|o| format!("{o}.{}", s.field)),
-        _ => None,
-    }
-}
-
-/// " (did you mean x?)" when one of `known` is a likely typo of `name`.
-fn hint(known: &[&str], name: &str) -> String {
-    known
-        .iter()
-        .find(|k| super::spec::close(k, name))
-        .map(|k| format!(" (did you mean {k}?)"))
-        .unwrap_or_default()
 }
