@@ -16,6 +16,7 @@ pub mod events;
 pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod outbound;
 pub mod presets;
 pub mod probe;
 pub mod server;
