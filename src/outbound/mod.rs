@@ -1,12 +1,25 @@
 //! The one way out: every request waitd makes to a host it does not run (a wait's
 //! target, a webhook's receiver) goes through here.
 //!
+//! - [`guard`]: the SSRF guard, and the resolver that is the only way a name becomes
+//!   an address, so the address judged is the address connected to.
+//! - [`Client`]: one hyper client under that resolver, with its TLS settings; no
+//!   proxy, no redirects, no retries.
+//! - [`Error`]: why a request came to nothing, whether that may pass
+//!   ([`Error::is_transient`]), and a sentence that never holds the URL or a header
+//!   value.
 //! - [`KeyedSlots`]: the bound on how many at once per key (a host, a tenant's
 //!   receiver, a tenant), which the API's stream caps use as well.
 //!
 //! It knows nothing of waits, deliveries or storage: what an answer means is the
 //! caller's.
 
+mod client;
+mod error;
+pub mod guard;
 mod slots;
 
+pub use client::{Body, Client, MAX_RETRY_AFTER, USER_AGENT, drain, read_body, retry_after};
+pub use error::{Error, Peer, error_chain, format_size};
+pub use guard::{Guard, GuardedResolver, ResolveError};
 pub use slots::{Full, KeyedSlots, Slot};

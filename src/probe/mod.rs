@@ -24,33 +24,23 @@
 //! value (header values are secrets) nor the target URL (the wait shows it already,
 //! and its query may carry a token).
 
-pub mod guard;
-
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue, USER_AGENT as UA};
 use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
 use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath, condition};
+use crate::outbound::{Body, Client, KeyedSlots, Peer};
 
-pub use guard::{Guard, GuardedResolver, ResolveError};
-
-/// The `User-Agent` of every probe.
-pub const USER_AGENT: &str = concat!("waitd/", env!("CARGO_PKG_VERSION"));
-
-/// The largest `Retry-After` honoured; a longer one is cut to this.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+pub use crate::outbound::guard;
+pub use crate::outbound::{
+    Guard, GuardedResolver, MAX_RETRY_AFTER, ResolveError, USER_AGENT, retry_after,
+};
 
 /// How the prober is set up. Build it with `..ProbeConfig::default()` so that new
 /// fields keep their defaults.
@@ -112,44 +102,6 @@ pub fn classify_status(status: u16) -> StatusClass {
     }
 }
 
-/// The target's own lower bound on the next attempt, from the response headers, in
-/// this order: `retry-after-ms`, `x-ms-retry-after-ms` (milliseconds, as Azure sends
-/// them), then `Retry-After` as delta seconds or an HTTP date (relative to `now`). A
-/// header that does not parse is skipped for the next one; a date in the past means
-/// no bound (`None`); a bound over [`MAX_RETRY_AFTER`] is cut to it.
-pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-    };
-    let found = ["retry-after-ms", "x-ms-retry-after-ms"]
-        .iter()
-        .find_map(|name| text(name).and_then(parse_millis))
-        .or_else(|| {
-            let v = text("retry-after")?;
-            if v.bytes().all(|b| b.is_ascii_digit()) {
-                // Delta seconds; absurdly long ones saturate (and are cut below).
-                Some(Duration::from_secs(v.parse::<u64>().unwrap_or(u64::MAX)))
-            } else {
-                let at = httpdate::parse_http_date(v).ok()?;
-                Some(at.duration_since(now).ok()?)
-            }
-        })?;
-    Some(found.min(MAX_RETRY_AFTER))
-}
-
-fn parse_millis(v: &str) -> Option<Duration> {
-    if v.bytes().all(|b| b.is_ascii_digit()) {
-        return Some(Duration::from_millis(v.parse::<u64>().unwrap_or(u64::MAX)));
-    }
-    // Some servers send fractional milliseconds.
-    let ms: f64 = v.parse().ok()?;
-    (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64((ms / 1000.0).min(1e9)))
-}
-
 /// Sends the GETs. Cheap to clone: every clone shares one client (one connection
 /// pool), one guard and one set of per-host limits.
 #[derive(Clone)]
@@ -157,35 +109,24 @@ pub struct Prober {
     inner: Arc<Inner>,
 }
 
-/// The probes' connector: names resolved only by the SSRF guard's resolver, then
-/// plain TCP or TLS (rustls, the platform's verifier) by the URL's scheme.
-type Connector = hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>;
-
 struct Inner {
-    /// hyper's pooled HTTP/1 client. Not reqwest: a probe never follows a
-    /// redirect, never retries inside the client and needs no URL back, and
-    /// reqwest's layers for those (a request cloned for a retry that never comes,
-    /// the URL parsed again for the redirect policy and for the response) were
-    /// most of the 6.6 µs of CPU a poll that leaving it saved (BENCHMARKS.md).
-    client: HttpClient<Connector, Empty<Bytes>>,
+    /// The outbound client (see [`crate::outbound`]).
+    client: Client,
     /// `User-Agent`, `Accept` and `--probe-identity`, under a target's own headers.
     defaults: HeaderMap,
-    guard: Arc<Guard>,
     timeout: Duration,
     max_body: usize,
-    per_host: usize,
-    hosts: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
-    /// Probes finished, for the occasional sweep of [`HostSlot`]'s drop.
-    finished: std::sync::atomic::AtomicU64,
+    /// Probes in flight per "host:port".
+    hosts: Arc<KeyedSlots<Arc<str>>>,
 }
 
 impl std::fmt::Debug for Prober {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prober")
-            .field("guard", &self.inner.guard)
+            .field("guard", self.inner.client.guard())
             .field("timeout", &self.inner.timeout)
             .field("max_body", &self.inner.max_body)
-            .field("per_host_concurrency", &self.inner.per_host)
+            .field("per_host_concurrency", &self.inner.hosts.per_key())
             .finish_non_exhaustive()
     }
 }
@@ -225,9 +166,11 @@ pub fn target_url(spec: &Spec) -> Result<url::Url, String> {
         .map_err(|e| format!("the target URL is not a valid absolute URL ({e})"))
 }
 
-/// An HTTP client builder for waitd's outbound requests (probes, webhooks): names
-/// resolved only through `resolver` (the SSRF guard), no redirects, no proxy, a
-/// bound on each request, and `User-Agent: waitd/<version>`.
+pub use crate::outbound::error_chain;
+
+/// A reqwest client builder for webhooks: names resolved only through `resolver`
+/// (the SSRF guard), no redirects, no proxy, a bound on each request, and
+/// `User-Agent: waitd/<version>`.
 pub fn guarded_client(resolver: GuardedResolver, timeout: Duration) -> reqwest::ClientBuilder {
     // Another part of the process may have installed a provider first; either way
     // one is installed afterwards, which is all reqwest needs.
@@ -240,44 +183,13 @@ pub fn guarded_client(resolver: GuardedResolver, timeout: Duration) -> reqwest::
         .dns_resolver(resolver)
 }
 
-/// hyper's client for probes: names resolved only by `resolver` (the SSRF guard),
-/// TLS by rustls with the process's crypto provider and the platform's verifier
-/// (what reqwest's rustls client uses), HTTP/1.1, `TCP_NODELAY`, idle connections
-/// kept 90 s. No proxy, no redirects, no retries: one probe is one GET.
-fn probe_client(
-    resolver: GuardedResolver,
-) -> Result<HttpClient<Connector, Empty<Bytes>>, rustls::Error> {
-    // As in [`guarded_client`]: a provider is installed either way.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let provider = rustls::crypto::CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-    let verifier = rustls_platform_verifier::Verifier::new(provider.clone())?;
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
-    let mut http = HttpConnector::new_with_resolver(resolver);
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(HttpClient::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build(connector))
-}
-
 /// Whether a request failed because the SSRF guard refused every address of its
 /// host (permanent, not worth retrying): the refusal's sentence.
 pub fn guard_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    find_source::<ResolveError>(e)
-        .filter(|r| matches!(r, ResolveError::Forbidden { .. }))
-        .map(|r| r.to_string())
+    match crate::outbound::Error::of(Peer::Receiver, e) {
+        crate::outbound::Error::Refused(sentence) => Some(sentence),
+        _ => None,
+    }
 }
 
 impl Prober {
@@ -286,8 +198,6 @@ impl Prober {
     /// per-request timeout, `User-Agent: waitd/<version>` and `Accept:
     /// application/json` (a target header of the same name replaces it).
     pub fn new(config: ProbeConfig) -> Result<Prober, crate::config::SettingError> {
-        let guard = Arc::new(config.guard);
-        let resolver = GuardedResolver::new(guard.clone(), &config.resolve_overrides);
         let mut defaults = HeaderMap::new();
         defaults.insert(UA, HeaderValue::from_static(USER_AGENT));
         defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
@@ -300,29 +210,21 @@ impl Prober {
             })?;
             defaults.insert(HeaderName::from_static(IDENTITY_HEADER), value);
         }
-        let client = probe_client(resolver).map_err(|e| {
-            crate::config::SettingError(format!(
-                "could not build the HTTP client for probes: {}",
-                error_chain(&e)
-            ))
-        })?;
+        let client = Client::new(Arc::new(config.guard), &config.resolve_overrides)?;
         Ok(Prober {
             inner: Arc::new(Inner {
                 client,
                 defaults,
-                guard,
                 timeout: config.timeout,
                 max_body: config.max_body,
-                per_host: config.per_host_concurrency.max(1),
-                hosts: Mutex::new(HashMap::new()),
-                finished: Default::default(),
+                hosts: KeyedSlots::new(config.per_host_concurrency),
             }),
         })
     }
 
     /// The guard this prober applies (the API uses the same one at creation).
     pub fn guard(&self) -> &Guard {
-        &self.inner.guard
+        self.inner.client.guard()
     }
 
     /// One GET of `spec.target.url` with `spec.target.headers`, classified. Never
@@ -391,8 +293,7 @@ impl Prober {
         // Address literals never reach the resolver, so they are judged here; names
         // are judged by the resolver, on the addresses it returns.
         let refused = self
-            .inner
-            .guard
+            .guard()
             .check_url(&url)
             .err()
             .map(|r| r.to_string().into_boxed_str());
@@ -417,27 +318,24 @@ impl Prober {
         if let Some(refused) = &target.refused {
             return refusal(wait, target.log_host(), refused.to_string());
         }
-        let _slot = self.host_slot(&target.host).await;
+        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
         // One bound on the request, from connecting to the last byte of the body.
         match tokio::time::timeout(self.inner.timeout, self.get(wait, target, spec, memo)).await {
             Ok(obs) => obs,
-            Err(_) => Observation::Transient {
-                error: format!(
-                    "the target did not answer within {}",
-                    crate::engine::duration::format(self.inner.timeout)
-                ),
-                retry_after: None,
-            },
+            Err(_) => self.failure(
+                wait,
+                target.log_host(),
+                crate::outbound::Error::Timeout {
+                    peer: Peer::Target,
+                    within: self.inner.timeout,
+                },
+            ),
         }
     }
 
     /// How many hosts the per-host limit tracks now: those with a probe in flight.
     pub fn hosts_tracked(&self) -> usize {
-        self.inner
-            .hosts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.inner.hosts.keys()
     }
 
     async fn get(
@@ -447,7 +345,7 @@ impl Prober {
         spec: &Spec,
         memo: &mut Option<Memo>,
     ) -> Observation {
-        let mut request = Request::new(Empty::new());
+        let mut request = Request::new(Body::new(Bytes::new()));
         *request.method_mut() = Method::GET;
         *request.uri_mut() = target.uri.clone();
         *request.headers_mut() = target
@@ -455,9 +353,9 @@ impl Prober {
             .as_deref()
             .unwrap_or(&self.inner.defaults)
             .clone();
-        let mut response = match self.inner.client.request(request).await {
+        let mut response = match self.inner.client.send(request, Peer::Target).await {
             Ok(r) => r,
-            Err(e) => return self.request_error(wait, target.log_host(), &e),
+            Err(e) => return self.failure(wait, target.log_host(), e),
         };
         let status = response.status();
         let judged = spec.success_condition.is_some() || spec.failure_condition.is_some();
@@ -509,12 +407,11 @@ impl Prober {
                 BTreeMap::new()
             }
         });
-        let body = match self
-            .read_body(wait, target.log_host(), response.body_mut())
-            .await
-        {
+        let read =
+            crate::outbound::read_body(response.body_mut(), self.inner.max_body, Peer::Target);
+        let body = match read.await {
             Ok(body) => body,
-            Err(obs) => return obs,
+            Err(e) => return self.failure(wait, target.log_host(), e),
         };
         let status = status.as_u16();
         let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
@@ -559,116 +456,21 @@ impl Prober {
         obs
     }
 
-    /// The body, read up to [`ProbeConfig::max_body`]; past it, a permanent error.
-    async fn read_body(
-        &self,
-        wait: uuid::Uuid,
-        host: &str,
-        incoming: &mut Incoming,
-    ) -> Result<Vec<u8>, Observation> {
-        let max = self.inner.max_body;
-        let too_large = || Observation::Permanent {
-            error: format!("the response body exceeded the {} limit", format_size(max)),
-        };
-        let announced = hyper::body::Body::size_hint(incoming).exact();
-        if announced.is_some_and(|n| n > max as u64) {
-            return Err(too_large());
+    /// A request that came to nothing: a refusal by the SSRF guard is logged as
+    /// well; what may pass (DNS, connection, TLS, a timeout, a broken body) is
+    /// transient, the rest (a body over the cap) permanent.
+    fn failure(&self, wait: uuid::Uuid, host: &str, e: crate::outbound::Error) -> Observation {
+        if let crate::outbound::Error::Refused(error) = e {
+            return refusal(wait, host, error);
         }
-        let mut body: Vec<u8> = Vec::with_capacity(announced.map_or(0, |n| n as usize));
-        loop {
-            match incoming.frame().await {
-                Some(Ok(frame)) => {
-                    // Trailers carry nothing a probe reads.
-                    let Ok(chunk) = frame.into_data() else {
-                        continue;
-                    };
-                    if body.len() + chunk.len() > max {
-                        return Err(too_large());
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                None => return Ok(body),
-                Some(Err(e)) => return Err(self.request_error(wait, host, &e)),
+        let error = e.to_string();
+        if e.is_transient() {
+            Observation::Transient {
+                error,
+                retry_after: None,
             }
-        }
-    }
-
-    /// A failed request or body read: an SSRF refusal is permanent, anything else
-    /// (DNS, connection, TLS, a broken body) transient.
-    fn request_error(
-        &self,
-        wait: uuid::Uuid,
-        host: &str,
-        e: &(dyn std::error::Error + 'static),
-    ) -> Observation {
-        if let Some(refused) = guard_refusal(e) {
-            return refusal(wait, host, refused);
-        }
-        let connect = e
-            .downcast_ref::<hyper_util::client::legacy::Error>()
-            .is_some_and(|e| e.is_connect());
-        let error = if let Some(dns) = find_source::<ResolveError>(e) {
-            dns.to_string()
-        } else if connect {
-            format!("could not connect to the target: {}", cause_text(e))
         } else {
-            format!("the request to the target failed: {}", cause_text(e))
-        };
-        Observation::Transient {
-            error,
-            retry_after: None,
-        }
-    }
-
-    /// A place among the probes in flight to a host ("host:port"), held until
-    /// dropped.
-    async fn host_slot(&self, key: &Arc<str>) -> HostSlot {
-        let key = key.clone();
-        let sem = {
-            let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
-            hosts
-                .entry(key.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.inner.per_host)))
-                .clone()
-        };
-        let mut slot = HostSlot {
-            inner: self.inner.clone(),
-            key,
-            permit: None,
-        };
-        slot.permit = sem.acquire_owned().await.ok();
-        slot
-    }
-}
-
-/// A probe's place in its host's limit. Dropped (the probe done, or abandoned), it
-/// frees the place and, when nobody else is probing that host, forgets the host, so
-/// the map holds only hosts in flight: one lookup, not a sweep of every host. Every
-/// 4,096th drop sweeps them all, for a probe abandoned while it still waited for its
-/// place (its claim on the host may outlive its drop).
-struct HostSlot {
-    inner: Arc<Inner>,
-    key: Arc<str>,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl Drop for HostSlot {
-    fn drop(&mut self) {
-        drop(self.permit.take());
-        let n = self
-            .inner
-            .finished
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut hosts = self.inner.hosts.lock().unwrap_or_else(|p| p.into_inner());
-        // Clones are only taken under this lock, so a count of one (the map's own)
-        // means nobody is probing the host or waiting to.
-        if n % 4096 == 4095 {
-            hosts.retain(|_, sem| Arc::strong_count(sem) > 1);
-        } else if hosts
-            .get(&self.key)
-            .is_some_and(|sem| Arc::strong_count(sem) == 1)
-        {
-            hosts.remove(&self.key);
+            Observation::Permanent { error }
         }
     }
 }
@@ -916,21 +718,6 @@ fn status_text(status: StatusCode) -> String {
     }
 }
 
-/// "1 MiB", "64 KiB", "100 bytes".
-fn format_size(bytes: usize) -> String {
-    const KIB: usize = 1024;
-    const MIB: usize = 1024 * 1024;
-    if bytes >= MIB && bytes.is_multiple_of(MIB) {
-        format!("{} MiB", bytes / MIB)
-    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
-        format!("{} KiB", bytes / KIB)
-    } else if bytes == 1 {
-        "1 byte".to_string()
-    } else {
-        format!("{bytes} bytes")
-    }
-}
-
 /// The guard refused the target: a permanent error, and a warning for the operator
 /// (most often the allow-list was narrowed since the wait was created). The log
 /// names the wait and the host, never the query.
@@ -943,69 +730,9 @@ fn refusal(wait: uuid::Uuid, host: &str, error: String) -> Observation {
     Observation::Permanent { error }
 }
 
-/// The first error of type `E` in `err`'s source chain (including `err`).
-fn find_source<'a, E: std::error::Error + 'static>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a E> {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(found) = e.downcast_ref::<E>() {
-            return Some(found);
-        }
-        cur = e.source();
-    }
-    None
-}
-
-/// What went wrong under a client error, without its generic top line and hyper's
-/// "client error (Connect)" wrappers.
-fn cause_text(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        let text = err.to_string();
-        if !text.is_empty()
-            && !text.starts_with("client error (")
-            && parts.last().is_none_or(|last| !last.contains(&text))
-        {
-            parts.push(text);
-        }
-        cur = err.source();
-    }
-    if parts.is_empty() {
-        error_chain(e)
-    } else {
-        parts.join(": ")
-    }
-}
-
-/// Every message in an error's source chain, joined by ": ", skipping one that
-/// repeats the previous (hyper and reqwest often wrap an error with its own text).
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        let text = e.to_string();
-        if !text.is_empty() && parts.last().is_none_or(|last| !last.contains(&text)) {
-            parts.push(text);
-        }
-        cur = e.source();
-    }
-    parts.join(": ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
 
     #[test]
     fn status_codes_fall_into_the_classes_of_the_design() {
@@ -1040,84 +767,5 @@ mod tests {
         ] {
             assert_eq!(classify_status(code), class, "{code}");
         }
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_dates_and_milliseconds() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let date = httpdate::fmt_http_date(now + Duration::from_secs(90));
-        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
-        for (pairs, want) in [
-            (vec![("retry-after", "7")], Some(Duration::from_secs(7))),
-            (vec![("retry-after", " 0 ")], Some(Duration::ZERO)),
-            (
-                vec![("retry-after", date.as_str())],
-                Some(Duration::from_secs(90)),
-            ),
-            (vec![("retry-after", past.as_str())], None),
-            (
-                vec![("retry-after-ms", "250")],
-                Some(Duration::from_millis(250)),
-            ),
-            (
-                vec![("x-ms-retry-after-ms", "1500")],
-                Some(Duration::from_millis(1500)),
-            ),
-            (
-                vec![("retry-after-ms", "2.5")],
-                Some(Duration::from_micros(2500)),
-            ),
-            (
-                vec![("retry-after-ms", "100"), ("retry-after", "9")],
-                Some(Duration::from_millis(100)),
-            ),
-            (
-                vec![("retry-after-ms", "soon"), ("retry-after", "9")],
-                Some(Duration::from_secs(9)),
-            ),
-            (vec![("retry-after", "86400")], Some(MAX_RETRY_AFTER)),
-            (
-                vec![("retry-after", "99999999999999999999999")],
-                Some(MAX_RETRY_AFTER),
-            ),
-            (vec![("retry-after", "-1")], None),
-            (vec![("retry-after", "tomorrow")], None),
-            (vec![("retry-after-ms", "-5")], None),
-            (vec![], None),
-        ] {
-            assert_eq!(retry_after(&headers(&pairs), now), want, "{pairs:?}");
-        }
-    }
-
-    #[test]
-    fn sizes_read_as_a_person_writes_them() {
-        assert_eq!(format_size(1024 * 1024), "1 MiB");
-        assert_eq!(format_size(64 * 1024), "64 KiB");
-        assert_eq!(format_size(100), "100 bytes");
-        assert_eq!(format_size(1500), "1500 bytes");
-    }
-
-    #[test]
-    fn an_error_chain_skips_repeated_messages() {
-        #[derive(Debug)]
-        struct E(&'static str, Option<Box<E>>);
-        impl std::fmt::Display for E {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.0)
-            }
-        }
-        impl std::error::Error for E {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                self.1.as_deref().map(|e| e as _)
-            }
-        }
-        let e = E(
-            "outer: refused",
-            Some(Box::new(E(
-                "refused",
-                Some(Box::new(E("os error 111", None))),
-            ))),
-        );
-        assert_eq!(error_chain(&e), "outer: refused: os error 111");
     }
 }

@@ -13,7 +13,7 @@
 //!   forbidden address literal (or `localhost`) is refused outright. The `url` crate
 //!   has already normalised the odd IPv4 spellings (`2130706433`, `0x7f.1`, `0177.1`)
 //!   into addresses, so they are judged as the address they mean.
-//! - [`GuardedResolver`], the prober's DNS resolver: a name is resolved once, the
+//! - [`GuardedResolver`], the outbound client's DNS resolver: a name is resolved once, the
 //!   forbidden addresses are dropped, and only what remains is handed to the connector,
 //!   so the address checked is the address connected to (DNS rebinding gets nowhere).
 //!   A name left with no address fails with [`ResolveError::Forbidden`].
@@ -364,10 +364,10 @@ impl fmt::Display for ResolveError {
 
 impl std::error::Error for ResolveError {}
 
-/// The prober's DNS resolver: resolves with the system resolver (tokio's
+/// The outbound client's DNS resolver: resolves with the system resolver (tokio's
 /// `lookup_host`), or with a fixed override for tests, and keeps only the addresses the
-/// [`Guard`] lets through. Installed on the prober's client, it is the only way a
-/// name becomes an address there, so the address checked is the one connected to.
+/// [`Guard`] lets through. Installed on the client, it is the only way a name
+/// becomes an address there, so the address checked is the one connected to.
 #[derive(Clone, Debug)]
 pub struct GuardedResolver {
     guard: Arc<Guard>,
@@ -430,6 +430,7 @@ impl GuardedResolver {
     }
 }
 
+/// The webhooks' reqwest client resolves through this.
 impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let this = self.clone();
@@ -443,7 +444,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
-/// The probes' client (hyper's) resolves through this.
+/// The outbound client (hyper's) resolves through this.
 impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for GuardedResolver {
     type Response = std::vec::IntoIter<SocketAddr>;
     type Error = ResolveError;
