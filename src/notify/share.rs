@@ -9,12 +9,17 @@
 //! otherwise it waits for a slot of that receiver, or is given back. So a receiver
 //! that hangs holds half its tenant's share, and a tenant at most its share: never
 //! another tenant's.
+//!
+//! Both bounds are [`KeyedSlots`]: an attempt carries its [`Permit`] and frees it
+//! when it ends, however it ends.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::outbound::{KeyedSlots, Slot};
 use crate::store::Due;
 
 /// Most claimed deliveries waiting for a slot on one replica (each holds its lease).
@@ -61,20 +66,28 @@ impl Key {
     }
 }
 
+/// An attempt's places: one of its receiver's and one of its tenant's. Dropped
+/// when the attempt ends.
+#[derive(Debug)]
+pub struct Permit {
+    _receiver: Slot<Key>,
+    _tenant: Slot<String>,
+}
+
 /// Where a claimed delivery goes.
 pub enum Admit {
-    /// Sent now.
-    Send(Due),
+    /// Sent now, holding its places.
+    Send(Due, Permit),
     /// Waits for a slot of its receiver.
     Queued,
     /// Given back, due this long from now.
     PutBack(Due, Duration),
 }
 
-/// One tenant's receiver: attempts in flight, claimed deliveries waiting for a slot,
-/// and how long its attempts take.
+/// One tenant's receiver: claimed deliveries waiting for a slot, and how long its
+/// attempts take. (Its attempts in flight are its places taken in
+/// [`Share::receivers`].)
 struct Slots {
-    flying: usize,
     waiting: VecDeque<(Instant, Due)>,
     /// Recent attempts' duration, smoothed.
     took: Duration,
@@ -87,7 +100,6 @@ struct Slots {
 impl Slots {
     fn new() -> Slots {
         Slots {
-            flying: 0,
             waiting: VecDeque::new(),
             took: Duration::ZERO,
             progress: Instant::now(),
@@ -96,23 +108,24 @@ impl Slots {
     }
 
     /// How long an attempt takes this receiver: the smoothed duration, or, while
-    /// attempts are in flight and none finishes, at least the time since one did
-    /// (a receiver that has just begun to hang shows it before any attempt ends).
-    fn pace(&self) -> Duration {
-        if self.flying == 0 {
+    /// `flying` attempts are in flight and none finishes, at least the time since
+    /// one did (a receiver that has just begun to hang shows it before any
+    /// attempt ends).
+    fn pace(&self, flying: usize) -> Duration {
+        if flying == 0 {
             return self.took;
         }
         self.took.max(self.progress.elapsed())
     }
 
-    fn stalled(&self, per_receiver: usize) -> bool {
-        self.flying >= per_receiver && self.progress.elapsed() >= STALL.max(self.took * 4)
+    fn stalled(&self, flying: usize, per_receiver: usize) -> bool {
+        flying >= per_receiver && self.progress.elapsed() >= STALL.max(self.took * 4)
     }
 
     /// How long until it counts as stalled, while every slot is taken and
     /// deliveries wait for it.
-    fn stalls_in(&self, per_receiver: usize) -> Option<Duration> {
-        (self.flying >= per_receiver && !self.waiting.is_empty()).then(|| {
+    fn stalls_in(&self, flying: usize, per_receiver: usize) -> Option<Duration> {
+        (flying >= per_receiver && !self.waiting.is_empty()).then(|| {
             STALL
                 .max(self.took * 4)
                 .saturating_sub(self.progress.elapsed())
@@ -120,21 +133,33 @@ impl Slots {
     }
 }
 
-/// A tenant's attempts in flight and deliveries waiting, on this replica.
-#[derive(Default)]
-struct Held {
-    flying: usize,
-    waiting: usize,
-}
-
 /// The slots of one replica.
 pub struct Share {
     per_tenant: usize,
     per_receiver: usize,
+    /// Attempts in flight per tenant's receiver, at most `per_receiver`.
+    receivers: Arc<KeyedSlots<Key>>,
+    /// Attempts in flight per tenant, at most `per_tenant`.
+    tenants: Arc<KeyedSlots<String>>,
     slots: HashMap<Key, Slots>,
-    tenants: HashMap<String, Held>,
+    /// Deliveries waiting per tenant; a tenant is here while it holds anything.
+    held: HashMap<String, usize>,
     /// Deliveries waiting, over every receiver (at most [`MAX_WAITING`]).
     waiting: usize,
+}
+
+/// Both places of `key`, or none.
+fn take(
+    receivers: &Arc<KeyedSlots<Key>>,
+    tenants: &Arc<KeyedSlots<String>>,
+    key: &Key,
+) -> Option<Permit> {
+    let receiver = receivers.try_acquire(key.clone()).ok()?;
+    let tenant = tenants.try_acquire(key.tenant.clone()).ok()?;
+    Some(Permit {
+        _receiver: receiver,
+        _tenant: tenant,
+    })
 }
 
 impl Share {
@@ -142,11 +167,14 @@ impl Share {
     /// receiver of a tenant.
     pub fn new(per_tenant: usize) -> Share {
         let per_tenant = per_tenant.max(1);
+        let per_receiver = (per_tenant / 2).max(1);
         Share {
             per_tenant,
-            per_receiver: (per_tenant / 2).max(1),
+            per_receiver,
+            receivers: KeyedSlots::new(per_receiver),
+            tenants: KeyedSlots::new(per_tenant),
             slots: HashMap::new(),
-            tenants: HashMap::new(),
+            held: HashMap::new(),
             waiting: 0,
         }
     }
@@ -157,9 +185,9 @@ impl Share {
 
     /// What each tenant holds here (in flight and waiting), for the claim's turns.
     pub fn taken(&self) -> Vec<(String, i64)> {
-        self.tenants
+        self.held
             .iter()
-            .map(|(t, h)| (t.clone(), (h.flying + h.waiting) as i64))
+            .map(|(t, waiting)| (t.clone(), (self.tenants.held(t) + waiting) as i64))
             .collect()
     }
 
@@ -168,77 +196,87 @@ impl Share {
     pub fn stalled(&self) -> Vec<(String, String)> {
         self.slots
             .iter()
-            .filter(|(_, s)| s.stalled(self.per_receiver))
+            .filter(|(k, s)| s.stalled(self.receivers.held(k), self.per_receiver))
             .flat_map(|(k, s)| s.urls.iter().map(|u| (k.tenant.clone(), u.clone())))
             .collect()
     }
 
     pub fn admit(&mut self, key: Key, d: Due) -> Admit {
-        let held = self.tenants.entry(key.tenant.clone()).or_default();
+        let waiting = self.held.entry(key.tenant.clone()).or_default();
         let slots = self.slots.entry(key.clone()).or_insert_with(Slots::new);
         if slots.urls.len() < MAX_URLS && !slots.urls.contains(&d.delivery.url) {
             slots.urls.insert(d.delivery.url.clone());
         }
-        if slots.flying < self.per_receiver && held.flying < self.per_tenant {
-            if slots.flying == 0 {
+        let flying = self.receivers.held(&key);
+        if let Some(permit) = take(&self.receivers, &self.tenants, &key) {
+            if flying == 0 {
                 slots.progress = Instant::now();
             }
-            slots.flying += 1;
-            held.flying += 1;
-            return Admit::Send(d);
+            return Admit::Send(d, permit);
         }
         // As many wait as this receiver answers in about a second (a fast one takes
         // a burst at once), and none for one that is stalled.
-        let pace = slots.pace();
+        let pace = slots.pace(flying);
         let per_second = if pace.is_zero() {
             1000
         } else {
             (1_000_000 / pace.as_micros().max(1)).clamp(1, 1000) as usize
         };
-        if !slots.stalled(self.per_receiver)
+        if !slots.stalled(flying, self.per_receiver)
             && slots.waiting.len() < self.per_receiver * per_second
-            && held.flying + held.waiting < self.per_tenant
+            && self.tenants.held(&key.tenant) + *waiting < self.per_tenant
             && self.waiting < MAX_WAITING
         {
             slots.waiting.push_back((Instant::now(), d));
-            held.waiting += 1;
+            *waiting += 1;
             self.waiting += 1;
             return Admit::Queued;
         }
         // Back for about as long as what is ahead of it takes this receiver.
-        let ahead = ((slots.flying + slots.waiting.len()) / self.per_receiver).max(1) as u32;
+        let ahead = ((flying + slots.waiting.len()) / self.per_receiver).max(1) as u32;
         let after = (pace * ahead).clamp(Duration::from_millis(50), Duration::from_secs(600));
-        let done = slots.flying == 0 && slots.waiting.is_empty();
-        self.forget(&key, done);
+        self.forget(&key);
         Admit::PutBack(d, after)
     }
 
-    /// An attempt of `key` finished after `took`: what goes next in its slot (one
-    /// that waited past `stale` is given back instead).
-    pub fn finished(&mut self, key: &Key, took: Duration, stale: Duration) -> Vec<Admit> {
+    /// An attempt of `key` finished after `took`, its places given back with
+    /// `permit`: what goes next in its slot (one that waited past `stale` is given
+    /// back instead).
+    pub fn finished(
+        &mut self,
+        key: &Key,
+        took: Duration,
+        stale: Duration,
+        permit: Permit,
+    ) -> Vec<Admit> {
+        drop(permit);
         let mut out = Vec::new();
         let Some(slots) = self.slots.get_mut(key) else {
             return out;
         };
-        let held = self.tenants.entry(key.tenant.clone()).or_default();
-        slots.flying = slots.flying.saturating_sub(1);
-        held.flying = held.flying.saturating_sub(1);
+        let waiting = self.held.entry(key.tenant.clone()).or_default();
         slots.took = (slots.took * 3 + took) / 4;
         slots.progress = Instant::now();
         while let Some((since, d)) = slots.waiting.pop_front() {
-            held.waiting -= 1;
-            self.waiting -= 1;
             if since.elapsed() > stale {
+                *waiting -= 1;
+                self.waiting -= 1;
                 out.push(Admit::PutBack(d, Duration::from_secs(1)));
                 continue;
             }
-            slots.flying += 1;
-            held.flying += 1;
-            out.push(Admit::Send(d));
+            // The places just given back make room, unless another attempt of
+            // the tenant took them first: then it waits on.
+            match take(&self.receivers, &self.tenants, key) {
+                Some(permit) => {
+                    *waiting -= 1;
+                    self.waiting -= 1;
+                    out.push(Admit::Send(d, permit));
+                }
+                None => slots.waiting.push_front((since, d)),
+            }
             break;
         }
-        let done = slots.flying == 0 && slots.waiting.is_empty();
-        self.forget(key, done);
+        self.forget(key);
         out
     }
 
@@ -247,8 +285,8 @@ impl Share {
     /// another wake-up.
     pub fn next_stall(&self) -> Option<Duration> {
         self.slots
-            .values()
-            .filter_map(|s| s.stalls_in(self.per_receiver))
+            .iter()
+            .filter_map(|(k, s)| s.stalls_in(self.receivers.held(k), self.per_receiver))
             .min()
     }
 
@@ -257,15 +295,16 @@ impl Share {
     pub fn shed(&mut self) -> Vec<(Due, Duration)> {
         let mut out = Vec::new();
         for (key, slots) in &mut self.slots {
-            if slots.waiting.is_empty() || !slots.stalled(self.per_receiver) {
+            let flying = self.receivers.held(key);
+            if slots.waiting.is_empty() || !slots.stalled(flying, self.per_receiver) {
                 continue;
             }
             let after = slots
-                .pace()
+                .pace(flying)
                 .clamp(Duration::from_millis(50), Duration::from_secs(600));
-            let held = self.tenants.entry(key.tenant.clone()).or_default();
+            let waiting = self.held.entry(key.tenant.clone()).or_default();
             for (_, d) in slots.waiting.drain(..) {
-                held.waiting -= 1;
+                *waiting -= 1;
                 self.waiting -= 1;
                 out.push((d, after));
             }
@@ -275,16 +314,16 @@ impl Share {
 
     /// Drops the entries of a receiver with nothing in flight or waiting, and of its
     /// tenant if that holds nothing either.
-    fn forget(&mut self, key: &Key, receiver_done: bool) {
-        if receiver_done {
+    fn forget(&mut self, key: &Key) {
+        if self.receivers.held(key) == 0
+            && self.slots.get(key).is_some_and(|s| s.waiting.is_empty())
+        {
             self.slots.remove(key);
         }
-        if self
-            .tenants
-            .get(&key.tenant)
-            .is_some_and(|h| h.flying == 0 && h.waiting == 0)
+        if self.tenants.held(&key.tenant) == 0
+            && self.held.get(&key.tenant).is_some_and(|w| *w == 0)
         {
-            self.tenants.remove(&key.tenant);
+            self.held.remove(&key.tenant);
         }
     }
 }

@@ -430,20 +430,6 @@ impl GuardedResolver {
     }
 }
 
-/// The webhooks' reqwest client resolves through this.
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let this = self.clone();
-        let host = name.as_str().to_string();
-        Box::pin(async move {
-            match this.resolve_host(&host).await {
-                Ok(addrs) => Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs),
-                Err(e) => Err(Box::new(e) as Box<dyn std::error::Error + Send + Sync>),
-            }
-        })
-    }
-}
-
 /// The outbound client (hyper's) resolves through this.
 impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for GuardedResolver {
     type Response = std::vec::IntoIter<SocketAddr>;

@@ -166,32 +166,6 @@ pub fn target_url(spec: &Spec) -> Result<url::Url, String> {
         .map_err(|e| format!("the target URL is not a valid absolute URL ({e})"))
 }
 
-pub use crate::outbound::error_chain;
-
-/// A reqwest client builder for webhooks: names resolved only through `resolver`
-/// (the SSRF guard), no redirects, no proxy, a bound on each request, and
-/// `User-Agent: waitd/<version>`.
-pub fn guarded_client(resolver: GuardedResolver, timeout: Duration) -> reqwest::ClientBuilder {
-    // Another part of the process may have installed a provider first; either way
-    // one is installed afterwards, which is all reqwest needs.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .user_agent(USER_AGENT)
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .timeout(timeout)
-        .dns_resolver(resolver)
-}
-
-/// Whether a request failed because the SSRF guard refused every address of its
-/// host (permanent, not worth retrying): the refusal's sentence.
-pub fn guard_refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    match crate::outbound::Error::of(Peer::Receiver, e) {
-        crate::outbound::Error::Refused(sentence) => Some(sentence),
-        _ => None,
-    }
-}
-
 impl Prober {
     /// Builds the shared client: rustls with the ring provider (installed as the
     /// process default if none is), the guarded resolver, no redirects, no proxy, the
