@@ -4,7 +4,8 @@
 //! bound listener and a shutdown future. The parts, and which way they depend:
 //! [`engine`] (pure) ← [`probe`] (one GET → one observation) ← [`worker`] (leases,
 //! timers) → [`store`] ← [`api`] (HTTP). The API and the worker never import each
-//! other.
+//! other. Every request to a host waitd does not run, a probe's or a webhook's,
+//! goes through [`outbound`].
 
 pub mod api;
 pub mod bus;
@@ -181,6 +182,7 @@ impl App {
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());
         let worker = (!config.no_worker).then(|| {
+            let client = prober.client().clone();
             let w = worker_for(&config, &store, prober, &bus, &metrics);
             let d = notify::Deliverer {
                 store: store.clone(),
@@ -193,8 +195,7 @@ impl App {
                     lease_ttl: config.lease_ttl,
                     concurrency: config.webhook_concurrency.max(1),
                     per_tenant: config.webhook_concurrency_per_tenant as usize,
-                    guard: guard.clone(),
-                    resolve_overrides: parse_resolve(&config.resolve).unwrap_or_default(),
+                    client,
                 },
                 wake: deliveries_wake.clone(),
             };

@@ -26,7 +26,6 @@ mod share;
 mod writer;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +37,7 @@ pub use message::{payload, sign};
 
 use crate::bus::Bus;
 use crate::metrics::Metrics;
-use crate::outbound::{Client, Guard};
+use crate::outbound::Client;
 use crate::store::{Outcome, Store};
 
 /// The loop looks for due deliveries at least this often (another replica's
@@ -59,8 +58,8 @@ pub struct NotifyConfig {
     /// Most attempts in flight at once for one tenant (at most `concurrency`); a
     /// tenant's receiver gets half of it.
     pub per_tenant: usize,
-    pub guard: Guard,
-    pub resolve_overrides: Vec<(String, SocketAddr)>,
+    /// The outbound client (the prober's: one pool, one guard).
+    pub client: Client,
 }
 
 /// One replica's delivery loop.
@@ -78,16 +77,7 @@ impl Deliverer {
     /// Runs until `stop` resolves; attempts in flight then have 5 s to finish and be
     /// written (one cut short keeps its lease, and is sent again once it runs out).
     pub async fn run(self, stop: impl Future<Output = ()>) {
-        let client = match Client::new(
-            Arc::new(self.cfg.guard.clone()),
-            &self.cfg.resolve_overrides,
-        ) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build the HTTP client for webhooks; no deliveries from this replica");
-                return;
-            }
-        };
+        let client = self.cfg.client.clone();
         let (writes, rx) = tokio::sync::mpsc::channel(4 * writer::WRITE_BATCH);
         let written = tokio::spawn(writer::writer(
             self.store.clone(),

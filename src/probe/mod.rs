@@ -196,6 +196,11 @@ impl Prober {
         })
     }
 
+    /// The outbound client probes go through (webhooks share it).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
     /// The guard this prober applies (the API uses the same one at creation).
     pub fn guard(&self) -> &Guard {
         self.inner.client.guard()
