@@ -12,7 +12,9 @@ use support::TestDb;
 use uuid::Uuid;
 use waitd::bus::Bus;
 use waitd::engine::{EngineState, Limits, Spec};
-use waitd::store::{Checkpoint, Ended, EventBody, ListFilter, Progress, Status, Store, StoreError};
+use waitd::store::{
+    Checkpoint, Ended, EventBody, ListFilter, Progress, Status, Store, StoreError, WaitEpoch,
+};
 
 /// A store of each kind, migrated, and what is needed to reopen it.
 enum Backend {
@@ -283,7 +285,10 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
         let a = Uuid::now_v7();
         let c = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(c[0].claims, 0, "{}", backend.url());
-        let marked = store.mark_polling(a, &[(w.id, c[0].epoch)]).await.unwrap();
+        let marked = store
+            .mark_polling(a, &[WaitEpoch::from((w.id, c[0].epoch))])
+            .await
+            .unwrap();
         assert_eq!(marked, vec![w.id], "{}", backend.url());
         store.release(a, &[checkpoint(c[0].epoch)]).await.unwrap();
         let b = Uuid::now_v7();
@@ -292,22 +297,25 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
         // A confirmation under an old epoch or by another owner lands nowhere.
         assert!(
             store
-                .confirm_polled(b, &[(w.id, c[0].epoch - 1)])
+                .confirm_polled(b, &[WaitEpoch::from((w.id, c[0].epoch - 1))])
                 .await
                 .unwrap()
                 .is_empty()
         );
         assert!(
             store
-                .confirm_polled(a, &[(w.id, c[0].epoch)])
+                .confirm_polled(a, &[WaitEpoch::from((w.id, c[0].epoch))])
                 .await
                 .unwrap()
                 .is_empty()
         );
         // Begun and completed under this claim: the count is back to 0.
-        store.mark_polling(b, &[(w.id, c[0].epoch)]).await.unwrap();
+        store
+            .mark_polling(b, &[WaitEpoch::from((w.id, c[0].epoch))])
+            .await
+            .unwrap();
         let confirmed = store
-            .confirm_polled(b, &[(w.id, c[0].epoch)])
+            .confirm_polled(b, &[WaitEpoch::from((w.id, c[0].epoch))])
             .await
             .unwrap();
         assert_eq!(confirmed, vec![w.id], "{}", backend.url());
@@ -362,12 +370,12 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             end: None,
         };
         assert!(!store.record(a, Utc::now(), &stale).await.unwrap());
-        let renew = [(w.id, claimed[0].epoch)];
+        let renew = [WaitEpoch::from((w.id, claimed[0].epoch))];
         assert_eq!(
             store.renew(a, ttl, &renew, &[]).await.unwrap().lost,
-            vec![(w.id, claimed[0].epoch)]
+            renew.to_vec()
         );
-        let renew_b = [(w.id, taken[0].epoch)];
+        let renew_b = [WaitEpoch::from((w.id, taken[0].epoch))];
         let renewal = store.renew(b, ttl, &renew_b, &[]).await.unwrap();
         assert!(renewal.lost.is_empty() && renewal.strays.is_empty());
         assert_eq!(
@@ -600,13 +608,13 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         // A renewal that names only the first wait (the second claim may still be on
         // its way back to the worker) keeps both past their original expiry.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let renew = [(first.id, held[0].epoch)];
+        let renew = [WaitEpoch::from((first.id, held[0].epoch))];
         let renewal = store.renew(a, ttl, &renew, &[]).await.unwrap();
         assert!(renewal.lost.is_empty());
         // The one it does not name is reported: owned, and not in the renewal (a
         // claim whose answer the worker never got would stay so).
         assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
-        assert_ne!(renewal.strays[0].0, first.id);
+        assert_ne!(renewal.strays[0].id, first.id);
         // The point: past the original expiry, kept by the renewal.
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert!(

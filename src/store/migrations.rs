@@ -38,6 +38,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0004_webhooks.sql",
     "0005_delivery_turns.sql",
     "0006_delivery_bounds.sql",
+    "0007_replica_leases.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

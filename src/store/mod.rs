@@ -59,6 +59,20 @@ pub struct Claimed {
 /// changed nothing) clears it.
 pub const MAX_CLAIMS: i32 = 3;
 
+/// A wait as every fenced write names it: its id and the epoch of the claim it
+/// is held under. A write under an older epoch finds the wait no longer its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WaitEpoch {
+    pub id: Uuid,
+    pub epoch: i64,
+}
+
+impl From<(Uuid, i64)> for WaitEpoch {
+    fn from((id, epoch): (Uuid, i64)) -> WaitEpoch {
+        WaitEpoch { id, epoch }
+    }
+}
+
 /// The counters and schedule of a held wait, written in periodic batches.
 #[derive(Clone, Debug)]
 pub struct Checkpoint {
@@ -178,8 +192,8 @@ pub struct FeedEvent {
 /// broke after its commit), each with its epoch.
 #[derive(Debug, Default, PartialEq)]
 pub struct Renewal {
-    pub lost: Vec<(Uuid, i64)>,
-    pub strays: Vec<(Uuid, i64)>,
+    pub lost: Vec<WaitEpoch>,
+    pub strays: Vec<WaitEpoch>,
 }
 
 /// The reason recorded when a client cancels a wait.
@@ -934,7 +948,7 @@ impl Store {
     pub async fn mark_polling(
         &self,
         owner: Uuid,
-        ids: &[(Uuid, i64)],
+        ids: &[WaitEpoch],
     ) -> Result<Vec<Uuid>, StoreError> {
         self.count_polls(owner, ids, true).await
     }
@@ -948,7 +962,7 @@ impl Store {
     pub async fn confirm_polled(
         &self,
         owner: Uuid,
-        ids: &[(Uuid, i64)],
+        ids: &[WaitEpoch],
     ) -> Result<Vec<Uuid>, StoreError> {
         self.count_polls(owner, ids, false).await
     }
@@ -956,7 +970,7 @@ impl Store {
     async fn count_polls(
         &self,
         owner: Uuid,
-        ids: &[(Uuid, i64)],
+        ids: &[WaitEpoch],
         begun: bool,
     ) -> Result<Vec<Uuid>, StoreError> {
         if ids.is_empty() {
@@ -1001,11 +1015,10 @@ impl Store {
         sql!(self.record(owner, now, &rows))
     }
 
-    /// Renews the owner's lease on everything it holds and writes `checkpoints`;
-    /// says which of `named` (every wait the owner holds, with its epoch) are no
-    /// longer the owner's under that epoch, and which waits the owner owns that
-    /// `named` leaves out. (Postgres keeps one lease per replica; SQLite, with one
-    /// process, one per row.)
+    /// Renews the owner's lease (one row a replica, however many waits it holds)
+    /// and writes `checkpoints`; says which of `named` (every wait the owner holds,
+    /// with its epoch) are no longer the owner's under that epoch, and which waits
+    /// the owner owns that `named` leaves out.
     ///
     /// The comparison is made here, not by the caller: for a replica holding a
     /// million waits it is a million lookups, which the worker's loop cannot spend.
@@ -1013,53 +1026,44 @@ impl Store {
         &self,
         owner: Uuid,
         ttl: Duration,
-        named: &[(Uuid, i64)],
+        named: &[WaitEpoch],
         checkpoints: &[Checkpoint],
     ) -> Result<Renewal, StoreError> {
-        let rows: Vec<CheckpointRow> = checkpoints.iter().map(CheckpointRow::from).collect();
-        let mut owned: std::collections::HashMap<Uuid, i64> =
-            sql!(self.renew(owner, ttl, &rows))?.into_iter().collect();
+        self.checkpoint(owner, ttl, checkpoints).await?;
+        let mut owned: std::collections::HashMap<Uuid, i64> = sql!(self.owned(owner))?
+            .into_iter()
+            .map(|w| (w.id, w.epoch))
+            .collect();
         let mut lost = Vec::new();
-        for (id, epoch) in named {
+        for w in named {
             // Under another epoch it was claimed again since it was named: lost
             // under that one (the caller compares epochs), and no stray.
-            if owned.remove(id) != Some(*epoch) {
-                lost.push((*id, *epoch));
+            if owned.remove(&w.id) != Some(w.epoch) {
+                lost.push(*w);
             }
         }
         Ok(Renewal {
             lost,
-            strays: owned.into_iter().collect(),
+            strays: owned.into_iter().map(WaitEpoch::from).collect(),
         })
     }
 
-    /// Renews the owner's lease and writes `checkpoints`, without comparing what it
-    /// holds with what it owns: Postgres, whose lease is one row per replica. (On
-    /// SQLite, whose leases are per row, the same as [`Store::renew`].)
+    /// Renews the owner's lease and writes `checkpoints` (those that carry a
+    /// state), without comparing what it holds with what it owns.
     pub async fn checkpoint(
         &self,
         owner: Uuid,
         ttl: Duration,
         checkpoints: &[Checkpoint],
     ) -> Result<(), StoreError> {
+        self.renew_lease(owner, ttl).await?;
         let rows: Vec<CheckpointRow> = checkpoints.iter().map(CheckpointRow::from).collect();
-        match &self.db {
-            Dialect::Postgres(d) => {
-                d.renew_lease(owner, ttl).await?;
-                d.write_all_checkpoints(owner, &rows).await
-            }
-            Dialect::Sqlite(d) => d.renew(owner, ttl, &rows).await.map(|_| ()),
-        }
+        sql!(self.write_all_checkpoints(owner, &rows))
     }
 
-    /// Renews the owner's lease only, without naming what it holds: Postgres, whose
-    /// lease is one row per replica. (SQLite's leases are per row: use
-    /// [`Store::renew`].)
+    /// Renews the owner's lease only: one row, however many waits it holds.
     pub async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
-        match &self.db {
-            Dialect::Postgres(d) => d.renew_lease(owner, ttl).await,
-            Dialect::Sqlite(d) => d.renew(owner, ttl, &[]).await.map(|_| ()),
-        }
+        sql!(self.renew_lease(owner, ttl))
     }
 
     /// Writes the last checkpoints and gives the leases up, so another replica can
@@ -1069,8 +1073,8 @@ impl Store {
         sql!(self.release(owner, &rows))
     }
 
-    /// Periodic housekeeping, called on every lease renewal (Postgres: forget
-    /// replicas gone for a day that own nothing).
+    /// Periodic housekeeping, called on every lease renewal: forgets replicas gone
+    /// for a day that own nothing.
     pub async fn maintain(&self) -> Result<(), StoreError> {
         sql!(self.maintain())
     }

@@ -24,7 +24,7 @@ use super::deliveries::{
 };
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, LIMIT_MARGIN, ListFilter,
-    NewWait, ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
+    NewWait, ProgressRow, StoreError, WAIT_COLUMNS, WaitEpoch, WaitRow,
 };
 use crate::bus::notice::{self, Notice};
 use crate::model::{DeliveryStatus, Event, EventBody};
@@ -485,10 +485,10 @@ impl PgDialect {
     pub(super) async fn count_polls(
         &self,
         owner: Uuid,
-        ids: &[(Uuid, i64)],
+        ids: &[WaitEpoch],
         begun: bool,
     ) -> Result<Vec<Uuid>, StoreError> {
-        let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().copied().unzip();
+        let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().map(|w| (w.id, w.epoch)).unzip();
         let rows: Vec<(Uuid,)> = sqlx::query_as(
             "UPDATE waits w SET claims = CASE WHEN $4 THEN w.claims + 1 ELSE 0 END
              FROM unnest($2::uuid[], $3::bigint[],
@@ -610,23 +610,15 @@ impl PgDialect {
         Ok(c.id.iter().map(|id| written.contains_key(id)).collect())
     }
 
-    /// Renews `owner`'s lease (one row, however many waits it holds), writes the
-    /// checkpoints that `held` carries, and returns every running wait the owner
-    /// owns, with its epoch.
-    pub(super) async fn renew(
-        &self,
-        owner: Uuid,
-        ttl: Duration,
-        held: &[CheckpointRow],
-    ) -> Result<Vec<(Uuid, i64)>, StoreError> {
-        self.renew_lease(owner, ttl).await?;
-        self.write_all_checkpoints(owner, held).await?;
-        Ok(
+    /// Every running wait `owner` owns, with its epoch (a full renewal compares them
+    /// with what it holds).
+    pub(super) async fn owned(&self, owner: Uuid) -> Result<Vec<WaitEpoch>, StoreError> {
+        let rows: Vec<(Uuid, i64)> =
             sqlx::query_as("SELECT id, epoch FROM waits WHERE owner = $1 AND status = 'running'")
                 .bind(owner)
                 .fetch_all(&self.lease_pool)
-                .await?,
-        )
+                .await?;
+        Ok(rows.into_iter().map(WaitEpoch::from).collect())
     }
 
     /// The checkpoints that carry a state, in chunks (the others only name a wait).

@@ -26,7 +26,7 @@ use super::deliveries::{
 };
 use super::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, ListFilter, NewWait,
-    ProgressRow, StoreError, WAIT_COLUMNS, WaitRow,
+    ProgressRow, StoreError, WAIT_COLUMNS, WaitEpoch, WaitRow,
 };
 use crate::bus::{Bus, BusMsg, Notice};
 use crate::model::{DeliveryStatus, DropReason, Event, EventBody};
@@ -346,7 +346,7 @@ impl SqliteDialect {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
             "UPDATE waits SET status = 'canceled', reason = ?, finished_at = ?, updated_at = ?, next_poll_at = NULL,
-                    owner = NULL, lease_until = NULL, seq = seq + 1
+                    owner = NULL, seq = seq + 1
              WHERE id = ? AND tenant = ? AND status = 'running'
              RETURNING seq, state",
         )
@@ -435,6 +435,9 @@ impl SqliteDialect {
         Ok(n.unwrap_or(0))
     }
 
+    /// Claims due waits that are unowned or owned by a replica whose lease has run
+    /// out, giving `owner` a lease row first if it has none (never extending one:
+    /// only renewals do), as on Postgres.
     pub(super) async fn claim(
         &self,
         owner: Uuid,
@@ -443,34 +446,44 @@ impl SqliteDialect {
         limit: i64,
     ) -> Result<Vec<ClaimRow>, StoreError> {
         let now = Utc::now();
-        Ok(sqlx::query_as(
-            "UPDATE waits SET owner = ?, lease_until = ?, epoch = epoch + 1
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO replicas (id, lease_until) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(owner)
+        .bind(ms(now) + ttl.as_millis() as i64)
+        .execute(&mut *tx)
+        .await?;
+        let rows = sqlx::query_as(
+            "UPDATE waits SET owner = ?1, epoch = epoch + 1
              WHERE id IN (SELECT id FROM waits
-                          WHERE status = 'running' AND next_poll_at <= ?
-                            AND (owner IS NULL OR lease_until < ?)
-                          ORDER BY next_poll_at LIMIT ?)
+                          WHERE status = 'running' AND next_poll_at <= ?2
+                            AND (owner IS NULL
+                                 OR owner IN (SELECT id FROM replicas WHERE lease_until < ?3 AND id <> ?1))
+                          ORDER BY next_poll_at LIMIT ?4)
              RETURNING id, epoch, claims, tenant, engine, next_poll_at,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
                        (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers",
         )
         .bind(owner)
-        .bind(ms(now) + ttl.as_millis() as i64)
         .bind(ms(now) + lookahead.as_millis() as i64)
         .bind(ms(now))
         .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(rows)
     }
 
     pub(super) async fn count_polls(
         &self,
         owner: Uuid,
-        ids: &[(Uuid, i64)],
+        ids: &[WaitEpoch],
         begun: bool,
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut marked = Vec::with_capacity(ids.len());
-        for (id, epoch) in ids {
+        for &WaitEpoch { id, epoch } in ids {
             let n = sqlx::query(
                 "UPDATE waits SET claims = CASE WHEN ? THEN claims + 1 ELSE 0 END
                  WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'",
@@ -483,7 +496,7 @@ impl SqliteDialect {
             .await?
             .rows_affected();
             if n == 1 {
-                marked.push(*id);
+                marked.push(id);
             }
         }
         tx.commit().await?;
@@ -510,29 +523,38 @@ impl SqliteDialect {
         Ok(written)
     }
 
-    /// Renews leases and writes checkpoints, one wait at a time inside one transaction
-    /// (SQLite has no array parameters; one transaction is one disk sync all the same).
-    /// Renews the lease of everything the owner owns, named in `held` or not (a claim
-    /// may be on its way back to the worker), writes the checkpoints, and returns
-    /// every running wait the owner owns, with its epoch.
-    pub(super) async fn renew(
+    /// The replica's one lease row, extended (inserted if it has none).
+    pub(super) async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO replicas (id, lease_until) VALUES (?, ?)
+             ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until",
+        )
+        .bind(owner)
+        .bind(ms(Utc::now()) + ttl.as_millis() as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The checkpoints that carry a state (the others only name a wait).
+    pub(super) async fn write_all_checkpoints(
         &self,
         owner: Uuid,
-        ttl: Duration,
         held: &[CheckpointRow],
-    ) -> Result<Vec<(Uuid, i64)>, StoreError> {
-        sqlx::query("UPDATE waits SET lease_until = ? WHERE owner = ? AND status = 'running'")
-            .bind(ms(Utc::now()) + ttl.as_millis() as i64)
-            .bind(owner)
-            .execute(&self.pool)
-            .await?;
-        self.write_checkpoints(owner, held, Some(ttl)).await?;
-        Ok(
+    ) -> Result<(), StoreError> {
+        let dirty: Vec<&CheckpointRow> = held.iter().filter(|c| c.engine.is_some()).collect();
+        self.write_checkpoints(owner, &dirty, false).await?;
+        Ok(())
+    }
+
+    /// Every running wait `owner` owns, with its epoch.
+    pub(super) async fn owned(&self, owner: Uuid) -> Result<Vec<WaitEpoch>, StoreError> {
+        let rows: Vec<(Uuid, i64)> =
             sqlx::query_as("SELECT id, epoch FROM waits WHERE owner = ? AND status = 'running'")
                 .bind(owner)
                 .fetch_all(&self.pool)
-                .await?,
-        )
+                .await?;
+        Ok(rows.into_iter().map(WaitEpoch::from).collect())
     }
 
     pub(super) async fn release(
@@ -540,29 +562,31 @@ impl SqliteDialect {
         owner: Uuid,
         held: &[CheckpointRow],
     ) -> Result<u64, StoreError> {
-        let n = self.write_checkpoints(owner, held, None).await?.len() as u64;
+        let all: Vec<&CheckpointRow> = held.iter().collect();
+        let n = self.write_checkpoints(owner, &all, true).await?;
         self.bus.publish(BusMsg::Work);
         Ok(n)
     }
 
-    /// With a TTL: renew the leases. Without: give them up.
+    /// One wait at a time inside one transaction (SQLite has no array parameters;
+    /// one transaction is one disk sync all the same), fenced by owner and epoch;
+    /// with `release`, the waits are given up too.
     async fn write_checkpoints(
         &self,
         owner: Uuid,
-        held: &[CheckpointRow],
-        ttl: Option<Duration>,
-    ) -> Result<Vec<Uuid>, StoreError> {
+        held: &[&CheckpointRow],
+        release: bool,
+    ) -> Result<u64, StoreError> {
         if held.is_empty() {
-            return Ok(Vec::new());
+            return Ok(0);
         }
         let now = Utc::now();
-        let lease = ttl.map(|t| ms(now) + t.as_millis() as i64);
-        let mut kept = Vec::with_capacity(held.len());
+        let mut kept = 0;
         let mut tx = self.pool.begin().await?;
         for c in held {
             // A checkpoint lands only when it is newer (more polls) than the row.
-            let n = sqlx::query(
-                "UPDATE waits SET owner = CASE WHEN ?1 IS NULL THEN NULL ELSE owner END, lease_until = ?1,
+            kept += sqlx::query(
+                "UPDATE waits SET owner = CASE WHEN ?1 THEN NULL ELSE owner END,
                         engine = CASE WHEN ?3 > polls THEN ?2 ELSE engine END,
                         retries = CASE WHEN ?3 > polls THEN ?4 ELSE retries END,
                         next_poll_at = CASE WHEN ?3 > polls THEN ?5 ELSE next_poll_at END,
@@ -571,7 +595,7 @@ impl SqliteDialect {
                         polls = MAX(polls, COALESCE(?3, polls))
                  WHERE id = ?7 AND owner = ?8 AND epoch = ?9 AND status = 'running'",
             )
-            .bind(lease)
+            .bind(release)
             .bind(&c.engine)
             .bind(c.polls)
             .bind(c.retries)
@@ -583,16 +607,20 @@ impl SqliteDialect {
             .execute(&mut *tx)
             .await?
             .rows_affected();
-            if n == 1 {
-                kept.push(c.id);
-            }
         }
         tx.commit().await?;
         Ok(kept)
     }
 
-    /// Nothing to do.
+    /// Forgets replicas gone for a day that own nothing.
     pub(super) async fn maintain(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "DELETE FROM replicas WHERE lease_until < ?
+               AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.owner = replicas.id AND w.status = 'running')",
+        )
+        .bind(ms(Utc::now()) - 24 * 3600 * 1000)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -621,7 +649,7 @@ async fn record_one(
         "UPDATE waits SET status = ?, state = ?, reason = ?, error_detail = ?, last_error = ?,
                 polls = ?, retries = ?, engine = ?, next_poll_at = ?, updated_at = ?,
                 finished_at = ?, owner = CASE WHEN ? THEN NULL ELSE owner END,
-                lease_until = CASE WHEN ? THEN NULL ELSE lease_until END, seq = seq + ?, claims = 0
+                seq = seq + ?, claims = 0
          WHERE id = ? AND owner = ? AND epoch = ? AND status = 'running'
          RETURNING seq, tenant",
     )
@@ -636,7 +664,6 @@ async fn record_one(
     .bind(p.next_poll_at.map(ms))
     .bind(ms(now))
     .bind(p.ended.then_some(ms(now)))
-    .bind(p.ended)
     .bind(p.ended)
     .bind(n_events)
     .bind(p.id)

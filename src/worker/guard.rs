@@ -1,0 +1,119 @@
+//! The first poll after a claim, and the crash-loop guard it feeds.
+//!
+//! Before the first probe since a claim, the store records that the poll begins
+//! (one statement for every first poll due at once); the write of a completed poll
+//! clears that count, and the first completed poll is always written, even when it
+//! changed nothing ([`Phase::Confirming`]). A wait whose polls began
+//! [`crate::store::MAX_CLAIMS`] times in a row without completing took down every replica that
+//! polled it: its next claimer ends it instead of polling it.
+
+use uuid::Uuid;
+
+use super::writes::answered;
+use super::{Loop, Msg, Phase};
+use crate::store::{Progress, StoreError, WaitEpoch};
+
+impl Loop {
+    /// Records in the store that the first polls of these waits since their claim
+    /// begin, then starts them: if a poll takes the replica down, the next claimer
+    /// finds it counted ([`crate::store::MAX_CLAIMS`]). One write for every first poll due at once.
+    pub(super) fn mark(&mut self, first: Vec<(WaitEpoch, u64)>) {
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let ids: Vec<WaitEpoch> = first.iter().map(|(at, _)| *at).collect();
+            let result = w.store.mark_polling(w.owner, &ids).await;
+            w.metrics.write();
+            let _ = tx.send(Msg::Marked { first, result });
+        });
+    }
+
+    /// First polls were recorded as begun (or not): start those that were.
+    pub(super) fn marked(
+        &mut self,
+        first: Vec<(WaitEpoch, u64)>,
+        result: Result<Vec<Uuid>, StoreError>,
+    ) {
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, "could not record that polls begin; trying again shortly");
+        }
+        let marked = answered(&result);
+        for (at, g) in first {
+            let Some(h) = self.held.get_mut(&at.id) else {
+                continue;
+            };
+            if h.generation != g || h.epoch != at.epoch || h.phase != Phase::Marking {
+                continue;
+            }
+            if marked.contains(&at.id) {
+                h.phase = Phase::FirstPoll;
+                self.start_probe(at.id, g);
+            } else {
+                // Not this replica's any more, or the store is away: the next
+                // renewal finds out which; look again in a second.
+                self.need_full = true;
+                h.phase = Phase::Claimed;
+                let again = self.clock.now() + chrono::TimeDelta::seconds(1);
+                let deadline = h.engine.deadline;
+                self.schedule(at.id, again.min(deadline));
+            }
+        }
+    }
+
+    /// First polls that changed nothing were recorded as completed (or not).
+    pub(super) fn confirmed(
+        &mut self,
+        batch: Vec<(WaitEpoch, u64)>,
+        result: Result<Vec<Uuid>, StoreError>,
+    ) {
+        self.writing -= 1;
+        self.w.metrics.write();
+        let done = answered(&result);
+        for (at, generation) in batch {
+            let id = at.id;
+            let Some(h) = self.held.get_mut(&id) else {
+                continue;
+            };
+            if h.generation != generation {
+                continue;
+            }
+            if done.contains(&id) {
+                h.phase = Phase::Idle;
+                let next = h.next;
+                self.schedule(id, next);
+            } else if let Err(e) = &result {
+                // As for progress that cannot be written: let it go, and another
+                // claim resumes it from its last checkpoint.
+                tracing::warn!(wait_id = %id, error = %e, "could not record that a poll completed; letting the wait go");
+                self.let_go(id);
+            } else {
+                // No longer this replica's.
+                self.held.remove(&id);
+            }
+        }
+        self.note_held();
+    }
+
+    /// A wait claimed with [`crate::store::MAX_CLAIMS`] polls begun and none completed: every
+    /// replica that polled it since died meanwhile. It is ended in `error` rather
+    /// than polled by this one next.
+    pub(super) fn end_crash_loop(&mut self, id: Uuid, claims: i32) {
+        tracing::error!(wait_id = %id, polls_begun = claims, "a wait's polls keep taking their replica down; ending it in error");
+        self.generation += 1;
+        let g = self.generation;
+        let Some(h) = self.held.get_mut(&id) else {
+            return;
+        };
+        h.phase = Phase::Writing;
+        h.generation = g;
+        let progress = Progress::abandon(
+            id,
+            h.epoch,
+            &h.engine,
+            format!(
+                "waitd ended this wait because a poll of it did not complete {claims} times in a row: each time, the replica polling it stopped (it crashed, was killed or ran out of memory); it is not polled again so that it cannot take down another replica"
+            ),
+        );
+        self.pending.push((progress, g));
+    }
+}

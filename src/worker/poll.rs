@@ -1,0 +1,166 @@
+//! One poll: the probe, run as a task under the pool's bound on probes in flight,
+//! and the engine step on what it observed, which decides what is written.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{Loop, Msg, Phase};
+use crate::engine::{self, Context, Decision, Event, Observation};
+use crate::model::EventBody;
+use crate::store::{Ended, Progress, WaitEpoch};
+
+/// A probe still in flight at its wait's deadline is cut this long after it, so
+/// the poll the engine schedules at the deadline itself still gets an answer, and
+/// a target that never answers ends the wait `timed_out` within a moment of it.
+const DEADLINE_GRACE: Duration = Duration::from_millis(250);
+
+impl Loop {
+    pub(super) fn start_probe(&mut self, id: Uuid, g: u64) {
+        let Some(h) = self.held.get(&id) else {
+            return;
+        };
+        let spec = h.spec.clone();
+        let target = h.target.clone();
+        let mut memo = h.memo;
+        let probes = self.probes.clone();
+        let w = self.w.clone();
+        let tx = self.tx.clone();
+        // The deadline wins over the probe timeout: a probe still in flight just
+        // after it is cut, and the engine ends the wait `timed_out`.
+        let cut = self.clock.instant_at(h.engine.deadline) + DEADLINE_GRACE;
+        let clock = self.clock;
+        tokio::spawn(async move {
+            let probe = async {
+                // The prober itself bounds the probes in flight per target host.
+                let _p = probes.acquire_owned().await;
+                match target {
+                    Ok(target) => w.prober.probe_memo(id, &spec, &target, &mut memo).await,
+                    Err(error) => Observation::Permanent { error },
+                }
+            };
+            let started = Instant::now();
+            let obs = match tokio::time::timeout_at(cut, probe).await {
+                Ok(obs) => obs,
+                Err(_) => Observation::Transient {
+                    error: "the target had not answered by the wait's deadline".into(),
+                    retry_after: None,
+                },
+            };
+            w.metrics.probe_latency.observe(started.elapsed());
+            w.metrics.poll(&obs);
+            let _ = tx.send(Msg::Probed {
+                id,
+                generation: g,
+                obs,
+                memo,
+                at: clock.now(),
+            });
+        });
+    }
+
+    /// A probe came back: keep what its conditions decided, and step the engine.
+    pub(super) fn probed(
+        &mut self,
+        id: Uuid,
+        generation: u64,
+        obs: Observation,
+        memo: Option<crate::probe::Memo>,
+        at: DateTime<Utc>,
+    ) {
+        if let Some(h) = self.held.get_mut(&id) {
+            // A memo is there when the conditions decided the response (not when
+            // it never reached them, or they failed on it).
+            if let Some(m) = memo {
+                let counter = if m.reused() {
+                    &self.w.metrics.conditions_reused
+                } else {
+                    &self.w.metrics.conditions_evaluated
+                };
+                counter.fetch_add(1, Relaxed);
+            }
+            h.memo = memo;
+        }
+        self.observed(id, generation, obs, at)
+    }
+
+    fn observed(&mut self, id: Uuid, generation: u64, obs: Observation, at: DateTime<Utc>) {
+        let floor = self.w.cfg.floor;
+        let Some(h) = self.held.get_mut(&id) else {
+            return;
+        };
+        if h.generation != generation {
+            return;
+        }
+        let cx = Context {
+            now: at,
+            floor,
+            jitter: fastrand::f64() * 2.0 - 1.0,
+        };
+        let step = engine::step(&h.spec, &mut h.engine, obs, cx);
+        let events: Vec<EventBody> = step.events.iter().map(event_body).collect();
+        let (next, end) = match step.decision {
+            Decision::PollAt(t) => (Some(t), None),
+            Decision::End(o) => (
+                None,
+                Some(Ended {
+                    status: o.end.into(),
+                    reason: o.reason,
+                    error_detail: o.error_detail,
+                }),
+            ),
+        };
+        if let Some(t) = next {
+            h.next = t;
+        }
+        if events.is_empty() && end.is_none() {
+            // Nothing changed: keep it in memory, checkpoint later.
+            h.dirty = true;
+            if h.phase == Phase::FirstPoll {
+                // The first poll since the claim (of a wait polled before: a
+                // wait's very first poll always writes an event, its first state
+                // or a retry): the store only learns that it completed, which
+                // clears its count of polls begun.
+                h.phase = Phase::Confirming;
+                let at = WaitEpoch { id, epoch: h.epoch };
+                self.confirming.push((at, generation));
+                return;
+            }
+            h.phase = Phase::Idle;
+            let t = h.next;
+            self.schedule(id, t);
+            return;
+        }
+        h.phase = Phase::Writing;
+        let progress = Progress {
+            id,
+            epoch: h.epoch,
+            engine: h.engine.clone(),
+            next_poll_at: next,
+            events,
+            end,
+        };
+        self.pending.push((progress, generation));
+    }
+}
+
+fn event_body(e: &Event) -> EventBody {
+    match e {
+        Event::State { from, to } => EventBody::State {
+            from: from.clone(),
+            to: to.clone(),
+        },
+        Event::Retry {
+            error,
+            attempt,
+            delay,
+        } => EventBody::Retry {
+            error: error.clone(),
+            attempt: *attempt,
+            delay: engine::duration::format(*delay),
+        },
+    }
+}
