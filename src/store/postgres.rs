@@ -31,9 +31,15 @@ use crate::model::{DeliveryStatus, Event, EventBody};
 
 /// The channel notices of new events go out on.
 pub const EVENTS_CHANNEL: &str = "waitd_events";
+/// [`WORK_CHANNEL`] as a literal, for statements that name it.
+macro_rules! work_channel {
+    () => {
+        "waitd_work"
+    };
+}
 /// The channel that tells replicas there is work to claim (waits created or
 /// released).
-pub const WORK_CHANNEL: &str = "waitd_work";
+pub const WORK_CHANNEL: &str = work_channel!();
 
 /// Held by the one sequencer at a time that gives committed events their global
 /// cursor (`gid`).
@@ -813,8 +819,8 @@ type Sequenced = (Uuid, i64, i32, String, DateTime<Utc>, Value);
 
 /// Gives every committed event without a global cursor one (and, inside `tx`, the
 /// events `tx` itself wrote), and queues the notices, which go out at commit: one
-/// per wait on the events channel, and word on the work channel when waits were
-/// created. The caller holds [`SEQUENCER_LOCK`] until its commit.
+/// per wait on the events channel. The caller holds [`SEQUENCER_LOCK`] until its
+/// commit.
 async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<usize, StoreError> {
     let done: Vec<Sequenced> = sqlx::query_as(
         "WITH base AS (SELECT COALESCE(max(gid), 0) AS b FROM wait_events),
@@ -844,12 +850,9 @@ async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<usize, StoreE
             body,
         });
     }
-    let mut created = false;
     let lines = per_wait.into_iter().map(|(wait_id, mut events)| {
         events.sort_by_key(|e| e.seq);
-        let n = Notice::announcing(wait_id, events);
-        created |= n.kind == notice::NoticeKind::Created;
-        n.encode()
+        Notice::announcing(wait_id, events).encode()
     });
     // Listeners hear of events only once they are sequenced, so whatever they read
     // next (a wait's history, the global feed) already has them.
@@ -859,12 +862,6 @@ async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<usize, StoreE
         .bind(payloads)
         .execute(&mut **tx)
         .await?;
-    if created {
-        sqlx::query("SELECT pg_notify($1, 'created')")
-            .bind(WORK_CHANNEL)
-            .execute(&mut **tx)
-            .await?;
-    }
     Ok(n)
 }
 
@@ -875,19 +872,23 @@ fn insert_wait<'q>(
     nw: &'q NewWait,
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
     // With webhooks, their rows go in the same statement: the outbox trigger, which
-    // fires at its end, finds them for the `created` event.
-    const PLAIN: &str = "WITH w AS (
+    // fires at its end, finds them for the `created` event. The word on the work
+    // channel ([`WORK_CHANNEL`]) goes out with the insert's commit: the claimers hear
+    // of a wait as soon as it can be claimed, whatever the sequencer is doing.
+    const PLAIN: &str = concat!("WITH w AS (
              INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
-         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)";
-    const WITH_NOTIFY: &str = "WITH w AS (
+         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
+         SELECT $1, 1, $2, $10, $3, $11 FROM pg_notify('", work_channel!(), "', 'created')");
+    const WITH_NOTIFY: &str = concat!("WITH w AS (
              INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9)),
          n AS (INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret)
                SELECT $1, e, u, k, x::jsonb FROM unnest($12::int[], $13::text[], $14::int[], $15::text[]) AS t(e, u, k, x))
-         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $10, $3, $11)";
+         INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
+         SELECT $1, 1, $2, $10, $3, $11 FROM pg_notify('", work_channel!(), "', 'created')");
     let q = sqlx::query(if nw.notify.is_empty() {
         PLAIN
     } else {
