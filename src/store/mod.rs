@@ -1079,6 +1079,13 @@ impl Store {
         sql!(self.maintain())
     }
 
+    /// Runs one statement as written: for tests that bend the schema (a trigger
+    /// that refuses a value, say).
+    #[cfg(test)]
+    pub(crate) async fn execute(&self, statement: &'static str) -> Result<(), StoreError> {
+        sql!(self.execute(statement))
+    }
+
     /// Running waits in the store; with a tenant, only that tenant's.
     pub async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
         sql!(self.count_running(tenant))

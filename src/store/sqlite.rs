@@ -624,6 +624,12 @@ impl SqliteDialect {
         Ok(())
     }
 
+    #[cfg(test)]
+    pub(super) async fn execute(&self, statement: &'static str) -> Result<(), StoreError> {
+        sqlx::query(statement).execute(&self.pool).await?;
+        Ok(())
+    }
+
     pub(super) async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(
             "SELECT count(*) FROM waits WHERE status = 'running' AND (? IS NULL OR tenant = ?)",

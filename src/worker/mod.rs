@@ -28,6 +28,8 @@ pub mod clock;
 mod guard;
 mod lease;
 mod poll;
+#[cfg(test)]
+mod tests;
 mod timers;
 mod writes;
 
@@ -181,6 +183,20 @@ enum Msg {
         result: Result<Vec<Uuid>, StoreError>,
     },
     Renewed(Renewed),
+}
+
+impl Msg {
+    /// What it answers, as a log line names it.
+    fn what(&self) -> &'static str {
+        match self {
+            Msg::Claimed(_) => "a claim",
+            Msg::Probed { .. } => "a probe",
+            Msg::Recorded { .. } => "a progress write",
+            Msg::Marked { .. } => "first polls marked",
+            Msg::Confirmed { .. } => "first polls confirmed",
+            Msg::Renewed(_) => "a renewal",
+        }
+    }
 }
 
 struct Loop {
@@ -509,14 +525,7 @@ impl Loop {
 
     fn handle(&mut self, msg: Msg) {
         let started = std::time::Instant::now();
-        let what = match &msg {
-            Msg::Claimed(_) => "a claim",
-            Msg::Probed { .. } => "a probe",
-            Msg::Recorded { .. } => "a progress write",
-            Msg::Marked { .. } => "first polls marked",
-            Msg::Confirmed { .. } => "first polls confirmed",
-            Msg::Renewed(_) => "a renewal",
-        };
+        let what = msg.what();
         self.dispatch(msg);
         let took = started.elapsed();
         if took > Duration::from_millis(20) {
