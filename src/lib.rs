@@ -124,6 +124,9 @@ pub struct App {
     pub router: axum::Router,
     /// The store the app runs on.
     pub store: store::Store,
+    /// What the worker pool reports as it works (only with the `test-signals`
+    /// feature; else it sends nowhere).
+    pub signals: worker::Signals,
     stop: watch::Sender<bool>,
     worker: Option<JoinHandle<()>>,
     events: events::Events,
@@ -181,9 +184,14 @@ impl App {
         // The sequencer and the LISTEN adapter (Postgres), and the feed.
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());
+        #[cfg(feature = "test-signals")]
+        let signals = worker::Signals::channel();
+        #[cfg(not(feature = "test-signals"))]
+        let signals = worker::Signals::default();
         let worker = (!config.no_worker).then(|| {
             let client = prober.client().clone();
-            let w = worker_for(&config, &store, prober, &bus, &metrics);
+            let mut w = worker_for(&config, &store, prober, &bus, &metrics);
+            w.signals = signals.clone();
             let d = notify::Deliverer {
                 store: store.clone(),
                 bus: bus.clone(),
@@ -240,6 +248,7 @@ impl App {
         Ok(App {
             router: api::router(state),
             store,
+            signals,
             stop,
             worker,
             events,
@@ -321,6 +330,7 @@ fn worker_for(
         },
         metrics: metrics.clone(),
         owner,
+        signals: worker::Signals::default(),
     }
 }
 

@@ -18,6 +18,7 @@ use axum::http::{Request, StatusCode};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use waitd::worker::Signal;
 
 /// A target that answers `{"status": "deploying"}` and notes, by tokio's clock, when
 /// each poll came.
@@ -113,6 +114,10 @@ async fn an_hour_of_polling_runs_on_paused_time_and_ends_at_its_deadline() {
     .expect("valid settings");
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let app = waitd::App::start(config, addr).await.expect("waitd starts");
+    let mut signals = app
+        .signals
+        .subscribe()
+        .expect("tests have the signal channel");
     let spec = json!({
         "target": {"url": url},
         "state": "/status",
@@ -127,13 +132,19 @@ async fn an_hour_of_polling_runs_on_paused_time_and_ends_at_its_deadline() {
     let (status, wait) = call(&app.router, create).await;
     assert_eq!(status, StatusCode::CREATED, "{wait}");
     let id = wait["id"].as_str().unwrap().to_string();
-    // Claimed and polled once in real time; from then on, the paused clock.
-    for _ in 0..500 {
-        if !hits.lock().unwrap().is_empty() {
-            break;
+    // Claimed and polled once in real time, and that poll written; from then on,
+    // the paused clock.
+    let first_poll = async {
+        loop {
+            match signals.recv().await.expect("the worker runs") {
+                Signal::Recorded { id: w, .. } if w.to_string() == id => break,
+                _ => {}
+            }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(10), first_poll)
+        .await
+        .expect("the first poll is written within seconds");
     assert_eq!(hits.lock().unwrap().len(), 1, "the first poll came");
     tokio::time::pause();
     let paused_at = tokio::time::Instant::now();

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Held, Loop, Msg, fingerprint};
+use super::{Held, Loop, Msg, Signal, fingerprint};
 use crate::store::{Checkpoint, Renewal, StoreError, WaitEpoch};
 
 /// Below this many held waits every lease renewal names them all (see
@@ -282,14 +282,29 @@ impl Loop {
         } = r;
         self.renewing = false;
         self.let_go.extend(unreleased);
+        let ok = result.is_ok();
         tracing::debug!(
             full,
             named = named.len(),
             checkpoints = checkpointed.len(),
             ms = started.elapsed().as_millis() as u64,
-            ok = result.is_ok(),
+            ok,
             "lease renewal"
         );
+        self.take_renewal(started, full, named, checkpointed, claiming, result);
+        self.note_held();
+        self.w.signals.send(|| Signal::Renewed { ok });
+    }
+
+    fn take_renewal(
+        &mut self,
+        started: Instant,
+        full: bool,
+        named: Vec<WaitEpoch>,
+        checkpointed: Vec<Uuid>,
+        claiming: bool,
+        result: Result<Renewal, StoreError>,
+    ) {
         match result {
             Ok(Renewal { lost, strays }) => {
                 self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
@@ -338,7 +353,6 @@ impl Loop {
                 }
             }
         }
-        self.note_held();
     }
 
     /// A claim whose answer was lost (the connection broke after its commit) leaves

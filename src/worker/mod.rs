@@ -28,6 +28,7 @@ pub mod clock;
 mod guard;
 mod lease;
 mod poll;
+pub mod signal;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -40,6 +41,7 @@ use crate::probe::Prober;
 use crate::store::{Checkpoint, Claimed, MAX_CLAIMS, Progress, Store, StoreError, WaitEpoch};
 use clock::Clock;
 use lease::{Reconcile, Renewed, Sweep};
+pub use signal::{Signal, Signals};
 use writes::Written;
 
 #[derive(Clone, Debug)]
@@ -82,6 +84,8 @@ pub struct Worker {
     pub cfg: WorkerConfig,
     pub metrics: Arc<Metrics>,
     pub owner: Uuid,
+    /// What it reports as it works (see [`signal`]).
+    pub signals: Signals,
 }
 
 /// Where a held wait is in its life on this replica. A wait has at most one probe
@@ -361,7 +365,10 @@ impl Loop {
         let w = &self.w;
         w.metrics.write();
         match w.store.release(w.owner, &checkpoints).await {
-            Ok(n) => tracing::info!(released = n, "leases released"),
+            Ok(n) => {
+                tracing::info!(released = n, "leases released");
+                w.signals.send(|| Signal::Released(n));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "could not release leases; they expire after the TTL")
             }
@@ -416,10 +423,12 @@ impl Loop {
                         "resumed waits polled before by another replica or an earlier run"
                     );
                 }
+                let ids: Vec<Uuid> = claimed.iter().map(|c| c.id).collect();
                 for c in claimed {
                     self.insert(c);
                 }
                 self.note_held();
+                self.w.signals.send(|| Signal::Claimed(ids));
             }
             Err(e) => {
                 // Its answer may have been lost after the claim committed: the next

@@ -59,6 +59,7 @@ async fn rig() -> Rig {
         },
         metrics: Arc::new(Metrics::default()),
         owner: Uuid::now_v7(),
+        signals: Signals::channel(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     Rig {
@@ -252,10 +253,14 @@ async fn a_wait_whose_polls_never_complete_is_ended_by_its_next_claimer_not_poll
         assert_eq!(r.store.mark_polling(dead, &[at]).await.unwrap(), vec![id]);
         outlive_the_lease();
     }
+    let mut signals = r.lp.w.signals.subscribe().unwrap();
     r.claim().await;
+    assert_eq!(signals.try_recv().unwrap(), Signal::Claimed(vec![id]));
     assert_eq!(r.phase(id), Some(Phase::Writing), "ended, not scheduled");
     assert!(r.lp.timers.is_empty(), "no poll is due");
     assert_eq!(r.next().await, "a progress write");
+    let ended_signal = Signal::Recorded { id, ended: true };
+    assert_eq!(signals.try_recv().unwrap(), ended_signal);
     let ended = r.read(id).await;
     assert_eq!(ended.status, Status::Error);
     let reason = ended.reason.unwrap_or_default();

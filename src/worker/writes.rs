@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::clock::Clock;
-use super::{Loop, Msg, Phase, Worker, fingerprint};
+use super::{Loop, Msg, Phase, Signal, Worker, fingerprint};
 use crate::model::Status;
 use crate::store::{Progress, StoreError, WaitEpoch};
 
@@ -96,6 +96,10 @@ impl Loop {
             (Written::Yes, Some(status)) => self.w.metrics.ended(*status),
             (Written::Abandoned, _) => self.w.metrics.ended(Status::Error),
             _ => {}
+        }
+        if matches!(written, Written::Yes | Written::Abandoned) {
+            let ended = end.is_some() || matches!(written, Written::Abandoned);
+            self.w.signals.send(|| Signal::Recorded { id, ended });
         }
         let Some(h) = self.held.get_mut(&id) else {
             return;

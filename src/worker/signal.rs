@@ -1,0 +1,58 @@
+//! What the worker reports as it works, for tests to await rather than poll for:
+//! a claim came back, a wait's progress is in the store, a renewal came back, the
+//! leases were released.
+//!
+//! The channel exists only with the `test-signals` feature (and in this crate's own
+//! tests): a build without it has no sender, and every send is a branch on `None`.
+//! A signal is sent after the loop has taken in what it reports, so a test that
+//! hears one may rely on it.
+
+use uuid::Uuid;
+
+/// One thing the worker did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// A claim came back with these waits, now held.
+    Claimed(Vec<Uuid>),
+    /// A wait's progress (or its end) is in the store.
+    Recorded { id: Uuid, ended: bool },
+    /// A lease renewal came back, and whether it succeeded.
+    Renewed { ok: bool },
+    /// On shutdown, this many held waits were released.
+    Released(u64),
+}
+
+/// Where the worker sends its [`Signal`]s. Cloning is shallow; the default sends
+/// nowhere.
+#[derive(Clone, Debug, Default)]
+pub struct Signals {
+    #[cfg(any(test, feature = "test-signals"))]
+    tx: Option<tokio::sync::broadcast::Sender<Signal>>,
+}
+
+impl Signals {
+    /// A channel that keeps the latest 4,096 signals for each receiver.
+    #[cfg(any(test, feature = "test-signals"))]
+    pub fn channel() -> Signals {
+        Signals {
+            tx: Some(tokio::sync::broadcast::channel(4096).0),
+        }
+    }
+
+    /// The signals sent from now on; `None` from a [`Signals`] that sends nowhere.
+    #[cfg(any(test, feature = "test-signals"))]
+    pub fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<Signal>> {
+        self.tx.as_ref().map(|tx| tx.subscribe())
+    }
+
+    /// Sends what `signal` makes, made only when someone may listen.
+    #[inline]
+    pub(super) fn send(&self, signal: impl FnOnce() -> Signal) {
+        #[cfg(any(test, feature = "test-signals"))]
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(signal());
+        }
+        #[cfg(not(any(test, feature = "test-signals")))]
+        let _ = signal;
+    }
+}
