@@ -35,11 +35,14 @@ impl Drop for Rig {
     }
 }
 
-/// The lease every rig takes: short, so that another replica may take a wait once
-/// it runs out in real time.
+/// A lease short enough that another replica may take a wait once it runs out in
+/// real time.
 const TTL: Duration = Duration::from_millis(300);
 
-async fn rig() -> Rig {
+/// A lease no loaded machine outlives by accident during a test.
+const LONG: Duration = Duration::from_secs(30);
+
+async fn rig(lease_ttl: Duration) -> Rig {
     let bus = Bus::new();
     let store = Store::open("sqlite::memory:", 1, bus.clone()).unwrap();
     store.migrate().await.unwrap();
@@ -54,7 +57,7 @@ async fn rig() -> Rig {
         prober: Prober::new(ProbeConfig::default()).unwrap(),
         bus,
         cfg: WorkerConfig {
-            lease_ttl: TTL,
+            lease_ttl,
             ..WorkerConfig::default()
         },
         metrics: Arc::new(Metrics::default()),
@@ -130,7 +133,7 @@ fn outlive_the_lease() {
 
 #[tokio::test]
 async fn a_wait_another_replica_took_over_is_dropped_at_the_next_renewal() {
-    let mut r = rig().await;
+    let mut r = rig(TTL).await;
     let id = r.create().await;
     r.claim().await;
     assert_eq!(r.phase(id), Some(Phase::Claimed));
@@ -150,11 +153,15 @@ async fn a_wait_another_replica_took_over_is_dropped_at_the_next_renewal() {
 
 #[tokio::test]
 async fn a_wait_owned_but_not_held_is_given_back_once_two_renewals_find_it() {
-    let mut r = rig().await;
+    let mut r = rig(LONG).await;
     let id = r.create().await;
     // Claimed for this replica, as a claim whose answer never came back.
     let owner = r.lp.w.owner;
-    let claimed = r.store.claim(owner, TTL, Duration::ZERO, 10).await.unwrap();
+    let claimed = r
+        .store
+        .claim(owner, LONG, Duration::ZERO, 10)
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
 
     r.renew().await;
@@ -164,7 +171,7 @@ async fn a_wait_owned_but_not_held_is_given_back_once_two_renewals_find_it() {
     let other = Uuid::now_v7();
     assert!(
         r.store
-            .claim(other, TTL, Duration::ZERO, 10)
+            .claim(other, LONG, Duration::ZERO, 10)
             .await
             .unwrap()
             .is_empty(),
@@ -177,14 +184,18 @@ async fn a_wait_owned_but_not_held_is_given_back_once_two_renewals_find_it() {
     // The renewal after gives it back, and another replica may take it at once.
     r.renew().await;
     assert!(r.lp.let_go.is_empty());
-    let taken = r.store.claim(other, TTL, Duration::ZERO, 10).await.unwrap();
+    let taken = r
+        .store
+        .claim(other, LONG, Duration::ZERO, 10)
+        .await
+        .unwrap();
     assert_eq!(taken.len(), 1, "given back");
     assert_eq!(taken[0].id, id);
 }
 
 #[tokio::test]
 async fn a_batch_the_store_refuses_ends_only_the_refused_wait_in_error() {
-    let mut r = rig().await;
+    let mut r = rig(LONG).await;
     let (poison, fine) = (r.create().await, r.create().await);
     r.claim().await;
     r.store
@@ -240,7 +251,7 @@ async fn a_batch_the_store_refuses_ends_only_the_refused_wait_in_error() {
 
 #[tokio::test]
 async fn a_wait_whose_polls_never_complete_is_ended_by_its_next_claimer_not_polled() {
-    let mut r = rig().await;
+    let mut r = rig(TTL).await;
     let id = r.create().await;
     // Three replicas in a row claim it, begin a poll, and die before it completes.
     for _ in 0..crate::store::MAX_CLAIMS {
@@ -273,7 +284,7 @@ async fn a_wait_whose_polls_never_complete_is_ended_by_its_next_claimer_not_poll
 
 #[tokio::test]
 async fn a_renewal_that_fails_pauses_polling_once_the_lease_runs_short_until_one_succeeds() {
-    let mut r = rig().await;
+    let mut r = rig(LONG).await;
     let id = r.create().await;
     r.claim().await;
     r.renew().await;
@@ -295,7 +306,7 @@ async fn a_renewal_that_fails_pauses_polling_once_the_lease_runs_short_until_one
     assert!(h.dirty && h.written == 0, "its checkpoint is due again");
 
     // The lease by the loop's own clock runs short: nothing is polled.
-    tokio::time::advance(TTL).await;
+    tokio::time::advance(LONG).await;
     r.lp.fire_due();
     assert!(r.lp.paused);
     assert_eq!(r.phase(id), Some(Phase::Claimed), "not polled while paused");
