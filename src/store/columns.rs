@@ -83,7 +83,7 @@ macro_rules! from_row {
         $($f:ident: $t:ty,)*
         $(.. $flat:ident: $ft:ty,)*
     }) => {
-        $(#[$m])* $vis struct $name { $($f: $t,)* $($flat: $ft,)* }
+        $(#[$m])* $vis struct $name { $(pub(super) $f: $t,)* $(pub(super) $flat: $ft,)* }
         from_row!(@impl $name, sqlx::postgres::PgRow, [$($f)*], [$($flat: $ft)*]);
         from_row!(@impl $name, sqlx::sqlite::SqliteRow, [$($f)*], [$($flat: $ft)*]);
     };

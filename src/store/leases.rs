@@ -1,0 +1,202 @@
+//! What the worker pool asks of the store: claims, the counts of polls begun and
+//! completed, progress, renewals of the replica's lease, checkpoints and releases.
+//! Every write here is fenced by owner and epoch.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{
+    Checkpoint, CheckpointRow, ClaimRow, Claimed, Dialect, Progress, Renewal, Store, StoreError,
+    WaitEpoch,
+};
+use crate::engine::{EngineState, Spec};
+
+impl Store {
+    /// Claims up to `limit` running waits due within `lookahead` that are unowned or
+    /// whose owner's lease has run out (epoch + 1). A row this version cannot read is
+    /// ended in `error` rather than spun on.
+    pub async fn claim(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let rows = sql!(self.claim(owner, ttl, lookahead, limit))?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            match self.decode_claim(&row) {
+                Ok((spec, engine)) => claimed.push(Claimed {
+                    id: row.id,
+                    epoch: row.epoch,
+                    claims: row.claims,
+                    tenant: row.tenant.clone(),
+                    next_poll_at: row.next_poll_at.map_or(engine.deadline, |t| t.0),
+                    spec,
+                    engine,
+                }),
+                Err(why) => {
+                    tracing::error!(wait_id = %row.id, error = %why, "cannot decode a claimed wait; ending it in error");
+                    let _ = self
+                        .record(
+                            owner,
+                            Utc::now(),
+                            &Progress::undecodable(row.id, row.epoch, why),
+                        )
+                        .await;
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// A claimed row's stored parts back into a spec (headers restored) and engine state.
+    fn decode_claim(&self, row: &ClaimRow) -> Result<(Spec, EngineState), String> {
+        let mut spec: Spec =
+            serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
+        spec.target.headers = self.cipher.open(&row.headers.0)?;
+        let engine: EngineState = serde_json::from_value(row.engine.0.clone())
+            .map_err(|e| format!("engine state: {e}"))?;
+        Ok((spec, engine))
+    }
+
+    /// Records that a poll of each of these waits (id, epoch) begins, the first
+    /// since its claim: it adds one to the wait's `claims`, which a completed poll's
+    /// write sets back to 0 ([`MAX_CLAIMS`]). Fenced by owner and epoch; returns
+    /// the ids still the owner's.
+    pub async fn mark_polling(
+        &self,
+        owner: Uuid,
+        ids: &[WaitEpoch],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.count_polls(owner, ids, true).await
+    }
+
+    /// Records that the first poll since the claim of each of these waits (id,
+    /// epoch) completed and changed nothing worth an event: their `claims` goes back
+    /// to 0, and nothing else is written (the poll count and schedule follow in a
+    /// checkpoint). One statement for all of them; a claim of a million waits
+    /// writes each row a third time otherwise, with every progress column.
+    /// Fenced by owner and epoch; returns the ids still the owner's.
+    pub async fn confirm_polled(
+        &self,
+        owner: Uuid,
+        ids: &[WaitEpoch],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.count_polls(owner, ids, false).await
+    }
+
+    async fn count_polls(
+        &self,
+        owner: Uuid,
+        ids: &[WaitEpoch],
+        begun: bool,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        sql!(self.count_polls(owner, ids, begun))
+    }
+
+    /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
+    /// no longer this owner's. `now` (the writer's clock) is when it is written: the
+    /// wait's `updated_at`, and `finished_at` when it ends.
+    pub async fn record(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        progress: &Progress,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .record_many(owner, now, std::slice::from_ref(progress))
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
+
+    /// [`Store::record`] for many waits in one transaction: one answer per entry, in
+    /// order. A wait may appear once. The written rows' polls-begun counts go back
+    /// to 0.
+    pub async fn record_many(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        progress: &[Progress],
+    ) -> Result<Vec<bool>, StoreError> {
+        if progress.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = progress
+            .iter()
+            .map(Progress::row)
+            .collect::<Result<Vec<_>, _>>()?;
+        sql!(self.record(owner, now, &rows))
+    }
+
+    /// Renews the owner's lease (one row a replica, however many waits it holds)
+    /// and writes `checkpoints`; says which of `named` (every wait the owner holds,
+    /// with its epoch) are no longer the owner's under that epoch, and which waits
+    /// the owner owns that `named` leaves out.
+    ///
+    /// The comparison is made here, not by the caller: for a replica holding a
+    /// million waits it is a million lookups, which the worker's loop cannot spend.
+    pub async fn renew(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        named: &[WaitEpoch],
+        checkpoints: &[Checkpoint],
+    ) -> Result<Renewal, StoreError> {
+        self.checkpoint(owner, ttl, checkpoints).await?;
+        let mut owned: std::collections::HashMap<Uuid, i64> = sql!(self.owned(owner))?
+            .into_iter()
+            .map(|w| (w.id, w.epoch))
+            .collect();
+        let mut lost = Vec::new();
+        for w in named {
+            // Under another epoch it was claimed again since it was named: lost
+            // under that one (the caller compares epochs), and no stray.
+            if owned.remove(&w.id) != Some(w.epoch) {
+                lost.push(*w);
+            }
+        }
+        Ok(Renewal {
+            lost,
+            strays: owned.into_iter().map(WaitEpoch::from).collect(),
+        })
+    }
+
+    /// Renews the owner's lease and writes `checkpoints` (those that carry a
+    /// state), without comparing what it holds with what it owns.
+    pub async fn checkpoint(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        checkpoints: &[Checkpoint],
+    ) -> Result<(), StoreError> {
+        self.renew_lease(owner, ttl).await?;
+        let rows: Vec<CheckpointRow> = checkpoints.iter().map(CheckpointRow::from).collect();
+        sql!(self.write_all_checkpoints(owner, &rows))
+    }
+
+    /// Renews the owner's lease only: one row, however many waits it holds.
+    pub async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
+        sql!(self.renew_lease(owner, ttl))
+    }
+
+    /// Writes the last checkpoints and gives the leases up, so another replica can
+    /// take them over at once; tells the other replicas there is work.
+    pub async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
+        let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
+        sql!(self.release(owner, &rows))
+    }
+
+    /// Periodic housekeeping, called on every lease renewal: forgets replicas gone
+    /// for a day that own nothing.
+    pub async fn maintain(&self) -> Result<(), StoreError> {
+        sql!(self.maintain())
+    }
+}

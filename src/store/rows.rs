@@ -1,0 +1,360 @@
+//! Rows: what the dialects read and write, in one shape for both, and how the
+//! store's own types become them (a new wait's stored parts, a poll's progress,
+//! a checkpoint) and come back from them (a wait, an event).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::columns::{Json, Time, from_row};
+use super::{Checkpoint, Ended, Ending, Event, EventBody, Progress, Status, StoreError, Wait};
+use super::{deliveries, secrets};
+use crate::engine::{EngineState, Spec};
+
+from_row! {
+/// A wait as both dialects read it back.
+pub(crate) struct WaitRow {
+    id: Uuid,
+    status: String,
+    state: Option<String>,
+    reason: Option<String>,
+    error_detail: Option<Json>,
+    last_error: Option<String>,
+    polls: i32,
+    retries: i32,
+    created_at: Time,
+    updated_at: Time,
+    deadline: Time,
+    next_poll_at: Option<Time>,
+    finished_at: Option<Time>,
+    labels: Json,
+    spec: Json,
+}
+}
+
+/// The columns a [`WaitRow`] reads, from `waits w JOIN wait_specs s`.
+pub(crate) const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
+     w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
+
+impl WaitRow {
+    pub(super) fn into_wait(self) -> Result<Wait, StoreError> {
+        Ok(Wait {
+            id: self.id,
+            status: self.status.parse().map_err(|e| StoreError::Decode {
+                what: "status",
+                why: format!("{e}"),
+            })?,
+            state: self.state,
+            reason: self.reason,
+            error_detail: self.error_detail.map(|j| j.0),
+            last_error: self.last_error,
+            polls: self.polls,
+            retries: self.retries,
+            created_at: self.created_at.0,
+            updated_at: self.updated_at.0,
+            deadline: self.deadline.0,
+            next_poll_at: self.next_poll_at.map(|t| t.0),
+            finished_at: self.finished_at.map(|t| t.0),
+            labels: serde_json::from_value(self.labels.0).unwrap_or_default(),
+            spec: self.spec.0,
+        })
+    }
+}
+
+from_row! {
+/// An event as both dialects read it back (`id` is the global cursor: Postgres's
+/// `gid`, SQLite's row id).
+pub(crate) struct EventRow {
+    id: Option<i64>,
+    seq: i32,
+    wait_id: Uuid,
+    kind: String,
+    at: Time,
+    data: Json,
+}
+}
+
+impl EventRow {
+    pub(super) fn into_event(self) -> Result<Event, StoreError> {
+        Ok(Event {
+            id: self.id,
+            seq: self.seq,
+            wait_id: self.wait_id,
+            at: self.at.0,
+            body: EventBody::from_parts(&self.kind, self.data.0).map_err(|e| {
+                StoreError::Decode {
+                    what: "event",
+                    why: e.to_string(),
+                }
+            })?,
+        })
+    }
+}
+
+from_row! {
+/// A feed entry as both dialects read it back.
+pub(crate) struct FeedRow {
+    tenant: String,
+    labels: Json,
+    ..event: EventRow,
+}
+}
+
+from_row! {
+/// A claimed row's stored parts.
+pub(crate) struct ClaimRow {
+    id: Uuid,
+    epoch: i64,
+    claims: i32,
+    tenant: String,
+    engine: Json,
+    next_poll_at: Option<Time>,
+    spec: Json,
+    headers: Json,
+}
+}
+
+/// Everything a new wait's rows need, computed once for every backend.
+pub(crate) struct NewWait {
+    pub id: Uuid,
+    pub engine: EngineState,
+    pub first_poll: DateTime<Utc>,
+    /// The spec as stored and shown: header values redacted.
+    pub spec: Value,
+    /// The header values, kept apart.
+    pub headers: Value,
+    pub labels: Value,
+    pub engine_json: Value,
+    /// The `created` event: kind and fields.
+    pub created: (&'static str, Value),
+    /// Its webhooks, secrets sealed.
+    pub notify: Vec<deliveries::NotifyRow>,
+}
+
+/// What one progress entry writes, computed once for every backend.
+pub(crate) struct ProgressRow {
+    pub id: Uuid,
+    pub epoch: i64,
+    pub status: &'static str,
+    pub state: Option<String>,
+    pub reason: Option<String>,
+    pub detail: Option<Value>,
+    pub last_error: Option<String>,
+    pub polls: i32,
+    pub retries: i32,
+    pub engine: String,
+    /// `None` once it ends.
+    pub next_poll_at: Option<DateTime<Utc>>,
+    pub ended: bool,
+    /// The events to append, in order: kind and fields.
+    pub events: Vec<(&'static str, Value)>,
+}
+
+/// What one checkpoint writes. A checkpoint lands only when it is newer (more
+/// polls) than what the row holds, so a progress write that committed while it was
+/// on its way wins; a checkpoint without an engine state renews only.
+pub(crate) struct CheckpointRow {
+    pub id: Uuid,
+    pub epoch: i64,
+    pub engine: Option<String>,
+    pub polls: Option<i32>,
+    pub retries: Option<i32>,
+    pub next_poll_at: Option<DateTime<Utc>>,
+}
+
+impl From<&Checkpoint> for CheckpointRow {
+    fn from(c: &Checkpoint) -> CheckpointRow {
+        CheckpointRow {
+            id: c.id,
+            epoch: c.epoch,
+            engine: c
+                .engine
+                .as_ref()
+                .and_then(|e| serde_json::to_string(e).ok()),
+            polls: c.engine.as_ref().map(|e| e.polls as i32),
+            retries: c.engine.as_ref().map(|e| e.retries as i32),
+            next_poll_at: c.next_poll_at,
+        }
+    }
+}
+
+/// How a create counts the tenant's running waits, decided from the cached count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Admission {
+    /// Far under the limit (or no limit): insert without counting.
+    Free,
+    /// Count in the insert's transaction; within `LIMIT_MARGIN` of `max`, count
+    /// again under the tenant's lock.
+    Count { max: i64 },
+}
+
+/// The answer of a dialect's insert.
+pub(crate) enum Inserted {
+    /// The wait is in; `counted` is the tenant's running count when one was taken.
+    Yes { counted: Option<i64> },
+    /// Another request with this idempotency key won the race.
+    KeyTaken,
+    /// The tenant has this many running waits, the most allowed.
+    Full(i64),
+}
+
+/// Below `max_active_waits - LIMIT_MARGIN` running waits, creates skip the per-tenant
+/// lock: more concurrent creates than this (connections across all replicas) would
+/// be needed to overshoot the limit.
+pub(crate) const LIMIT_MARGIN: i64 = 256;
+
+fn to_json<T: Serialize>(v: &T, what: &'static str) -> Result<Value, StoreError> {
+    serde_json::to_value(v).map_err(|e| StoreError::Decode {
+        what,
+        why: e.to_string(),
+    })
+}
+
+impl NewWait {
+    pub(super) fn prepare(
+        spec: &Spec,
+        now: DateTime<Utc>,
+        cipher: &secrets::Cipher,
+    ) -> Result<NewWait, StoreError> {
+        let (engine, first_poll) = EngineState::start(spec, now);
+        let created = EventBody::Created {
+            deadline: engine.deadline,
+        };
+        Ok(NewWait {
+            id: Uuid::now_v7(),
+            first_poll,
+            spec: to_json(&spec.redacted(), "spec")?,
+            headers: cipher
+                .seal(&spec.target.headers)
+                .map_err(|why| StoreError::Decode {
+                    what: "target headers",
+                    why,
+                })?,
+            labels: to_json(&spec.labels, "labels")?,
+            engine_json: to_json(&engine, "engine state")?,
+            created: created.to_parts(),
+            notify: deliveries::NotifyRow::of(&spec.notify, cipher)?,
+            engine,
+        })
+    }
+
+    /// The wait as it reads back right after its insert, built without a read.
+    pub(super) fn wait(&self, now: DateTime<Utc>) -> Wait {
+        Wait {
+            id: self.id,
+            status: Status::Running,
+            state: None,
+            reason: None,
+            error_detail: None,
+            last_error: None,
+            polls: 0,
+            retries: 0,
+            created_at: now,
+            updated_at: now,
+            deadline: self.engine.deadline,
+            next_poll_at: Some(self.first_poll),
+            finished_at: None,
+            labels: serde_json::from_value(self.labels.clone()).unwrap_or_default(),
+            spec: self.spec.clone(),
+        }
+    }
+}
+
+impl Progress {
+    /// What this progress writes: its columns, and its events (the observed ones,
+    /// then the terminal one if it ended).
+    pub(super) fn row(&self) -> Result<ProgressRow, StoreError> {
+        let mut events: Vec<(&'static str, Value)> =
+            self.events.iter().map(EventBody::to_parts).collect();
+        if let Some(end) = &self.end {
+            let terminal = EventBody::end(
+                end.status,
+                Ending {
+                    reason: end.reason.clone(),
+                    state: self.engine.state.clone(),
+                    error_detail: end.error_detail.clone(),
+                    last_error: self.engine.last_error.clone(),
+                },
+            );
+            events.push(terminal.to_parts());
+        }
+        Ok(ProgressRow {
+            id: self.id,
+            epoch: self.epoch,
+            status: self
+                .end
+                .as_ref()
+                .map_or(Status::Running, |e| e.status)
+                .as_str(),
+            state: self.engine.state.clone(),
+            reason: self.end.as_ref().map(|e| e.reason.clone()),
+            detail: self.end.as_ref().and_then(|e| e.error_detail.clone()),
+            last_error: self.engine.last_error.clone(),
+            polls: self.engine.polls as i32,
+            retries: self.engine.retries as i32,
+            engine: serde_json::to_string(&self.engine).map_err(|e| StoreError::Decode {
+                what: "engine state",
+                why: e.to_string(),
+            })?,
+            next_poll_at: if self.end.is_some() {
+                None
+            } else {
+                self.next_poll_at
+            },
+            ended: self.end.is_some(),
+            events,
+        })
+    }
+
+    /// Progress that ends a held wait in `error` with `reason`, keeping its counters
+    /// but nothing the target said: for a wait whose polls keep killing the replica
+    /// polling it, or whose progress the store refuses to take.
+    pub fn abandon(id: Uuid, epoch: i64, engine: &EngineState, reason: String) -> Progress {
+        let mut engine = engine.clone();
+        engine.state = None;
+        engine.last_error = None;
+        Progress {
+            id,
+            epoch,
+            engine,
+            next_poll_at: None,
+            events: vec![],
+            end: Some(Ended {
+                status: Status::Error,
+                reason: crate::engine::bound::text(&reason, crate::engine::bound::MAX_REASON)
+                    .into_owned(),
+                error_detail: None,
+            }),
+        }
+    }
+
+    /// Progress that ends a wait this version cannot read, rather than spin on it.
+    pub(super) fn undecodable(id: Uuid, epoch: i64, why: String) -> Progress {
+        let now = Utc::now();
+        let engine = EngineState {
+            deadline: now,
+            polls: 0,
+            retries: 0,
+            budget_used: 0,
+            poll_interval_ms: 0,
+            retry_delay_ms: 0,
+            transition_seen: false,
+            hits: 0,
+            state: None,
+            last_error: Some(why.clone()),
+        };
+        Progress {
+            id,
+            epoch,
+            engine,
+            next_poll_at: None,
+            events: vec![],
+            end: Some(Ended {
+                status: Status::Error,
+                reason: format!("waitd could not read this wait's stored spec: {why}"),
+                error_detail: None,
+            }),
+        }
+    }
+}
