@@ -591,7 +591,9 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
 #[tokio::test]
 async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
     for_each_store!(|store, backend| {
-        let ttl = Duration::from_millis(400);
+        // Each step below has at least 250 ms to spare on either side of a lease's end,
+        // which a loaded machine can take between two statements.
+        let ttl = Duration::from_millis(600);
         let first = store
             .create("t", &spec(), Utc::now(), None)
             .await
@@ -607,7 +609,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         );
         // A renewal that names only the first wait (the second claim may still be on
         // its way back to the worker) keeps both past their original expiry.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(350)).await;
         let renew = [WaitEpoch::from((first.id, held[0].epoch))];
         let renewal = store.renew(a, ttl, &renew, &[]).await.unwrap();
         assert!(renewal.lost.is_empty());
@@ -616,7 +618,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
         assert_ne!(renewal.strays[0].id, first.id);
         // The point: past the original expiry, kept by the renewal.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(350)).await;
         assert!(
             store
                 .claim(b, ttl, Duration::ZERO, 10)
@@ -628,7 +630,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         );
         // Without another renewal both go to the next claimer, and the old owner
         // learns it.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
             2
