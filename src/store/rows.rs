@@ -331,9 +331,8 @@ impl Progress {
 
     /// Progress that ends a wait this version cannot read, rather than spin on it.
     pub(super) fn undecodable(id: Uuid, epoch: i64, why: String) -> Progress {
-        let now = Utc::now();
         let engine = EngineState {
-            deadline: now,
+            deadline: Utc::now(),
             polls: 0,
             retries: 0,
             budget_used: 0,
@@ -342,19 +341,11 @@ impl Progress {
             transition_seen: false,
             hits: 0,
             state: None,
-            last_error: Some(why.clone()),
+            last_error: None,
         };
-        Progress {
-            id,
-            epoch,
-            engine,
-            next_poll_at: None,
-            events: vec![],
-            end: Some(Ended {
-                status: Status::Error,
-                reason: format!("waitd could not read this wait's stored spec: {why}"),
-                error_detail: None,
-            }),
-        }
+        let reason = format!("waitd could not read this wait's stored spec: {why}");
+        let mut progress = Progress::abandon(id, epoch, &engine, reason);
+        progress.engine.last_error = Some(why);
+        progress
     }
 }

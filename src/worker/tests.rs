@@ -318,3 +318,23 @@ async fn a_renewal_that_fails_pauses_polling_once_the_lease_runs_short_until_one
     assert!(!r.lp.paused);
     assert_eq!(r.phase(id), Some(Phase::Marking), "its first poll begins");
 }
+
+#[tokio::test]
+async fn a_claimed_wait_whose_stored_spec_cannot_be_read_is_ended_in_error_not_held() {
+    let mut r = rig(LONG).await;
+    let id = r.create().await;
+    r.store
+        .execute("UPDATE wait_specs SET spec = '{\"not\": \"a spec\"}'")
+        .await
+        .unwrap();
+    r.claim().await;
+    assert_eq!(r.phase(id), None, "never held");
+    let ended = r.read(id).await;
+    assert_eq!(ended.status, Status::Error);
+    let reason = ended.reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("waitd could not read this wait's stored spec: spec:"),
+        "{reason}"
+    );
+    assert!(ended.last_error.is_some_and(|e| e.starts_with("spec:")));
+}
