@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{Loop, Msg, Phase};
-use crate::engine::{self, Context, Decision, Event, Observation};
+use crate::engine::{self, Context, Decision, Observation};
 use crate::model::EventBody;
 use crate::store::{Ended, Progress, WaitEpoch};
 
@@ -101,7 +101,7 @@ impl Loop {
             jitter: fastrand::f64() * 2.0 - 1.0,
         };
         let step = engine::step(&h.spec, &mut h.engine, obs, cx);
-        let events: Vec<EventBody> = step.events.iter().map(event_body).collect();
+        let events: Vec<EventBody> = step.events.iter().map(EventBody::from).collect();
         let (next, end) = match step.decision {
             Decision::PollAt(t) => (Some(t), None),
             Decision::End(o) => (
@@ -144,23 +144,5 @@ impl Loop {
             end,
         };
         self.pending.push((progress, generation));
-    }
-}
-
-fn event_body(e: &Event) -> EventBody {
-    match e {
-        Event::State { from, to } => EventBody::State {
-            from: from.clone(),
-            to: to.clone(),
-        },
-        Event::Retry {
-            error,
-            attempt,
-            delay,
-        } => EventBody::Retry {
-            error: error.clone(),
-            attempt: *attempt,
-            delay: engine::duration::format(*delay),
-        },
     }
 }
