@@ -442,7 +442,10 @@ mod tests {
             id: Some(7),
             seq: 3,
             wait_id: Uuid::nil(),
-            at: Utc::now(),
+            // Instants are written to the millisecond, so the round trip starts at one.
+            at: DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678Z")
+                .unwrap()
+                .with_timezone(&Utc),
             body: EventBody::end(
                 Status::Canceled,
                 Ending {
