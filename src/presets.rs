@@ -105,6 +105,9 @@ pub enum ParamKind {
     Url,
     /// An HTTP status code, 100 to 599, inserted as digits (into a condition).
     Status,
+    /// A duration as CEL's `duration()` reads it, without a sign: numbers with units
+    /// `h`, `m`, `s`, `ms`, `us`, `ns` (`5m`, `90s`, `1h30m`, `1.5h`), or `0`.
+    Duration,
 }
 
 /// One parameter of a preset.
@@ -585,6 +588,13 @@ fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
                 ));
             }
         }
+        ParamKind::Duration => {
+            if !is_cel_duration(value) {
+                return Err(format!(
+                    "must be a duration such as \"5m\", \"90s\" or \"1h30m\" (numbers with units h, m, s, ms, us or ns, at most 10,000 years), not \"{value}\""
+                ));
+            }
+        }
         ParamKind::BaseUrl | ParamKind::Url => {
             let url = url::Url::parse(value).map_err(|e| {
                 format!("is not an absolute URL ({e}); write e.g. \"https://api.example.com\"")
@@ -606,6 +616,58 @@ fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether `value` is a duration CEL's `duration()` accepts and can hold: `0`, or
+/// one or more of digits (with an optional fraction) and a unit, adding up to at most
+/// CEL's bound of 10,000 years. Written here because the `cel` crate keeps its
+/// parser private; this is its grammar without the sign.
+fn is_cel_duration(value: &str) -> bool {
+    const MAX_SECONDS: f64 = 315_576_000_000.0;
+    if value == "0" {
+        return true;
+    }
+    if value.is_empty() {
+        return false;
+    }
+    let mut rest = value;
+    let mut seconds = 0.0_f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(digits);
+        let well_formed = match number.split_once('.') {
+            Some((whole, frac)) => {
+                !whole.is_empty()
+                    && !frac.is_empty()
+                    && whole.bytes().all(|b| b.is_ascii_digit())
+                    && frac.bytes().all(|b| b.is_ascii_digit())
+            }
+            None => !number.is_empty(),
+        };
+        let Some(n) = number.parse::<f64>().ok().filter(|_| well_formed) else {
+            return false;
+        };
+        let (unit, tail) = if let Some(t) = after.strip_prefix("ms") {
+            (1e-3, t)
+        } else if let Some(t) = after.strip_prefix("us") {
+            (1e-6, t)
+        } else if let Some(t) = after.strip_prefix("ns") {
+            (1e-9, t)
+        } else if let Some(t) = after.strip_prefix('h') {
+            (3600.0, t)
+        } else if let Some(t) = after.strip_prefix('m') {
+            (60.0, t)
+        } else if let Some(t) = after.strip_prefix('s') {
+            (1.0, t)
+        } else {
+            return false;
+        };
+        seconds += n * unit;
+        rest = tail;
+    }
+    seconds <= MAX_SECONDS
 }
 
 /// The parts of a template string: literal text and placeholders.

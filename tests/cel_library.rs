@@ -354,3 +354,58 @@ fn the_kubernetes_condition_preset_waits_for_a_condition_to_have_held() {
         Some(true)
     );
 }
+
+/// The request kubernetes.condition makes with `held_for` set to `v`: its error
+/// fields when the preset refuses it.
+fn held_for_request(v: &str) -> Result<(), Vec<String>> {
+    let request = json!({
+        "preset": "kubernetes.condition",
+        "params": {"path": "/api/v1/namespaces/a/pods/b", "condition": "Ready", "held_for": v}
+    });
+    waitd::presets::Registry::builtin()
+        .apply(&request)
+        .map(|_| ())
+        .map_err(|errors| errors.iter().map(|e| e.field.clone()).collect())
+}
+
+/// A `held_for` CEL cannot read is refused at creation, naming the parameter,
+/// rather than failing every poll until the wait ends in error.
+#[test]
+fn an_unreadable_held_for_is_refused_naming_it() {
+    for good in ["0", "0s", "90s", "5m", "1h30m", "1.5h", "250ms"] {
+        assert_eq!(held_for_request(good), Ok(()), "{good}");
+    }
+    let long = "1h".repeat(1_100);
+    for bad in [
+        "",
+        "5 minutes",
+        "5",
+        "-5m",
+        "m",
+        "1.h",
+        ".5h",
+        "1e3s",
+        "5m'",
+        "99999999999999h",
+        long.as_str(),
+    ] {
+        assert_eq!(
+            held_for_request(bad),
+            Err(vec!["params.held_for".to_string()]),
+            "{bad:?}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    /// Whatever `held_for` the preset accepts, CEL's `duration()` reads without an
+    /// error: generated over the characters the grammar is made of, and beyond.
+    #[test]
+    fn every_held_for_the_preset_accepts_is_a_duration_cel_reads(v in "[0-9.hmsun' -]{1,16}") {
+        if held_for_request(&v).is_ok() {
+            let read = eval(&format!("duration('{v}') >= duration('0s')"));
+            prop_assert!(read.is_ok(), "{v:?}: {read:?}");
+        }
+    }
+}
