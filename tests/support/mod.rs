@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod follower;
+pub mod hostile_cel;
 pub mod in_process;
 pub mod pg;
 pub mod receiver;
