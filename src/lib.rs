@@ -188,10 +188,12 @@ impl App {
         let signals = worker::Signals::channel();
         #[cfg(not(feature = "test-signals"))]
         let signals = worker::Signals::default();
+        let (live, inbox) = worker::live::channel();
         let worker = (!config.no_worker).then(|| {
             let client = prober.client().clone();
             let mut w = worker_for(&config, &store, prober, &bus, &metrics);
             w.signals = signals.clone();
+            w.live = Some(inbox);
             let d = notify::Deliverer {
                 store: store.clone(),
                 bus: bus.clone(),
@@ -240,6 +242,7 @@ impl App {
             body_timeout: config.body_timeout,
             cors_origins: Arc::new(cors_origins),
             deliveries_wake,
+            live,
             active_count: Default::default(),
             replays: Arc::new(tokio::sync::Semaphore::new(
                 (config.db_connections as usize / 4).max(1),
@@ -331,6 +334,7 @@ fn worker_for(
         metrics: metrics.clone(),
         owner,
         signals: worker::Signals::default(),
+        live: None,
     }
 }
 

@@ -192,6 +192,12 @@ pub struct Wait {
     pub deadline: DateTime<Utc>,
     #[serde(default, with = "millis::option")]
     pub next_poll_at: Option<DateTime<Utc>>,
+    /// When `polls`, `retries` and `next_poll_at` were true: the moment of the read
+    /// when the replica answering is the one polling the wait (always so with one
+    /// replica); otherwise when they were last recorded, which for a running wait
+    /// whose state does not change is at most ten lease TTLs before.
+    #[serde(with = "millis")]
+    pub progress_at: DateTime<Utc>,
     #[serde(default, with = "millis::option")]
     pub finished_at: Option<DateTime<Utc>>,
     #[schema(value_type = crate::engine::schema::Labels)]

@@ -78,6 +78,8 @@ pub struct AppState {
     pub replays: Arc<tokio::sync::Semaphore>,
     /// Wakes this replica's webhook deliverer (a redelivery was queued).
     pub deliveries_wake: Arc<tokio::sync::Notify>,
+    /// Asks this replica's worker for the current progress of the waits it holds.
+    pub live: crate::worker::live::Live,
     /// The last count of running waits for `/metrics`, and when it was taken.
     pub active_count: Arc<tokio::sync::Mutex<Option<(std::time::Instant, i64)>>>,
 }

@@ -62,10 +62,46 @@ enum Held {
 }
 
 async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
-    s.store
+    let mut wait = s
+        .store
         .get(tenant, id)
         .await?
-        .ok_or_else(|| no_such_wait(id))
+        .ok_or_else(|| no_such_wait(id))?;
+    current(s, std::slice::from_mut(&mut wait)).await;
+    Ok(wait)
+}
+
+/// Gives the running waits this replica polls their progress as it is now, rather
+/// than as last recorded (design §2.3).
+async fn current(s: &AppState, waits: &mut [Wait]) {
+    let running: Vec<Uuid> = waits
+        .iter()
+        .filter(|w| w.is_running())
+        .map(|w| w.id)
+        .collect();
+    if running.is_empty() {
+        return;
+    }
+    let live = s.live.progress(&running).await;
+    if live.is_empty() {
+        return;
+    }
+    let now = chrono::Utc::now();
+    for wait in waits.iter_mut() {
+        let Some(p) = live.get(&wait.id) else {
+            continue;
+        };
+        let polls = i32::try_from(p.polls).unwrap_or(i32::MAX);
+        // What the worker holds is never behind the row; should a write be on its
+        // way while it answers, the row's figures stand.
+        if polls < wait.polls {
+            continue;
+        }
+        wait.polls = polls;
+        wait.retries = i32::try_from(p.retries).unwrap_or(i32::MAX);
+        wait.next_poll_at = Some(p.next_poll_at);
+        wait.progress_at = now;
+    }
 }
 
 /// Holds until the wait ends, `hold` runs out, or the server stops; returns the wait
@@ -353,6 +389,7 @@ pub async fn list_waits(
     let mut items = s.store.list(&tenant, &filter).await?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
+    current(&s, &mut items).await;
     let next_cursor = more
         .then(|| items.last().map(|w| w.id.to_string()))
         .flatten();

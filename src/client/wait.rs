@@ -80,6 +80,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         updated_at: created,
         deadline: st.deadline,
         next_poll_at: Some(next),
+        progress_at: created,
         finished_at: None,
         labels: spec.labels.clone(),
         spec: serde_json::to_value(spec.redacted()).unwrap_or_default(),
@@ -145,6 +146,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         wait.polls = i32::try_from(st.polls).unwrap_or(i32::MAX);
         wait.retries = i32::try_from(st.retries).unwrap_or(i32::MAX);
         wait.updated_at = at;
+        wait.progress_at = at;
         wait.next_poll_at = None;
         wait.finished_at = Some(at);
         print_wait(&wait, true);

@@ -27,6 +27,7 @@ use uuid::Uuid;
 pub mod clock;
 mod guard;
 mod lease;
+pub mod live;
 mod poll;
 pub mod signal;
 #[cfg(test)]
@@ -86,6 +87,9 @@ pub struct Worker {
     pub owner: Uuid,
     /// What it reports as it works (see [`signal`]).
     pub signals: Signals,
+    /// Reads asking for the progress of the waits it holds (see [`live`]); `None`:
+    /// nobody asks.
+    pub live: Option<live::Inbox>,
 }
 
 /// Where a held wait is in its life on this replica. A wait has at most one probe
@@ -252,7 +256,8 @@ struct Loop {
 impl Worker {
     /// Runs until `shutdown` resolves; then stops claiming, lets in-flight probes
     /// finish (bounded by `drain_timeout`), checkpoints and releases every lease.
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        let mut inbox = self.live.take();
         let w = Arc::new(self);
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut bus_rx = w.bus.subscribe();
@@ -275,6 +280,7 @@ impl Worker {
                 _ = &mut shutdown => break,
                 Some(msg) = rx.recv() => lp.handle(msg),
                 msg = bus_rx.recv() => lp.bus(msg),
+                Some(question) = live::next(&mut inbox) => lp.answer(question),
                 _ = tokio::time::sleep_until(wake) => lp.fire_due(),
                 _ = claim_tick.tick() => lp.claim_again = true,
                 _ = renew_tick.tick() => {
@@ -483,6 +489,26 @@ impl Loop {
 
     fn note_held(&self) {
         self.w.metrics.held.store(self.held.len() as i64, Relaxed);
+    }
+
+    /// The current progress of the asked waits this loop holds.
+    fn answer(&self, question: live::Question) {
+        let found = question
+            .ids
+            .iter()
+            .filter_map(|id| {
+                let h = self.held.get(id)?;
+                Some((
+                    *id,
+                    live::Progress {
+                        polls: h.engine.polls,
+                        retries: h.engine.retries,
+                        next_poll_at: h.next,
+                    },
+                ))
+            })
+            .collect();
+        let _ = question.reply.send(found);
     }
 
     fn bus(&mut self, msg: Result<BusMsg, broadcast::error::RecvError>) {

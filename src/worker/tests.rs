@@ -63,6 +63,7 @@ async fn rig(lease_ttl: Duration) -> Rig {
         metrics: Arc::new(Metrics::default()),
         owner: Uuid::now_v7(),
         signals: Signals::channel(),
+        live: None,
     });
     let (tx, rx) = mpsc::unbounded_channel();
     Rig {
