@@ -1,0 +1,177 @@
+//! The worker's leases: claiming waits, the replica's lease row, checkpoints
+//! and releases, and forgetting replicas long gone. On the lease pool.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
+use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
+
+impl PgDialect {
+    /// Claims up to `limit` running waits that are due within `lookahead` and unowned
+    /// or owned by a replica whose lease has run out. The same statement gives
+    /// `owner` a lease row if it has none yet, so a wait is never owned by a replica
+    /// without one; it does not extend an existing lease (only renewals do, so a
+    /// dead replica's lease runs out at most one TTL after its last renewal).
+    pub(in crate::store) async fn claim(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+    ) -> Result<Vec<ClaimRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "WITH me AS (
+                 INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
+                 ON CONFLICT (id) DO NOTHING),
+             unowned AS MATERIALIZED (
+                 SELECT id FROM waits
+                 WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
+                 ORDER BY claim_at
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED),
+             orphaned AS MATERIALIZED (
+                 SELECT id FROM waits
+                 WHERE status = 'running' AND claim_at <= now() + $3
+                   AND owner IN (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1)
+                 ORDER BY claim_at
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED),
+             due AS (SELECT id FROM unowned UNION ALL SELECT id FROM orphaned LIMIT $4)
+             UPDATE waits w SET owner = $1, epoch = w.epoch + 1, claim_at = w.next_poll_at
+             FROM due, wait_specs s
+             WHERE w.id = due.id AND s.wait_id = w.id
+             RETURNING w.id, w.epoch, w.claims, w.tenant, w.engine, w.next_poll_at, s.spec, s.headers",
+        )
+        .bind(owner)
+        .bind(ttl)
+        .bind(lookahead)
+        .bind(limit)
+        .fetch_all(&self.lease_pool)
+        .await?)
+    }
+
+    /// Every running wait `owner` owns, with its epoch (a full renewal compares them
+    /// with what it holds).
+    pub(in crate::store) async fn owned(&self, owner: Uuid) -> Result<Vec<WaitEpoch>, StoreError> {
+        let rows: Vec<(Uuid, i64)> =
+            sqlx::query_as("SELECT id, epoch FROM waits WHERE owner = $1 AND status = 'running'")
+                .bind(owner)
+                .fetch_all(&self.lease_pool)
+                .await?;
+        Ok(rows.into_iter().map(WaitEpoch::from).collect())
+    }
+
+    /// The checkpoints that carry a state, in chunks (the others only name a wait).
+    pub(in crate::store) async fn write_all_checkpoints(
+        &self,
+        owner: Uuid,
+        held: &[CheckpointRow],
+    ) -> Result<(), StoreError> {
+        let dirty: Vec<&CheckpointRow> = held.iter().filter(|c| c.engine.is_some()).collect();
+        for chunk in dirty.chunks(CHECKPOINT_CHUNK) {
+            self.write_checkpoints(owner, chunk, false).await?;
+        }
+        Ok(())
+    }
+
+    /// The replica's one lease row, extended.
+    pub(in crate::store) async fn renew_lease(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
+             ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+        )
+        .bind(owner)
+        .bind(ttl)
+        .execute(&self.lease_pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes the last checkpoints and gives the waits up, so another replica can
+    /// take them over at once (graceful shutdown, or waits this replica let go).
+    pub(in crate::store) async fn release(
+        &self,
+        owner: Uuid,
+        held: &[CheckpointRow],
+    ) -> Result<u64, StoreError> {
+        if held.is_empty() {
+            return Ok(0);
+        }
+        let all: Vec<&CheckpointRow> = held.iter().collect();
+        let mut n = 0;
+        for chunk in all.chunks(CHECKPOINT_CHUNK) {
+            n += self.write_checkpoints(owner, chunk, true).await?;
+        }
+        // Tell the other replicas there is work to claim.
+        sqlx::query("SELECT pg_notify($1, 'released')")
+            .bind(WORK_CHANNEL)
+            .execute(&self.lease_pool)
+            .await?;
+        Ok(n)
+    }
+
+    /// One statement for a chunk of checkpoints, fenced by owner and epoch; with
+    /// `release`, the waits are given up too. The fences travel in the batch, as in
+    /// [`PgDialect::record`], so the update is driven by the batch.
+    async fn write_checkpoints(
+        &self,
+        owner: Uuid,
+        chunk: &[&CheckpointRow],
+        release: bool,
+    ) -> Result<u64, StoreError> {
+        let ids: Vec<Uuid> = chunk.iter().map(|c| c.id).collect();
+        let epochs: Vec<i64> = chunk.iter().map(|c| c.epoch).collect();
+        let engines: Vec<Option<&str>> = chunk.iter().map(|c| c.engine.as_deref()).collect();
+        let polls: Vec<Option<i32>> = chunk.iter().map(|c| c.polls).collect();
+        let retries: Vec<Option<i32>> = chunk.iter().map(|c| c.retries).collect();
+        let nexts: Vec<Option<DateTime<Utc>>> = chunk.iter().map(|c| c.next_poll_at).collect();
+        let n = sqlx::query(
+            "UPDATE waits w SET owner = CASE WHEN $8 THEN NULL ELSE w.owner END,
+                    engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
+                    polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
+                    retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
+                    next_poll_at = CASE WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
+                    claim_at = CASE WHEN NOT $8 THEN w.claim_at
+                                    WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
+                    updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END,
+                    claims = CASE WHEN u.polls > w.polls THEN 0 ELSE w.claims END
+             FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[],
+                         array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
+                         array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
+                  AS u(id, epoch, engine, polls, retries, next_poll_at, owner, running)
+             WHERE w.id = u.id AND w.owner IS NOT DISTINCT FROM u.owner AND w.epoch = u.epoch AND w.status = u.running",
+        )
+        .bind(owner)
+        .bind(ids)
+        .bind(epochs)
+        .bind(engines)
+        .bind(polls)
+        .bind(retries)
+        .bind(nexts)
+        .bind(release)
+        .execute(&self.lease_pool)
+        .await?
+        .rows_affected();
+        Ok(n)
+    }
+
+    /// Forgets replicas gone for a day that own nothing (the lease condition is
+    /// checked again under the row lock, so a replica that claims at that moment
+    /// keeps its row).
+    pub(in crate::store) async fn maintain(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "DELETE FROM replicas r WHERE r.lease_until < now() - interval '1 day'
+               AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.owner = r.id AND w.status = 'running')",
+        )
+        .execute(&self.lease_pool)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! Progress: first polls counted, and batches of waits' progress written with
+//! their events.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::events::sequence_in;
+use super::{PgDialect, SEQUENCER_LOCK};
+use crate::store::{ProgressRow, StoreError, WaitEpoch};
+
+impl PgDialect {
+    /// One statement for every first poll due at once (`begun`: one more poll begun)
+    /// or completed unchanged (its count back to 0); the fences travel in the
+    /// batch, as in [`PgDialect::record`].
+    pub(in crate::store) async fn count_polls(
+        &self,
+        owner: Uuid,
+        ids: &[WaitEpoch],
+        begun: bool,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().map(|w| (w.id, w.epoch)).unzip();
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE waits w SET claims = CASE WHEN $4 THEN w.claims + 1 ELSE 0 END
+             FROM unnest($2::uuid[], $3::bigint[],
+                         array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
+                         array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
+                  AS u(id, epoch, owner, running)
+             WHERE w.id = u.id AND w.owner IS NOT DISTINCT FROM u.owner AND w.epoch = u.epoch AND w.status = u.running
+             RETURNING w.id",
+        )
+        .bind(owner)
+        .bind(id)
+        .bind(epoch)
+        .bind(begun)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Many waits' progress in one transaction of two statements: one update of the
+    /// rows (each fenced by owner and epoch), one insert of the events of the rows
+    /// that were still this owner's.
+    ///
+    /// The fences (owner, epoch, `running`) are columns of the batch rather than
+    /// conditions on `waits` alone. Without statistics on `waits` (a new database,
+    /// before autovacuum's first analyze), the planner took `owner = $1 AND status =
+    /// 'running'` for one row, scanned every wait the replica owns and matched each
+    /// against the whole batch: 4.7 s for 100 rows among 100,000 waits. With nothing
+    /// to filter `waits` by but the join, it looks each batch row up by primary key,
+    /// whatever the statistics say (3 ms).
+    ///
+    /// The owner fence is written `IS NOT DISTINCT FROM` (the same answer here, since
+    /// the batch's owner is never null) so that it cannot be an index condition:
+    /// with statistics taken while the waits were unowned, the planner otherwise
+    /// drove the join from `waits_owner` (`owner = u.owner`, thought to match one
+    /// row) and scanned every wait the replica owns for each batch row: 30 s for a
+    /// batch of a few hundred among a million waits, measured by the scale
+    /// benchmark. Each batch row is looked up by primary key instead.
+    pub(in crate::store) async fn record(
+        &self,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        batch: &[ProgressRow],
+    ) -> Result<Vec<bool>, StoreError> {
+        let c = RecordColumns::of(batch);
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
+            "UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
+                    error_detail = u.detail::jsonb, last_error = u.last_error, polls = u.polls,
+                    retries = u.retries, engine = u.engine::jsonb, next_poll_at = u.next_poll_at,
+                    updated_at = $2,
+                    finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
+                    owner = CASE WHEN u.status = 'running' THEN w.owner ELSE NULL END,
+                    seq = w.seq + u.n_events, claims = 0
+             FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+                         $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
+                         array_fill($1::uuid, ARRAY[cardinality($3::uuid[])]),
+                         array_fill('running'::text, ARRAY[cardinality($3::uuid[])]))
+                  AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
+                       next_poll_at, n_events, owner, running)
+             WHERE w.id = u.id AND w.owner IS NOT DISTINCT FROM u.owner AND w.epoch = u.epoch AND w.status = u.running
+             RETURNING w.id, w.seq, w.tenant",
+        )
+        .bind(owner)
+        .bind(now)
+        .bind(&c.id)
+        .bind(&c.epoch)
+        .bind(&c.status)
+        .bind(&c.state)
+        .bind(&c.reason)
+        .bind(&c.detail)
+        .bind(&c.last_error)
+        .bind(&c.polls)
+        .bind(&c.retries)
+        .bind(&c.engine)
+        .bind(&c.next)
+        .bind(&c.n_events)
+        .fetch_all(&mut *tx)
+        .await?;
+        let written: HashMap<Uuid, (i32, String)> = rows
+            .into_iter()
+            .map(|(id, seq, tenant)| (id, (seq, tenant)))
+            .collect();
+        let e = EventColumns::of(batch, &written);
+        if !e.wait_id.is_empty() {
+            sqlx::query(
+                "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
+                 SELECT wait_id, seq, tenant, kind, $1, data::jsonb
+                 FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], $6::text[])
+                      AS t(wait_id, seq, tenant, kind, data)",
+            )
+            .bind(now)
+            .bind(&e.wait_id)
+            .bind(&e.seq)
+            .bind(&e.tenant)
+            .bind(&e.kind)
+            .bind(&e.data)
+            .execute(&mut *tx)
+            .await?;
+        }
+        // When no sequencer is running, these events get their cursor in this
+        // transaction: one commit, not two, before followers hear of them. The lock
+        // is held to the commit, so cursors still become visible in order; a writer
+        // that finds it taken leaves its events to the sequencer and goes on.
+        let mut sequenced = e.wait_id.is_empty();
+        if !sequenced {
+            let (locked,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
+                .bind(SEQUENCER_LOCK)
+                .fetch_one(&mut *tx)
+                .await?;
+            if locked {
+                sequence_in(&mut tx).await?;
+                sequenced = true;
+            }
+        }
+        tx.commit().await?;
+        if !sequenced {
+            self.committed.notify_one();
+        }
+        Ok(c.id.iter().map(|id| written.contains_key(id)).collect())
+    }
+}
+
+/// The columns of [`PgDialect::record`]'s update, one entry per wait.
+#[derive(Default)]
+struct RecordColumns {
+    id: Vec<Uuid>,
+    epoch: Vec<i64>,
+    status: Vec<&'static str>,
+    state: Vec<Option<String>>,
+    reason: Vec<Option<String>>,
+    detail: Vec<Option<String>>,
+    last_error: Vec<Option<String>>,
+    polls: Vec<i32>,
+    retries: Vec<i32>,
+    engine: Vec<String>,
+    next: Vec<Option<DateTime<Utc>>>,
+    n_events: Vec<i32>,
+}
+
+impl RecordColumns {
+    fn of(batch: &[ProgressRow]) -> RecordColumns {
+        let mut c = RecordColumns::default();
+        for p in batch {
+            c.id.push(p.id);
+            c.epoch.push(p.epoch);
+            c.status.push(p.status);
+            c.state.push(p.state.clone());
+            c.reason.push(p.reason.clone());
+            c.detail.push(p.detail.as_ref().map(Value::to_string));
+            c.last_error.push(p.last_error.clone());
+            c.polls.push(p.polls);
+            c.retries.push(p.retries);
+            c.engine.push(p.engine.clone());
+            c.next.push(p.next_poll_at);
+            c.n_events.push(p.events.len() as i32);
+        }
+        c
+    }
+}
+
+/// The columns of [`PgDialect::record`]'s event insert, one entry per event of the
+/// waits that were written (numbered up to each one's new seq).
+#[derive(Default)]
+struct EventColumns {
+    wait_id: Vec<Uuid>,
+    seq: Vec<i32>,
+    tenant: Vec<String>,
+    kind: Vec<&'static str>,
+    data: Vec<String>,
+}
+
+impl EventColumns {
+    fn of(batch: &[ProgressRow], written: &HashMap<Uuid, (i32, String)>) -> EventColumns {
+        let mut e = EventColumns::default();
+        for p in batch {
+            let Some((seq, tenant)) = written.get(&p.id) else {
+                continue;
+            };
+            let first = seq - p.events.len() as i32 + 1;
+            for (k, (kind, data)) in p.events.iter().enumerate() {
+                e.wait_id.push(p.id);
+                e.seq.push(first + k as i32);
+                e.tenant.push(tenant.clone());
+                e.kind.push(kind);
+                e.data.push(data.to_string());
+            }
+        }
+        e
+    }
+}
