@@ -14,6 +14,7 @@ pub mod config;
 pub mod cpu;
 pub mod engine;
 pub mod events;
+mod linger;
 pub mod metrics;
 pub mod model;
 pub mod notify;

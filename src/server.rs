@@ -555,8 +555,10 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .keep_alive(true);
-    let mut conn =
-        pin!(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)));
+    let mut conn = pin!(builder.serve_connection(
+        TokioIo::new(crate::linger::Lingering::new(stream)),
+        TowerToHyperService::new(service),
+    ));
     let mut stopping = pin!(signal_tx.closed());
     let mut first_head = pin!(tokio::time::sleep(limits.first_header_timeout));
     let mut awaiting_first = true;

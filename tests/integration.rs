@@ -29,6 +29,7 @@ mod engine_seeds;
 mod fuzz_spec;
 mod hostile_tenants;
 mod jsonpath_props;
+mod large_bodies;
 mod openapi;
 mod presets;
 mod probe;
