@@ -170,33 +170,46 @@ impl PgDialect {
         now: DateTime<Utc>,
     ) -> Result<Requeue, StoreError> {
         let mut tx = self.pool.begin().await?;
-        // Locked: two redeliveries of one delivery at once are one, then a 409.
-        let row: Option<(String, i32, bool, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "SELECT status, endpoint, owner IS NOT NULL AND lease_until >= $4, redelivered_at
-             FROM deliveries WHERE id = $1 AND wait_id = $2 AND tenant = $3 FOR UPDATE",
-        )
-        .bind(id)
-        .bind(wait_id)
-        .bind(tenant)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((status, endpoint, leased, redelivered_at)) = row else {
+        let limits = limits_of(
+            sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
+                .fetch_optional(&mut *tx)
+                .await?,
+        );
+        // Read first without a lock, which is enough to refuse: the claim skips
+        // locked rows, so a client retrying in a loop that locked the row on every
+        // refusal would keep the queued redelivery from being claimed until the
+        // claim's next idle look. Then locked and judged again, so that two
+        // redeliveries of one delivery at once are one, then a 409.
+        let mut judged = None;
+        for lock in ["", " FOR UPDATE"] {
+            let row: Option<(String, i32, bool, Option<DateTime<Utc>>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT status, endpoint, owner IS NOT NULL AND lease_until >= $4, redelivered_at
+                     FROM deliveries WHERE id = $1 AND wait_id = $2 AND tenant = $3{lock}"
+                )))
+                .bind(id)
+                .bind(wait_id)
+                .bind(tenant)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((status, e, leased, redelivered_at)) = row else {
+                return Ok(Requeue::NotFound);
+            };
+            let found = Found {
+                status,
+                leased,
+                redelivered_at,
+                limits,
+            };
+            if let Some(no) = found.refusal(now) {
+                return Ok(no);
+            }
+            judged = Some((e, found));
+        }
+        let Some((endpoint, found)) = judged else {
             return Ok(Requeue::NotFound);
         };
-        let found = Found {
-            status,
-            leased,
-            redelivered_at,
-            limits: limits_of(
-                sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
-                    .fetch_optional(&mut *tx)
-                    .await?,
-            ),
-        };
-        if let Some(no) = found.refusal(now) {
-            return Ok(no);
-        }
         // The tenant's count stops at its bound: no more need be read to judge it.
         let (webhook, wait, tenants): (i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM deliveries
