@@ -209,6 +209,7 @@ impl App {
                     client,
                 },
                 wake: deliveries_wake.clone(),
+                signals: signals.clone(),
             };
             let worker = tokio::spawn(w.run(stopped(stop_rx.clone())));
             let deliverer = tokio::spawn(d.run(stopped(stop_rx.clone())));
@@ -390,22 +391,38 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let addr = listener.local_addr()?;
-    let app = App::start(config, addr).await?;
-    let (down_tx, down_rx) = watch::channel(false);
-    let stop = app.stop.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop.send(true);
-        let _ = down_tx.send(true);
-    });
-    tracing::info!(%addr, "waitd listening");
-    let down = async move {
-        let mut rx = down_rx;
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    server::run(listener, app.router.clone(), app.connections, down).await;
-    app.stop().await;
-    Ok(())
+    App::start(config, addr)
+        .await?
+        .serve(listener, shutdown)
+        .await
+}
+
+impl App {
+    /// Serves this app on `listener` until `shutdown` resolves, then stops it, as
+    /// [`serve`] does (a test that started it holds its [`App::signals`]).
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let app = self;
+        let addr = listener.local_addr()?;
+        let (down_tx, down_rx) = watch::channel(false);
+        let stop = app.stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+            let _ = down_tx.send(true);
+        });
+        tracing::info!(%addr, "waitd listening");
+        let down = async move {
+            let mut rx = down_rx;
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        server::run(listener, app.router.clone(), app.connections, down).await;
+        app.stop().await;
+        Ok(())
+    }
 }
 
 /// The `--cors-origins` entries: each exactly `scheme://host[:port]`, as a browser

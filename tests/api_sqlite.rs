@@ -110,7 +110,7 @@ async fn a_wait_on_sqlite_survives_a_restart_and_ends() {
     let app = App::start_sqlite(&dir.sqlite_url()).await;
     let (_, w) = app.create(spec(&url)).await;
     let id = w["id"].as_str().unwrap().to_string();
-    assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/4") > 0 }).await);
+    assert!(up.hit("/s/4", 1, Duration::from_secs(5)).await);
     app.stop().await.0.unwrap();
     up.script("/s/4", vec![Reply::status("on")]);
     let app = App::start_sqlite(&dir.sqlite_url()).await;

@@ -248,7 +248,7 @@ async fn a_blocking_get_answers_409_promptly_when_another_task_cancels_the_wait(
             (status, w, Instant::now())
         })
     };
-    assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/1") >= 2 }).await);
+    assert!(up.hit("/s/1", 2, Duration::from_secs(5)).await);
     // The point: the blocked GET is still held during this interval.
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
@@ -281,25 +281,24 @@ async fn a_blocking_post_answers_409_when_the_wait_is_canceled_meanwhile() {
     let up = Upstream::start().await;
     let url = up.script("/s/1", vec![Reply::status("deploying")]);
     let app = App::start(&db).await;
+    let mut heard = app.heard();
     let blocked = {
         let c = app.client.clone();
         let u = app.url("/waits?wait=30s");
         let s = spec(&url);
         tokio::spawn(async move { send(c.post(u).json(&s)).await })
     };
-    let mut id = String::new();
-    let until = Instant::now() + Duration::from_secs(5);
-    while id.is_empty() && Instant::now() < until {
-        let (_, page) = app.get("/waits?status=running").await;
-        if let Some(w) = page["items"].as_array().and_then(|a| a.first()) {
-            id = id_of(w);
-        } else {
-            // Polls, with a deadline.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    let found = !id.is_empty();
-    assert!(found, "the blocked POST created no wait");
+    // The worker claims the wait the blocked POST created.
+    let claimed = heard
+        .next(
+            Duration::from_secs(5),
+            |s| matches!(s, signals::Signal::Claimed(ids) if !ids.is_empty()),
+        )
+        .await;
+    let Some(signals::Signal::Claimed(ids)) = claimed else {
+        panic!("the blocked POST created no wait");
+    };
+    let id = ids[0].to_string();
     let (status, _) = app.post(&format!("/waits/{id}/cancel")).await;
     assert_eq!(status, 200);
     let (status, h, w) = tokio::time::timeout(Duration::from_secs(10), blocked)
@@ -454,7 +453,7 @@ async fn canceling_a_running_wait_stops_its_polling() {
     s["poll"] = json!({"initial": "5ms", "factor": 1, "jitter": 0});
     let (_, w) = app.create(s).await;
     let id = id_of(&w);
-    assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/1") >= 5 }).await);
+    assert!(up.hit("/s/1", 5, Duration::from_secs(5)).await);
     let (status, w) = app.post(&format!("/waits/{id}/cancel")).await;
     assert_eq!(status, 200, "{w}");
     assert_eq!(w["status"], "canceled", "{w}");
@@ -873,7 +872,7 @@ async fn a_running_wait_survives_a_restart_on_the_same_database_and_ends() {
     s["poll"] = json!({"initial": "400ms", "factor": 1, "jitter": 0});
     let (_, w) = a.create(s).await;
     let id = id_of(&w);
-    assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/1") >= 1 }).await);
+    assert!(up.hit("/s/1", 1, Duration::from_secs(5)).await);
     let (r, took) = a.stop().await;
     r.unwrap();
     assert!(took < Duration::from_secs(5), "stop took {took:?}");
@@ -991,7 +990,7 @@ async fn graceful_shutdown_lets_an_in_flight_probe_finish_and_still_releases_its
     let (_, w) = app.create(spec(&url)).await;
     let id = id_of(&w);
     // The first probe is now in flight (the upstream answers after 700 ms).
-    assert!(eventually(Duration::from_secs(5), || async { up.hits("/s/1") >= 1 }).await);
+    assert!(up.hit("/s/1", 1, Duration::from_secs(5)).await);
     let (r, took) = app.stop().await;
     assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(4), "stop took {took:?}");

@@ -66,11 +66,8 @@ async fn held_for_a_duration(app: &App, up: &Upstream) {
         }))
         .await;
     assert_eq!(code, 201, "{w}");
-    let polled = support::poll_for(Duration::from_secs(10), || async {
-        (up.hits("/held") > 0).then_some(())
-    })
-    .await;
-    assert!(polled.is_some(), "the wait polls its target");
+    let polled = up.hit("/held", 1, Duration::from_secs(10)).await;
+    assert!(polled, "the wait polls its target");
     let since: DateTime<Utc> = Utc::now();
     up.script(
         "/held",

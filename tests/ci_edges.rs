@@ -75,7 +75,7 @@ async fn a_blocked_curl_with_retry_rides_a_rolling_restart_and_exits_by_how_the_
     let mut s = spec(&url);
     s["timeout"] = json!("60s");
     let run = tokio::spawn(curl(one_liner(&a.base, "rolling-1", &s)));
-    let created = eventually(Duration::from_secs(5), || async { up.hits("/roll") > 0 }).await;
+    let created = up.hit("/roll", 1, Duration::from_secs(5)).await;
     assert!(created, "the wait was never polled");
     // A rolling restart: a, then b, each stopped with SIGTERM and started again.
     for r in [&mut a, &mut b] {
@@ -292,7 +292,7 @@ async fn a_narrower_allow_list_ends_waits_it_refuses_with_a_warn_line_naming_id_
     )
     .await;
     let id = a.body["id"].as_str().unwrap().to_string();
-    assert!(eventually(Duration::from_secs(5), || async { up.hits("/guarded") > 0 }).await);
+    assert!(up.hit("/guarded", 1, Duration::from_secs(5)).await);
     r.signal("TERM");
     r.wait_exit(Duration::from_secs(10)).await;
     // The same replica, without the allow-list.

@@ -31,11 +31,10 @@ async fn a_busy_wait(app: &App, up: &Upstream, path: &str, polls: usize) -> Stri
     s["timeout"] = json!("2m");
     let (code, created) = app.create(s).await;
     assert_eq!(code, 201, "{created}");
-    poll_for(Duration::from_secs(20), || async {
-        (up.hits(path) >= polls).then_some(())
-    })
-    .await
-    .expect("the target is polled");
+    assert!(
+        up.hit(path, polls, Duration::from_secs(20)).await,
+        "the target is polled"
+    );
     created["id"].as_str().unwrap().to_string()
 }
 

@@ -1996,7 +1996,7 @@ async fn after_a_key_rotation_a_running_wait_sealed_under_the_old_key_keeps_poll
     let (status, w) = app.create(secret_spec(&old_url)).await;
     assert_eq!(status, 201, "{w}");
     let old_id = w["id"].as_str().unwrap().to_string();
-    assert!(eventually(Duration::from_secs(10), || async { up.hits("/old") >= 2 }).await);
+    assert!(up.hit("/old", 2, Duration::from_secs(10)).await);
     app.stop().await.0.unwrap();
     let sealed_old = db_texts(&db, "SELECT headers::text FROM wait_specs").await;
 
@@ -2052,7 +2052,7 @@ async fn a_wait_sealed_under_a_key_the_server_no_longer_has_ends_in_error_and_is
     let app = App::start_with(&db, &["--secret-key", KEY1]).await;
     let (_, w) = app.create(secret_spec(&url)).await;
     let id = w["id"].as_str().unwrap().to_string();
-    assert!(eventually(Duration::from_secs(10), || async { up.hits("/lost") >= 1 }).await);
+    assert!(up.hit("/lost", 1, Duration::from_secs(10)).await);
     app.stop().await.0.unwrap();
 
     let app = App::start_with(&db, &["--secret-key", KEY2]).await;

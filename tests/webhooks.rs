@@ -91,21 +91,29 @@ async fn deliveries(app: &App, id: &str) -> Vec<Value> {
     page["items"].as_array().unwrap().clone()
 }
 
-/// Until the wait's deliveries all stand as `f` says (bounded): them.
+/// Until the wait's deliveries all stand as `f` says (bounded): them. Read again
+/// on each signal that the outbox may have changed (an attempt's outcome or a
+/// wait's events written); a change no signal reports (a delivery given back
+/// unsent, a redelivery queued) is read a quarter second later at most.
 async fn deliveries_until(app: &App, id: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let last = std::sync::Mutex::new(Vec::new());
-    let found = poll_for(Duration::from_secs(10), || async {
+    let mut heard = app.heard();
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
         let d = deliveries(app, id).await;
-        *last.lock().unwrap() = d.clone();
-        f(&d).then_some(d)
-    })
-    .await;
-    found.unwrap_or_else(|| {
-        panic!(
-            "the deliveries never got there: {:#?}",
-            last.lock().unwrap()
-        )
-    })
+        if f(&d) {
+            return d;
+        }
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        assert!(!left.is_zero(), "the deliveries never got there: {d:#?}");
+        heard
+            .next(left.min(Duration::from_millis(250)), |s| {
+                matches!(
+                    s,
+                    signals::Signal::Attempted { .. } | signals::Signal::Recorded { .. }
+                )
+            })
+            .await;
+    }
 }
 
 #[tokio::test]
@@ -391,6 +399,7 @@ async fn a_delivery_can_be_sent_again_with_the_same_webhook_id_but_not_while_pen
                 (status, r.json::<Value>().await.unwrap_or(Value::Null))
             }
         };
+        let mut heard = app.heard();
         let r = app
             .client
             .post(app.url("/waits"))
@@ -401,20 +410,21 @@ async fn a_delivery_can_be_sent_again_with_the_same_webhook_id_but_not_while_pen
             .unwrap();
         let w: Value = r.json().await.unwrap();
         let id = w["id"].as_str().unwrap().to_string();
-        assert!(rx.until_got("/again", 1, Duration::from_secs(10)).await);
-        let listed = poll_for(Duration::from_secs(5), || async {
-            let r = app
-                .client
-                .get(app.url(&format!("/waits/{id}/deliveries")))
-                .bearer_auth("alice-token-0123456789")
-                .send()
-                .await
-                .unwrap();
-            let page: Value = r.json().await.unwrap();
-            (page["items"][0]["status"] == "delivered").then_some(page)
-        })
-        .await
-        .unwrap();
+        assert_eq!(
+            heard.attempted(&id, Duration::from_secs(10)).await,
+            Some(signals::DeliveryStatus::Delivered)
+        );
+        let listed: Value = app
+            .client
+            .get(app.url(&format!("/waits/{id}/deliveries")))
+            .bearer_auth("alice-token-0123456789")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(listed["items"][0]["status"], "delivered", "{listed}");
         let did = listed["items"][0]["id"].as_i64().unwrap();
         let (status, d) = post(
             format!("/waits/{id}/deliveries/{did}/retry"),
@@ -886,6 +896,7 @@ async fn one_tenants_hung_receiver_does_not_delay_another_tenants_delivery_to_th
         assert!(rx.until_got("/held", 16, Duration::from_secs(10)).await);
         let hung_before = rx.got("/held").len();
 
+        let mut heard = run.app.heard();
         let t0 = std::time::Instant::now();
         let bob = create_as(
             &run.app,
@@ -906,12 +917,12 @@ async fn one_tenants_hung_receiver_does_not_delay_another_tenants_delivery_to_th
             "{kind:?}: bob's delivery took {latency:?} while alice's receiver hung"
         );
         // Its outcome is written once the writer's batch commits.
-        let d = poll_for(Duration::from_secs(10), || async {
-            let d = all_deliveries_as(&run.app, Some(BOB), &bob).await;
-            (d[0]["status"] == "delivered").then_some(d)
-        })
-        .await
-        .unwrap_or_else(|| panic!("{kind:?}: bob's delivery was never recorded delivered"));
+        assert_eq!(
+            heard.attempted(&bob, Duration::from_secs(10)).await,
+            Some(signals::DeliveryStatus::Delivered),
+            "{kind:?}: bob's delivery was never recorded delivered"
+        );
+        let d = all_deliveries_as(&run.app, Some(BOB), &bob).await;
         assert_eq!(d[0]["attempts_total"], 1, "{kind:?}: {d:?}");
         // Alice's hung receiver never had more than its half of her share (16 of 32).
         let hung = rx.got("/held").len();

@@ -39,6 +39,7 @@ use crate::bus::Bus;
 use crate::metrics::Metrics;
 use crate::outbound::Client;
 use crate::store::{Outcome, Store};
+use crate::worker::Signals;
 
 /// The loop looks for due deliveries at least this often (another replica's
 /// retries, a missed notice).
@@ -71,6 +72,9 @@ pub struct Deliverer {
     pub cfg: NotifyConfig,
     /// Notified when a client queues a redelivery.
     pub wake: Arc<Notify>,
+    /// Where each attempt's written outcome is reported (see
+    /// [`crate::worker::Signal::Attempted`]).
+    pub signals: Signals,
 }
 
 impl Deliverer {
@@ -84,6 +88,7 @@ impl Deliverer {
             self.owner,
             rx,
             self.wake.clone(),
+            self.signals.clone(),
         ));
         let bell = doorbell::Doorbell::default();
         let relay = tokio::spawn({

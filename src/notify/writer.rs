@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::model::DeliveryStatus;
 use crate::store::{Outcome, Store};
+use crate::worker::{Signal, Signals};
 
 /// Outcomes written in one transaction at most.
 pub const WRITE_BATCH: usize = 256;
@@ -22,6 +23,7 @@ pub async fn writer(
     owner: Uuid,
     mut rx: tokio::sync::mpsc::Receiver<Outcome>,
     wake: Arc<Notify>,
+    signals: Signals,
 ) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
@@ -35,6 +37,13 @@ pub async fn writer(
                     wake.notify_one();
                 }
                 for (o, ok) in batch.iter().zip(written) {
+                    if ok && o.attempted {
+                        signals.send(|| Signal::Attempted {
+                            wait_id: o.wait_id,
+                            delivery: o.id,
+                            status: o.status,
+                        });
+                    }
                     if !ok {
                         tracing::info!(
                             delivery = o.id,

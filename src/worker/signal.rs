@@ -1,6 +1,7 @@
-//! What the worker reports as it works, for tests to await rather than poll for:
-//! a claim came back, a wait's progress is in the store, a renewal came back, the
-//! leases were released.
+//! What the worker and the webhook deliverer report as they work, for tests to
+//! await rather than poll for: a claim came back, a wait's progress is in the
+//! store, a renewal came back, the leases were released, a webhook attempt's
+//! outcome is in the store.
 //!
 //! The channel exists only with the `test-signals` feature (and in this crate's own
 //! tests): a build without it has no sender, and every send is a branch on `None`.
@@ -9,7 +10,9 @@
 
 use uuid::Uuid;
 
-/// One thing the worker did.
+use crate::model::DeliveryStatus;
+
+/// One thing the worker or the deliverer did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Signal {
     /// A claim came back with these waits, now held.
@@ -20,9 +23,16 @@ pub enum Signal {
     Renewed { ok: bool },
     /// On shutdown, this many held waits were released.
     Released(u64),
+    /// A webhook attempt's outcome is in the store: the delivery's number (as
+    /// `GET /waits/{id}/deliveries` shows it) and its status after the attempt.
+    Attempted {
+        wait_id: Uuid,
+        delivery: i64,
+        status: DeliveryStatus,
+    },
 }
 
-/// Where the worker sends its [`Signal`]s. Cloning is shallow; the default sends
+/// Where the worker and the deliverer send their [`Signal`]s. Cloning is shallow; the default sends
 /// nowhere.
 #[derive(Clone, Debug, Default)]
 pub struct Signals {
@@ -47,7 +57,7 @@ impl Signals {
 
     /// Sends what `signal` makes, made only when someone may listen.
     #[inline]
-    pub(super) fn send(&self, signal: impl FnOnce() -> Signal) {
+    pub(crate) fn send(&self, signal: impl FnOnce() -> Signal) {
         #[cfg(any(test, feature = "test-signals"))]
         if let Some(tx) = &self.tx {
             let _ = tx.send(signal());

@@ -36,6 +36,11 @@ impl InProcess {
         InProcess { app }
     }
 
+    /// The signals sent from now on.
+    pub fn heard(&self) -> super::signals::Heard {
+        super::signals::Heard::from(&self.app.signals)
+    }
+
     pub fn request(&self, method: Method, path: &str) -> Call {
         Call {
             router: self.app.router.clone(),

@@ -16,6 +16,7 @@ pub mod pg;
 pub mod receiver;
 pub mod recorder;
 pub mod replica;
+pub mod signals;
 pub mod venv;
 
 use std::collections::HashMap;
@@ -120,20 +121,40 @@ struct Script {
 pub struct Upstream {
     pub base: String,
     script: Arc<Mutex<Script>>,
+    /// Told of every request, for [`Upstream::hit`].
+    hit: Arc<tokio::sync::Notify>,
 }
 
 impl Upstream {
     pub async fn start() -> Upstream {
         let script = Arc::new(Mutex::new(Script::default()));
+        let hit = Arc::new(tokio::sync::Notify::new());
         let app = axum::Router::new()
             .route("/{*path}", axum::routing::get(answer))
-            .with_state(script.clone());
+            .with_state((script.clone(), hit.clone()));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Upstream { base, script }
+        Upstream { base, script, hit }
+    }
+
+    /// Whether `path` has had at least `n` requests within `within`: woken by each
+    /// request, not by a clock.
+    pub async fn hit(&self, path: &str, n: usize, within: Duration) -> bool {
+        let heard = async {
+            loop {
+                let next = self.hit.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if self.hits(path) >= n {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
     }
 
     /// Sets the script of `path` (e.g. "/servers/1"); returns the full URL.
@@ -162,7 +183,7 @@ impl Upstream {
 }
 
 async fn answer(
-    State(script): State<Arc<Mutex<Script>>>,
+    State((script, hit)): State<(Arc<Mutex<Script>>, Arc<tokio::sync::Notify>)>,
     Path(path): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -179,6 +200,7 @@ async fn answer(
             None => None,
         }
     };
+    hit.notify_waiters();
     let Some(reply) = reply else {
         return (StatusCode::NOT_FOUND, "no script").into_response();
     };
@@ -200,6 +222,8 @@ async fn answer(
 pub struct App {
     pub base: String,
     pub client: reqwest::Client,
+    /// What it reports as it works: [`App::heard`].
+    pub signals: signals::Signals,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), waitd::StartError>>>,
 }
@@ -271,24 +295,34 @@ impl App {
     pub async fn start_args(args: Vec<String>) -> App {
         let config = waitd::Config::from_args(args).expect("valid test flags");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
+        let base = format!("http://{addr}");
+        // Started: the store is migrated and the router built; the listener is
+        // bound, so a request waits in its backlog until the server accepts it.
+        let started = waitd::App::start(config, addr).await.expect("waitd starts");
+        let signals = started.signals.clone();
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(waitd::serve(listener, config, async move {
+        let task = tokio::spawn(started.serve(listener, async move {
             let _ = rx.await;
         }));
         let app = App {
             base,
             client: client(),
+            signals,
             stop: Some(tx),
             task: Some(task),
         };
-        // Ready when the store answers.
-        let ready = eventually(Duration::from_secs(4), || async {
-            let r = app.client.get(app.url("/readyz")).send().await;
-            r.is_ok_and(|r| r.status().is_success())
-        });
-        assert!(ready.await, "waitd did not become ready");
+        let ready = app.client.get(app.url("/readyz")).send().await;
+        assert!(
+            ready.is_ok_and(|r| r.status().is_success()),
+            "waitd did not become ready"
+        );
         app
+    }
+
+    /// The signals sent from now on.
+    pub fn heard(&self) -> signals::Heard {
+        signals::Heard::from(&self.signals)
     }
 
     pub fn url(&self, path: &str) -> String {
