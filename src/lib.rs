@@ -23,6 +23,7 @@ pub mod presets;
 pub mod probe;
 pub mod server;
 pub mod store;
+pub mod tokens;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -58,44 +59,10 @@ pub enum StartError {
     Listen(#[from] std::io::Error),
 }
 
-/// Reads the API tokens: `tenant:token` pairs from the settings and the tokens file.
+/// Reads the API tokens (see [`tokens`]): token → tenant.
 pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, SettingError> {
-    let mut lines: Vec<String> = config.tokens.clone();
-    if let Some(path) = &config.tokens_file {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            SettingError(format!(
-                "cannot read the tokens file {}: {e}",
-                path.display()
-            ))
-        })?;
-        lines.extend(text.lines().map(str::to_string));
-    }
-    let mut tokens = HashMap::new();
-    for (i, line) in lines.iter().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (tenant, token) = line
-            .split_once(':')
-            .filter(|(t, k)| !t.is_empty() && k.len() >= 16)
-            .ok_or_else(|| {
-                SettingError(format!(
-                    "API token entry {} is not tenant:token with a token of at least 16 characters",
-                    i + 1
-                ))
-            })?;
-        if tokens
-            .insert(token.to_string(), tenant.to_string())
-            .is_some()
-        {
-            return Err(SettingError(format!(
-                "API token entry {} repeats a token",
-                i + 1
-            )));
-        }
-    }
-    Ok(tokens)
+    let set = tokens::Sources::of(config).load()?;
+    Ok(set.into_iter().map(|(k, g)| (k, g.tenant)).collect())
 }
 
 /// `host=ip` pairs of `--resolve`.
@@ -142,7 +109,13 @@ impl App {
         if let Some(n) = config.cpu_threads {
             cpu::configure(n);
         }
-        let tokens = load_tokens(&config)?;
+        let token_sources = tokens::Sources::of(&config);
+        let token_set = tokens::Tokens::new(token_sources.load()?);
+        let tokens: HashMap<String, String> = token_set
+            .current()
+            .iter()
+            .map(|(k, g)| (k.clone(), g.tenant.clone()))
+            .collect();
         let cors_origins = parse_origins(&config.cors_origins)?;
         if tokens.is_empty() && !addr.ip().is_loopback() && !config.allow_anonymous {
             return Err(StartError::Anonymous(addr));
@@ -218,6 +191,11 @@ impl App {
                 let _ = deliverer.await;
             })
         });
+        tokio::spawn(
+            token_set
+                .clone()
+                .watch(token_sources, stopped(stop_rx.clone())),
+        );
         let state = api::AppState {
             store: store.clone(),
             bus,
@@ -225,7 +203,7 @@ impl App {
             presets: Arc::new(presets),
             metrics,
             guard: Arc::new(guard),
-            tokens: Arc::new(tokens),
+            tokens: token_set.clone(),
             max_active_waits: config.max_active_waits,
             rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
             stopping: stop_rx,

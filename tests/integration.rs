@@ -37,5 +37,6 @@ mod readme;
 mod security;
 mod store_conformance;
 mod timestamps;
+mod tokens;
 mod webhook_store;
 mod webhooks;

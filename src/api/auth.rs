@@ -1,14 +1,18 @@
 //! Who is calling, and how often: a layer in front of every API route reads the
 //! bearer token, finds its tenant, counts the request against the token's rate, and
-//! hands the handlers a [`Tenant`]. Health, readiness, metrics, the OpenAPI document
-//! and the dashboard's files are outside it.
+//! hands the handlers a [`Tenant`]; a read-only token only reads. Health,
+//! readiness, metrics, the OpenAPI document and the dashboard's files are outside
+//! it.
 
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use axum::body::Body;
+
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
@@ -16,6 +20,7 @@ use governor::{DefaultKeyedRateLimiter, Quota};
 
 use super::AppState;
 use super::error::ApiError;
+use crate::tokens::{Access, Grant};
 
 /// The caller's tenant, put in the request by [`authenticate`]. With no tokens
 /// configured, everyone is the anonymous tenant "".
@@ -35,20 +40,66 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
 }
 
 /// The layer: 401 without a valid token (when tokens are configured), 429 past the
-/// token's rate, else the request goes on with its [`Tenant`].
+/// token's rate, 403 for a read-only token on a route that changes something, else
+/// the request goes on with its [`Tenant`]. An event stream opened with a token
+/// ends when a reload removes the token (or changes its tenant or access).
 pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
-    match tenant_of(&s, req.headers()) {
-        Ok(tenant) => {
-            req.extensions_mut().insert(tenant);
-            next.run(req).await
-        }
-        Err(e) => e.into_response(),
+    let caller = match caller_of(&s, req.headers()) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let Some((token, grant)) = caller else {
+        req.extensions_mut().insert(Tenant(String::new()));
+        return next.run(req).await;
+    };
+    if grant.access == Access::Read && !reads_only(req.method()) {
+        return read_only().into_response();
+    }
+    req.extensions_mut().insert(Tenant(grant.tenant.clone()));
+    let res = next.run(req).await;
+    if is_event_stream(&res) {
+        end_when(res, s.tokens.revoked(token, grant))
+    } else {
+        res
     }
 }
 
-fn tenant_of(s: &AppState, headers: &HeaderMap) -> Result<Tenant, ApiError> {
-    if s.tokens.is_empty() {
-        return Ok(Tenant(String::new()));
+/// GET and HEAD change nothing; every other method of this API does.
+fn reads_only(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD)
+}
+
+fn read_only() -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "Read-only token",
+        "this API token is read-only: it may read, list and follow waits, but not create, \
+         cancel or redeliver; use a token configured without \":read\" for that",
+    )
+}
+
+fn is_event_stream(res: &Response) -> bool {
+    res.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The response with its body ended (cleanly, as a stream that is over) when
+/// `revoked` resolves.
+fn end_when(res: Response, revoked: impl Future<Output = ()> + Send + 'static) -> Response {
+    use futures_util::StreamExt;
+    let (parts, body) = res.into_parts();
+    let body = Body::from_stream(body.into_data_stream().take_until(Box::pin(revoked)));
+    Response::from_parts(parts, body)
+}
+
+/// The caller's token and its grant; `None` when no tokens are configured
+/// (anonymous use).
+fn caller_of(s: &AppState, headers: &HeaderMap) -> Result<Option<(String, Grant)>, ApiError> {
+    let tokens = s.tokens.current();
+    if tokens.is_empty() {
+        return Ok(None);
     }
     let given = headers
         .get(header::AUTHORIZATION)
@@ -62,17 +113,17 @@ fn tenant_of(s: &AppState, headers: &HeaderMap) -> Result<Tenant, ApiError> {
         })?;
     // Compare against every token in constant time, so timing tells nothing.
     let mut found = None;
-    for (token, tenant) in s.tokens.iter() {
+    for (token, grant) in tokens.iter() {
         if constant_time_eq(token.as_bytes(), given.as_bytes()) {
-            found = Some((token, tenant));
+            found = Some((token, grant));
         }
     }
-    let (token, tenant) =
+    let (token, grant) =
         found.ok_or_else(|| ApiError::unauthorized("the API token is not valid"))?;
     // The bucket is the token's: two tokens of one tenant do not share it. Only
     // valid tokens get one, so the map is as large as the configured tokens.
     s.rate.check(token)?;
-    Ok(Tenant(tenant.clone()))
+    Ok(Some((token.clone(), grant.clone())))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -21,7 +21,6 @@ pub mod streams;
 mod ui;
 mod waits;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,8 +56,8 @@ pub struct AppState {
     pub presets: Arc<crate::presets::Registry>,
     pub metrics: Arc<Metrics>,
     pub guard: Arc<Guard>,
-    /// token → tenant; empty means anonymous use (tenant "").
-    pub tokens: Arc<HashMap<String, String>>,
+    /// The API tokens in force; none means anonymous use (tenant "").
+    pub tokens: crate::tokens::Tokens,
     /// Most running waits one tenant may have.
     pub max_active_waits: i64,
     /// Requests per second per API token.

@@ -71,7 +71,11 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(active, s.store.connections_in_use()),
+        {
+            let mut out = s.metrics.render(active, s.store.connections_in_use());
+            s.tokens.render_metrics(&mut out);
+            out
+        },
     )
         .into_response()
 }
