@@ -20,6 +20,14 @@ impl From<String> for SettingError {
     }
 }
 
+/// `--retention`: a duration, or `0` for keeping everything.
+fn parse_retention(s: &str) -> Result<Duration, String> {
+    match s.trim() {
+        "0" => Ok(Duration::ZERO),
+        s => parse_duration(s),
+    }
+}
+
 /// A setting's duration; spaces around it (from an env file, say) are forgiven.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     duration::parse(s.trim())
@@ -222,6 +230,11 @@ pub struct Config {
     /// Do not run the worker pool or deliver webhooks (serve the API only).
     #[arg(long, env = "WAITD_NO_WORKER")]
     pub no_worker: bool,
+
+    /// How long ended waits are kept (with their events, deliveries, spec and
+    /// idempotency key) before they are deleted; `0` keeps them all.
+    #[arg(long, env = "WAITD_RETENTION", default_value = "30d", value_parser = parse_retention)]
+    pub retention: Duration,
 
     /// A directory of extra presets (`<name>.json` files), added to the built-in ones;
     /// a file named like a built-in preset replaces it.

@@ -21,6 +21,7 @@ pub mod notify;
 pub mod outbound;
 pub mod presets;
 pub mod probe;
+pub mod retention;
 pub mod server;
 pub mod store;
 pub mod tokens;
@@ -196,6 +197,13 @@ impl App {
                 .clone()
                 .watch(token_sources, stopped(stop_rx.clone())),
         );
+        let retention = Arc::new(retention::Stats::default());
+        tokio::spawn(retention::run(
+            store.clone(),
+            config.retention,
+            retention.clone(),
+            stopped(stop_rx.clone()),
+        ));
         let state = api::AppState {
             store: store.clone(),
             bus,
@@ -223,6 +231,7 @@ impl App {
             cors_origins: Arc::new(cors_origins),
             deliveries_wake,
             live,
+            retention,
             active_count: Default::default(),
             replays: Arc::new(tokio::sync::Semaphore::new(
                 (config.db_connections as usize / 4).max(1),

@@ -34,6 +34,7 @@ mod openapi;
 mod presets;
 mod probe;
 mod readme;
+mod retention;
 mod security;
 mod store_conformance;
 mod timestamps;

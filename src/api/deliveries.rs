@@ -39,7 +39,7 @@ fn number(text: &str) -> Option<i64> {
 }
 
 fn no_such_wait(id: Uuid) -> ApiError {
-    ApiError::not_found(format!("there is no wait {id}"))
+    ApiError::not_found(crate::retention::no_such_wait(id))
 }
 
 /// A wait's webhook deliveries

@@ -51,7 +51,7 @@ pub async fn list_wait_events(
     // A seq past any a wait can have: after all of them.
     let after = i32::try_from(resume_point(&headers, q.after.as_deref())?).unwrap_or(i32::MAX);
     if s.store.get(&tenant, id).await?.is_none() {
-        return Err(ApiError::not_found(format!("there is no wait {id}")));
+        return Err(ApiError::not_found(crate::retention::no_such_wait(id)));
     }
     if !stream_it {
         let mut items = sequenced_history(&s, &tenant, id, after, PAGE + 1).await?;
@@ -84,6 +84,7 @@ pub async fn list_wait_events(
          content((EventPage = "application/json"), (FeedFrame = "text/event-stream"))),
         (status = 400, description = "A bad `after`, `follow`, label filter or Last-Event-ID, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The cursor is past the caller's newest event: the history was reset, or the cursor came from another server", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The cursor is before events deleted with ended waits past the retention: start again from the cursor the detail gives", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_events(
@@ -113,6 +114,17 @@ pub async fn list_events(
                 "Cursor ahead of the events",
                 format!(
                     "the cursor {after} is past the newest of your events on this server: its history was reset, or the cursor came from another server; start again from after=0, or after=latest for new events only"
+                ),
+            ));
+        }
+        // A cursor before events retention deleted: following it would skip them.
+        let horizon = s.store.event_horizon(&tenant).await?;
+        if after > 0 && after < horizon {
+            return Err(ApiError::new(
+                StatusCode::GONE,
+                "Cursor older than the events kept",
+                format!(
+                    "events after the cursor {after} were deleted with ended waits older than the server's retention (--retention); start again from after={horizon}, after=0 for every event kept, or after=latest for new events only"
                 ),
             ));
         }

@@ -79,6 +79,8 @@ pub struct AppState {
     pub deliveries_wake: Arc<tokio::sync::Notify>,
     /// Asks this replica's worker for the current progress of the waits it holds.
     pub live: crate::worker::live::Live,
+    /// What the retention sweep has deleted, for `/metrics`.
+    pub retention: Arc<crate::retention::Stats>,
     /// The last count of running waits for `/metrics`, and when it was taken.
     pub active_count: Arc<tokio::sync::Mutex<Option<(std::time::Instant, i64)>>>,
 }

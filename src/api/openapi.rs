@@ -231,6 +231,18 @@ impl Modify for Security {
                 });
             }
         }
+        // A read-only token reads only: every other route refuses it.
+        for op in doc.paths.paths.values_mut().filter_map(|i| i.post.as_mut()) {
+            op.responses
+                .responses
+                .entry("403".into())
+                .or_insert_with(|| {
+                    problem(
+                        "A read-only API token (tenant:token:read), which may only read",
+                        false,
+                    )
+                });
+        }
     }
 }
 

@@ -74,6 +74,7 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
         {
             let mut out = s.metrics.render(active, s.store.connections_in_use());
             s.tokens.render_metrics(&mut out);
+            s.retention.render(&mut out);
             out
         },
     )

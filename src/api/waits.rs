@@ -28,7 +28,7 @@ use crate::model::{Status, Wait, WaitPage};
 const DEADLINE_GRACE: Duration = Duration::from_secs(10);
 
 fn no_such_wait(id: Uuid) -> ApiError {
-    ApiError::not_found(format!("there is no wait {id}"))
+    ApiError::not_found(crate::retention::no_such_wait(id))
 }
 
 /// The status code of a blocked request, by how the wait stands.

@@ -29,6 +29,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0008_claim_at_on_insert.sql",
     "0009_delivery_turns.sql",
     "0010_delivery_bounds.sql",
+    "0011_retention.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -39,6 +40,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0005_delivery_turns.sql",
     "0006_delivery_bounds.sql",
     "0007_replica_leases.sql",
+    "0008_retention.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

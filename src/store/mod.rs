@@ -18,6 +18,7 @@ mod columns;
 mod counts;
 mod migrations;
 pub mod postgres;
+pub mod retention;
 mod rows;
 pub mod secrets;
 mod sqlite;

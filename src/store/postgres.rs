@@ -33,6 +33,7 @@ mod events;
 mod leases;
 mod outbox;
 mod progress;
+mod retention;
 mod waits;
 
 /// Held by the one sequencer at a time that gives committed events their global

@@ -25,6 +25,7 @@ mod events;
 mod leases;
 mod outbox;
 mod progress;
+mod retention;
 mod waits;
 
 /// A handle on the embedded database. Cloning is shallow.
