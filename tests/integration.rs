@@ -24,6 +24,7 @@ mod conditions_props;
 mod connections;
 mod current_reads;
 mod dashboard_http;
+mod deploy;
 mod engine_props;
 mod engine_seeds;
 mod fuzz_spec;

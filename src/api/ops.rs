@@ -66,6 +66,8 @@ pub async fn readyz(State(s): State<AppState>) -> Response {
 )]
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let active = active_waits(&s).await;
+    // Whether the store answers, for alerts on a database out of reach.
+    let store_up = u8::from(s.store.ping().await.is_ok());
     (
         [(
             header::CONTENT_TYPE,
@@ -75,6 +77,10 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
             let mut out = s.metrics.render(active, s.store.connections_in_use());
             s.tokens.render_metrics(&mut out);
             s.retention.render(&mut out);
+            out.push_str(&format!(
+                "# HELP waitd_store_up Whether the store answered this scrape (1) or not (0).\n\
+                 # TYPE waitd_store_up gauge\nwaitd_store_up {store_up}\n"
+            ));
             out
         },
     )
