@@ -15,6 +15,7 @@ pub mod cpu;
 pub mod engine;
 pub mod events;
 mod linger;
+pub mod groups;
 pub mod metrics;
 pub mod model;
 pub mod notify;
@@ -158,6 +159,12 @@ impl App {
         let metrics = Arc::new(metrics::Metrics::default());
         // The sequencer and the LISTEN adapter (Postgres), and the feed.
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
+        // Groups are decided on every replica, as their members end.
+        tokio::spawn(groups::watch::run(
+            store.clone(),
+            bus.clone(),
+            stopped(stop_rx.clone()),
+        ));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());
         #[cfg(feature = "test-signals")]
         let signals = worker::Signals::channel();

@@ -205,6 +205,63 @@ pub struct Wait {
     /// The normalised request; every header value reads "<redacted>".
     #[schema(value_type = crate::engine::Spec)]
     pub spec: Value,
+    /// A group's mode and members, or the group a member belongs to.
+    #[serde(flatten)]
+    pub grouping: Grouping,
+}
+
+/// How a wait stands in a group: a group shows its `mode` and `members`, a
+/// member the `group` it belongs to. Absent on a wait that is neither.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Grouping {
+    /// A group's mode: `all` of its members must succeed, or `any` one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<GroupMode>,
+    /// A group's members, in the order given, each as it stands now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<GroupMember>>,
+    /// The group this wait is a member of (the first, when several name it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<Uuid>,
+}
+
+/// How a group decides from its members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupMode {
+    /// Succeeds when every member has succeeded; fails as soon as a required one
+    /// ends otherwise.
+    All,
+    /// Succeeds when the first member succeeds; fails when every member has ended
+    /// without success.
+    Any,
+}
+
+impl GroupMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupMode::All => "all",
+            GroupMode::Any => "any",
+        }
+    }
+}
+
+/// One member of a group, as it stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GroupMember {
+    pub id: Uuid,
+    pub status: Status,
+    /// `false` for a member of an `all` group that may end without success.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub required: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Wait {

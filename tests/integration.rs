@@ -28,6 +28,7 @@ mod deploy;
 mod engine_props;
 mod engine_seeds;
 mod fuzz_spec;
+mod groups;
 mod hostile_tenants;
 mod jsonpath_props;
 mod large_bodies;

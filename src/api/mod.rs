@@ -13,6 +13,7 @@ mod deliveries;
 pub mod error;
 mod events;
 pub mod extract;
+mod groups;
 pub mod openapi;
 mod ops;
 mod presets;

@@ -49,7 +49,7 @@ pub fn blocked_status(status: Status, created: bool) -> StatusCode {
 
 /// Why a blocked request stopped holding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Held {
+pub(super) enum Held {
     /// The wait ended.
     Ended,
     /// The `?wait=<duration>` given ran out.
@@ -67,6 +67,9 @@ async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
         .get(tenant, id)
         .await?
         .ok_or_else(|| no_such_wait(id))?;
+    s.store
+        .annotate_groups(std::slice::from_mut(&mut wait))
+        .await?;
     current(s, std::slice::from_mut(&mut wait)).await;
     Ok(wait)
 }
@@ -108,7 +111,12 @@ async fn current(s: &AppState, waits: &mut [Wait]) {
 /// as it then stands (read again, not as it was when the request began) and why
 /// the hold ended. Costs no database polling: it re-reads only when the bus says
 /// this wait ended (or that notices may have been missed).
-async fn block(s: &AppState, tenant: &str, id: Uuid, hold: Hold) -> ApiResult<(Wait, Held)> {
+pub(super) async fn block(
+    s: &AppState,
+    tenant: &str,
+    id: Uuid,
+    hold: Hold,
+) -> ApiResult<(Wait, Held)> {
     let _slot = s.streams.acquire(tenant)?;
     let mut rx = s.bus.subscribe_wait(id);
     // Read after subscribing, so an end between the two is not missed.
@@ -167,7 +175,7 @@ async fn block(s: &AppState, tenant: &str, id: Uuid, hold: Hold) -> ApiResult<(W
     Ok((wait, why))
 }
 
-fn with_location(mut res: Response, id: Uuid) -> Response {
+pub(super) fn with_location(mut res: Response, id: Uuid) -> Response {
     res.headers_mut().insert(
         header::LOCATION,
         HeaderValue::from_str(&format!("/waits/{id}")).expect("a uuid path is a valid header"),
@@ -182,7 +190,7 @@ fn with_location(mut res: Response, id: Uuid) -> Response {
 /// stopping or the wait outlived its deadline, so `curl -f` fails and `curl
 /// --retry` asks again (a POST with the same `Idempotency-Key` blocks on the same
 /// wait).
-fn blocked_response(wait: &Wait, why: Held, created: bool) -> Response {
+pub(super) fn blocked_response(wait: &Wait, why: Held, created: bool) -> Response {
     let unavailable = |title, detail| {
         ApiError {
             retry_after: Some(2),
@@ -256,6 +264,9 @@ pub async fn create_wait(
 ) -> ApiResult<Response> {
     let hold = q.hold()?;
     let key = idempotency_key(&headers)?;
+    if crate::groups::is_group(&body) {
+        return super::groups::create(s, tenant, hold, key, body).await;
+    }
     // Parsing a request's paths and expressions costs what its text decides: it is
     // done on the CPU pool, in the tenant's turn.
     let (presets, limits) = (s.presets.clone(), s.limits.clone());
@@ -389,6 +400,7 @@ pub async fn list_waits(
     let mut items = s.store.list(&tenant, &filter).await?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
+    s.store.annotate_groups(&mut items).await?;
     current(&s, &mut items).await;
     let next_cursor = more
         .then(|| items.last().map(|w| w.id.to_string()))

@@ -84,6 +84,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         finished_at: None,
         labels: spec.labels.clone(),
         spec: serde_json::to_value(spec.redacted()).unwrap_or_default(),
+        grouping: Default::default(),
     };
     progress(a.json, &super::short_line(&wait));
     let mut seq = 1;

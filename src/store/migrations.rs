@@ -30,6 +30,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0009_delivery_turns.sql",
     "0010_delivery_bounds.sql",
     "0011_retention.sql",
+    "0012_groups.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -41,6 +42,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0006_delivery_bounds.sql",
     "0007_replica_leases.sql",
     "0008_retention.sql",
+    "0009_groups.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

@@ -230,7 +230,9 @@ macro_rules! sql {
 
 mod deliveries;
 pub use deliveries::{DeliveryLimits, Due, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
+pub mod groups;
 mod leases;
+pub use groups::{Group, GroupRefused};
 
 /// The store. Cloning is shallow.
 #[derive(Clone, Debug)]

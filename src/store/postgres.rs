@@ -30,6 +30,7 @@ pub const WORK_CHANNEL: &str = work_channel!();
 
 // After `work_channel!`, which `waits` uses.
 mod events;
+mod groups;
 mod leases;
 mod outbox;
 mod progress;

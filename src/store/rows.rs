@@ -59,6 +59,7 @@ impl WaitRow {
             finished_at: self.finished_at.map(|t| t.0),
             labels: serde_json::from_value(self.labels.0).unwrap_or_default(),
             spec: self.spec.0,
+            grouping: Default::default(),
         })
     }
 }
@@ -259,6 +260,7 @@ impl NewWait {
             finished_at: None,
             labels: serde_json::from_value(self.labels.clone()).unwrap_or_default(),
             spec: self.spec.clone(),
+            grouping: Default::default(),
         }
     }
 }

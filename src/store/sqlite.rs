@@ -22,6 +22,7 @@ use super::StoreError;
 use crate::bus::{Bus, BusMsg, Notice};
 
 mod events;
+mod groups;
 mod leases;
 mod outbox;
 mod progress;

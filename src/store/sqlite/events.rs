@@ -92,7 +92,7 @@ impl SqliteDialect {
 
 /// Appends events numbered from `seq_before + 1`; the notice announcing them, with
 /// them.
-pub(super) async fn append_events(
+pub(in crate::store::sqlite) async fn append_events(
     tx: &mut Transaction<'_, Sqlite>,
     wait_id: Uuid,
     tenant: &str,

@@ -1,0 +1,133 @@
+//! Creating a group through `POST /waits`: the body's `all` or `any` list makes it
+//! one (design §2.14). Every other route serves a group as the wait it is.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use chrono::Utc;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::error::{ApiError, ApiResult};
+use super::extract::Hold;
+use super::waits::{Held, block, blocked_response, with_location};
+use super::{AppState, json_response};
+use crate::engine::Spec;
+use crate::groups::{MemberRequest, Refusal, request};
+use crate::store::GroupRefused;
+
+/// The SSRF guard on a spec's target and webhook URLs, with `at` naming where it is.
+fn guard(s: &AppState, spec: &Spec, at: &str, target: bool) -> ApiResult<()> {
+    if target {
+        let url = url::Url::parse(&spec.target.url)
+            .map_err(|e| ApiError::bad_request(format!("{at}target.url: {e}")))?;
+        s.guard
+            .check_url(&url)
+            .map_err(|refused| ApiError::unprocessable(format!("{at}target.url: {refused}")))?;
+    }
+    for (i, n) in spec.notify.iter().enumerate() {
+        let url = url::Url::parse(&n.url)
+            .map_err(|e| ApiError::bad_request(format!("{at}notify[{i}].url: {e}")))?;
+        s.guard.check_url(&url).map_err(|refused| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Webhook refused",
+                format!(
+                    "{at}notify[{i}].url: {}",
+                    refused
+                        .to_string()
+                        .replacen("the target host", "the webhook host", 1)
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Creates a group and answers as a create of a wait does (held with `?wait=`).
+pub(super) async fn create(
+    s: AppState,
+    tenant: String,
+    hold: Option<Hold>,
+    key: Option<String>,
+    body: Value,
+) -> ApiResult<Response> {
+    let (presets, limits) = (s.presets.clone(), s.limits.clone());
+    let (body, parsed) = crate::cpu::pool()
+        .run(crate::cpu::Lane::Quick, &tenant, move || {
+            let expand = |v: &Value| super::presets::expand(&presets, v).map(|c| c.into_owned());
+            let parsed = request::parse(&body, &limits, &expand);
+            (body, parsed)
+        })
+        .await
+        .map_err(|lost| {
+            tracing::error!(error = %lost, "a group create request's validation was lost");
+            ApiError::internal()
+        })?;
+    let req = parsed.map_err(|r| match r {
+        Refusal::Invalid(errors) => ApiError::validation(errors),
+        Refusal::Expand(e) => e,
+    })?;
+    let name = req.mode.as_str();
+    for (i, m) in req.members.iter().enumerate() {
+        if let MemberRequest::Spec { spec, .. } = m {
+            guard(&s, spec, &format!("{name}[{i}]."), true)?;
+        }
+    }
+    guard(&s, &req.shell, "", false)?;
+    let hash = key
+        .as_ref()
+        .map(|_| hex::encode(Sha256::digest(body.to_string().as_bytes())));
+    let idem = key.as_deref().zip(hash.as_deref());
+    let created = s
+        .store
+        .create_group(&tenant, &req, Utc::now(), idem, Some(s.max_active_waits))
+        .await
+        .map_err(|e| match e {
+            GroupRefused::Store(e) => ApiError::from(e),
+            GroupRefused::NoSuchMember { id, .. } => {
+                ApiError::not_found(format!("there is no wait {id}"))
+            }
+            refused @ GroupRefused::MemberIsGroup { .. } => {
+                ApiError::bad_request(refused.to_string())
+            }
+        })?;
+    let id = created.wait.id;
+    let mut wait = created.wait;
+    if !created.existing {
+        s.metrics
+            .created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(wait_id = %id, members = req.members.len(), "group created");
+        // A member given by id may have ended already: decide before answering.
+        if req
+            .members
+            .iter()
+            .any(|m| matches!(m, MemberRequest::Id { .. }))
+        {
+            if let Err(e) = crate::groups::watch::settle(&s.store, id).await {
+                tracing::warn!(group_id = %id, error = %e, "could not decide a new group; the sweep will");
+            }
+            if let Some(again) = s.store.get(&tenant, id).await? {
+                wait = again;
+            }
+        }
+    }
+    if wait.grouping.members.is_none() {
+        s.store
+            .annotate_groups(std::slice::from_mut(&mut wait))
+            .await?;
+    }
+    let mut res = match hold {
+        Some(hold) if wait.is_running() => {
+            let (wait, why) = block(&s, &tenant, id, hold).await?;
+            blocked_response(&wait, why, true)
+        }
+        Some(_) => blocked_response(&wait, Held::Ended, true),
+        None => with_location(json_response(StatusCode::CREATED, &wait), id),
+    };
+    if created.existing {
+        res.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(res)
+}

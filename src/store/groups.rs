@@ -1,0 +1,440 @@
+//! Groups in the store: creating one with its members, reading how its members
+//! stand, and ending it once.
+//!
+//! A group is a `waits` row with no next poll (no claim ever takes it), its spec
+//! and its events like any wait's, and two tables: `wait_groups` (its mode) and
+//! `group_members` (its members, in order). Its end is the same conditional update
+//! as any wait's end (`status = 'running'`), so two replicas deciding it at once
+//! write one end and one terminal event.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::columns::{Time, from_row};
+use super::{Created, Dialect, EventBody, NewWait, Status, Store, StoreError, Wait, deliveries};
+use crate::engine::EngineState;
+use crate::groups::{GroupRequest, MemberRequest, MemberState};
+use crate::model::{Ending, GroupMember, GroupMode, Grouping};
+
+from_row! {
+/// A group's row, as deciding it needs.
+pub(crate) struct GroupHead {
+    tenant: String,
+    status: String,
+    deadline: Time,
+    state: Option<String>,
+    mode: String,
+    keep_running: bool,
+}
+}
+
+from_row! {
+/// One member of a group, joined to its wait.
+pub(crate) struct LinkRow {
+    group_id: Uuid,
+    mode: String,
+    position: i32,
+    member_id: Uuid,
+    required: bool,
+    status: String,
+    deadline: Time,
+}
+}
+
+/// A group as the decider reads it.
+#[derive(Clone, Debug)]
+pub struct Group {
+    pub id: Uuid,
+    pub tenant: String,
+    pub mode: GroupMode,
+    pub keep_running: bool,
+    pub status: Status,
+    pub deadline: DateTime<Utc>,
+    pub state: Option<String>,
+    pub members: Vec<MemberState>,
+}
+
+/// Why a group cannot be created.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupRefused {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A member names a wait the tenant does not have.
+    #[error("{field}: there is no wait {id}")]
+    NoSuchMember { field: String, id: Uuid },
+    /// A member names a group.
+    #[error(
+        "{field}: wait {id} is a group; a group cannot be a member of a group: list its members instead"
+    )]
+    MemberIsGroup { field: String, id: Uuid },
+}
+
+fn mode_of(s: &str) -> Result<GroupMode, StoreError> {
+    match s {
+        "all" => Ok(GroupMode::All),
+        "any" => Ok(GroupMode::Any),
+        other => Err(StoreError::Decode {
+            what: "group mode",
+            why: format!("\"{other}\" is neither all nor any"),
+        }),
+    }
+}
+
+fn status_of(s: &str) -> Result<Status, StoreError> {
+    s.parse().map_err(|e| StoreError::Decode {
+        what: "status",
+        why: format!("{e}"),
+    })
+}
+
+/// What a dialect writes for a new group, beyond a wait's own rows.
+pub(crate) struct NewGroup<'a> {
+    pub wait: &'a NewWait,
+    pub mode: &'static str,
+    pub keep_running: bool,
+    pub state: String,
+    pub members: Vec<(Uuid, bool)>,
+}
+
+/// The sentence a canceled member records.
+pub fn member_cancel_reason(group: Uuid, status: Status) -> String {
+    match status {
+        Status::Canceled => format!("canceled with its group {group}, which was canceled"),
+        s => format!("canceled because its group {group} ended {s}"),
+    }
+}
+
+impl Store {
+    /// Creates a group: its new members (each a wait, counted against the
+    /// tenant's limit), then the group row with its membership in one
+    /// transaction. A member by id must be the tenant's and no group.
+    pub async fn create_group(
+        &self,
+        tenant: &str,
+        req: &GroupRequest,
+        now: DateTime<Utc>,
+        idempotency: Option<(&str, &str)>,
+        max_active: Option<i64>,
+    ) -> Result<Created, GroupRefused> {
+        if let Some((key, hash)) = idempotency
+            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+        {
+            return Ok(Created {
+                wait: found,
+                existing: true,
+            });
+        }
+        let name = req.mode.as_str();
+        let by_id: Vec<Uuid> = req
+            .members
+            .iter()
+            .filter_map(|m| match m {
+                MemberRequest::Id { id, .. } => Some(*id),
+                MemberRequest::Spec { .. } => None,
+            })
+            .collect();
+        let links = self.group_links(&by_id).await?;
+        for (i, m) in req.members.iter().enumerate() {
+            let MemberRequest::Id { id, .. } = m else {
+                continue;
+            };
+            let field = format!("{name}[{i}].id");
+            if links.iter().any(|l| l.group_id == *id) {
+                return Err(GroupRefused::MemberIsGroup { field, id: *id });
+            }
+            if self.get(tenant, *id).await?.is_none() {
+                return Err(GroupRefused::NoSuchMember { field, id: *id });
+            }
+        }
+        let mut members = Vec::with_capacity(req.members.len());
+        let mut made = Vec::new();
+        for m in &req.members {
+            let id = match m {
+                MemberRequest::Id { id, .. } => *id,
+                MemberRequest::Spec { spec, .. } => {
+                    match self
+                        .create_within(tenant, spec, now, None, max_active)
+                        .await
+                    {
+                        Ok(c) => {
+                            made.push(c.wait.id);
+                            c.wait.id
+                        }
+                        Err(e) => {
+                            self.undo_members(tenant, &made, now).await;
+                            return Err(e.into());
+                        }
+                    }
+                }
+            };
+            members.push((id, m.required()));
+        }
+        let (engine, _) = EngineState::start(&req.shell, now);
+        let to_json = |v: Result<Value, serde_json::Error>, what| {
+            v.map_err(|e| StoreError::Decode {
+                what,
+                why: e.to_string(),
+            })
+        };
+        let nw = NewWait {
+            id: Uuid::now_v7(),
+            first_poll: engine.deadline,
+            spec: req.spec.clone(),
+            headers: Value::Object(Default::default()),
+            labels: to_json(serde_json::to_value(&req.shell.labels), "labels")?,
+            engine_json: to_json(serde_json::to_value(&engine), "engine state")?,
+            created: EventBody::Created {
+                deadline: engine.deadline,
+            }
+            .to_parts(),
+            notify: deliveries::NotifyRow::of(&req.shell.notify, &self.cipher)?,
+            engine,
+        };
+        let group = NewGroup {
+            wait: &nw,
+            mode: name,
+            keep_running: req.keep_running,
+            state: format!("0 of {} succeeded", members.len()),
+            members: members.clone(),
+        };
+        let inserted = sql!(self.insert_group(tenant, now, &group, idempotency));
+        match inserted {
+            Ok(true) => {}
+            Ok(false) => {
+                // Another request with this key won the race: answer with its group.
+                self.undo_members(tenant, &made, now).await;
+                let (key, hash) = idempotency.expect("only a key can be taken");
+                return match self.find_idempotent(tenant, key, hash).await? {
+                    Some(found) => Ok(Created {
+                        wait: found,
+                        existing: true,
+                    }),
+                    None => Err(StoreError::Decode {
+                        what: "idempotency key",
+                        why: "the key was taken, then vanished".into(),
+                    }
+                    .into()),
+                };
+            }
+            Err(e) => {
+                self.undo_members(tenant, &made, now).await;
+                return Err(e.into());
+            }
+        }
+        let mut wait = nw.wait(now);
+        wait.next_poll_at = None;
+        wait.state = Some(group.state.clone());
+        wait.grouping = Grouping {
+            mode: Some(req.mode),
+            members: Some(
+                members
+                    .iter()
+                    .map(|&(id, required)| GroupMember {
+                        id,
+                        status: Status::Running,
+                        required,
+                    })
+                    .collect(),
+            ),
+            group: None,
+        };
+        Ok(Created {
+            wait,
+            existing: false,
+        })
+    }
+
+    /// Cancels the members a group create made before it failed.
+    async fn undo_members(&self, tenant: &str, made: &[Uuid], now: DateTime<Utc>) {
+        for id in made {
+            let _ = self
+                .end_member(
+                    tenant,
+                    *id,
+                    now,
+                    "canceled: the group it was created for could not be stored",
+                )
+                .await;
+        }
+    }
+
+    /// The memberships that name any of `ids`, as group or as member.
+    pub(crate) async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        sql!(self.group_links(ids))
+    }
+
+    /// The groups an end of the waits `ids` may concern: the groups they are
+    /// members of, and those of them that are groups.
+    pub async fn groups_touching(&self, ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+        let mut out: Vec<Uuid> = self
+            .group_links(ids)
+            .await?
+            .into_iter()
+            .map(|l| l.group_id)
+            .collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// A group and its members as they stand; `None` when `id` is no group.
+    pub async fn group(&self, id: Uuid) -> Result<Option<Group>, StoreError> {
+        let Some(head) = sql!(self.group_head(id))? else {
+            return Ok(None);
+        };
+        let mut links: Vec<LinkRow> = self
+            .group_links(&[id])
+            .await?
+            .into_iter()
+            .filter(|l| l.group_id == id)
+            .collect();
+        links.sort_by_key(|l| l.position);
+        let members = links
+            .into_iter()
+            .map(|l| {
+                Ok(MemberState {
+                    id: l.member_id,
+                    status: status_of(&l.status)?,
+                    required: l.required,
+                    deadline: l.deadline.0,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Some(Group {
+            id,
+            tenant: head.tenant,
+            mode: mode_of(&head.mode)?,
+            keep_running: head.keep_running,
+            status: status_of(&head.status)?,
+            deadline: head.deadline.0,
+            state: head.state,
+            members,
+        }))
+    }
+
+    /// Ends a running group with its terminal event; true when this call ended it
+    /// (false when it had ended already, on this replica or another).
+    pub async fn end_group(
+        &self,
+        group: &Group,
+        status: Status,
+        reason: &str,
+        state: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let event = EventBody::end(
+            status,
+            Ending {
+                reason: reason.to_string(),
+                state: Some(state.to_string()),
+                error_detail: None,
+                last_error: None,
+            },
+        )
+        .to_parts();
+        sql!(self.end_group(
+            group.id,
+            &group.tenant,
+            status.as_str(),
+            reason,
+            state,
+            now,
+            &event
+        ))
+    }
+
+    /// Records how far a running group is (`2 of 3 succeeded`) with a `state`
+    /// event, unless it says so already.
+    pub async fn group_progress(
+        &self,
+        group: &Group,
+        state: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let event = EventBody::State {
+            from: group.state.clone(),
+            to: state.to_string(),
+        }
+        .to_parts();
+        sql!(self.group_progress(group.id, &group.tenant, state, now, &event))
+    }
+
+    /// Cancels a running member with `reason`; true when this call ended it.
+    pub async fn end_member(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        now: DateTime<Utc>,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let canceled = |state: Option<String>| {
+            EventBody::end(
+                Status::Canceled,
+                Ending {
+                    reason: reason.to_string(),
+                    state,
+                    error_detail: None,
+                    last_error: None,
+                },
+            )
+            .to_parts()
+        };
+        sql!(self.cancel(tenant, id, now, reason, &canceled))
+    }
+
+    /// Groups to look at again: running ones past their deadline, and with `all`,
+    /// every running group and every ended one that still has running members to
+    /// cancel; at most `limit`.
+    pub async fn groups_to_settle(
+        &self,
+        now: DateTime<Utc>,
+        all: bool,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        sql!(self.groups_to_settle(now, all, limit))
+    }
+
+    /// Fills in how each wait stands in a group: a group's mode and members, a
+    /// member's group.
+    pub async fn annotate_groups(&self, waits: &mut [Wait]) -> Result<(), StoreError> {
+        let ids: Vec<Uuid> = waits.iter().map(|w| w.id).collect();
+        let links = self.group_links(&ids).await?;
+        if links.is_empty() {
+            return Ok(());
+        }
+        let mut groups: HashMap<Uuid, (GroupMode, BTreeMap<i32, GroupMember>)> = HashMap::new();
+        let mut group_of: HashMap<Uuid, Uuid> = HashMap::new();
+        for l in links {
+            let entry = groups
+                .entry(l.group_id)
+                .or_insert_with(|| (mode_of(&l.mode).unwrap_or(GroupMode::All), BTreeMap::new()));
+            entry.1.insert(
+                l.position,
+                GroupMember {
+                    id: l.member_id,
+                    status: status_of(&l.status)?,
+                    required: l.required,
+                },
+            );
+            // UUIDv7 order: the first group that named it.
+            group_of
+                .entry(l.member_id)
+                .and_modify(|g| *g = (*g).min(l.group_id))
+                .or_insert(l.group_id);
+        }
+        for w in waits.iter_mut() {
+            if let Some((mode, members)) = groups.get(&w.id) {
+                w.grouping.mode = Some(*mode);
+                w.grouping.members = Some(members.values().cloned().collect());
+            }
+            w.grouping.group = group_of.get(&w.id).copied();
+        }
+        Ok(())
+    }
+}

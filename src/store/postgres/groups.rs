@@ -1,0 +1,236 @@
+//! Groups on Postgres: SQL only (see [`crate::store::groups`]).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::PgDialect;
+use crate::store::StoreError;
+use crate::store::groups::{GroupHead, LinkRow, NewGroup};
+
+impl PgDialect {
+    /// The group's row, its spec, its `created` event, its webhooks, its mode and
+    /// its members, in one transaction; false when the idempotency key was taken.
+    pub(in crate::store) async fn insert_group(
+        &self,
+        tenant: &str,
+        now: DateTime<Utc>,
+        g: &NewGroup<'_>,
+        idempotency: Option<(&str, &str)>,
+    ) -> Result<bool, StoreError> {
+        let nw = g.wait;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO waits (id, tenant, status, state, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
+             VALUES ($1, $2, 'running', $3, $4, $4, $5, NULL, NULL, $6, $7, 1)",
+        )
+        .bind(nw.id)
+        .bind(tenant)
+        .bind(&g.state)
+        .bind(now)
+        .bind(nw.engine.deadline)
+        .bind(&nw.labels)
+        .bind(&nw.engine_json)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $2, $3)")
+            .bind(nw.id)
+            .bind(&nw.spec)
+            .bind(&nw.headers)
+            .execute(&mut *tx)
+            .await?;
+        if let Some((key, hash)) = idempotency {
+            let inserted = sqlx::query(
+                "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            )
+            .bind(tenant)
+            .bind(key)
+            .bind(hash)
+            .bind(nw.id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if inserted == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+        }
+        for n in &nw.notify {
+            sqlx::query(
+                "INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret) VALUES ($1, $2, $3, $4, $5::jsonb)",
+            )
+            .bind(nw.id)
+            .bind(n.endpoint)
+            .bind(&n.url)
+            .bind(n.kinds)
+            .bind(n.secret.to_string())
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, 1, $2, $3, $4, $5)",
+        )
+        .bind(nw.id)
+        .bind(tenant)
+        .bind(nw.created.0)
+        .bind(now)
+        .bind(&nw.created.1)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO wait_groups (group_id, mode, keep_running) VALUES ($1, $2, $3)")
+            .bind(nw.id)
+            .bind(g.mode)
+            .bind(g.keep_running)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO group_members (group_id, position, member_id, required)
+             SELECT $1, p::int - 1, m, r FROM unnest($2::uuid[], $3::bool[]) WITH ORDINALITY AS t(m, r, p)",
+        )
+        .bind(nw.id)
+        .bind(g.members.iter().map(|m| m.0).collect::<Vec<Uuid>>())
+        .bind(g.members.iter().map(|m| m.1).collect::<Vec<bool>>())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.committed.notify_one();
+        Ok(true)
+    }
+
+    pub(in crate::store) async fn group_links(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<LinkRow>, StoreError> {
+        let rows = sqlx::query_as(
+            "SELECT m.group_id, g.mode, m.position, m.member_id, m.required, x.status, x.deadline
+             FROM group_members m
+             JOIN wait_groups g ON g.group_id = m.group_id
+             JOIN waits x ON x.id = m.member_id
+             WHERE m.group_id = ANY($1) OR m.member_id = ANY($1)",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    pub(in crate::store) async fn group_head(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<GroupHead>, StoreError> {
+        let row = sqlx::query_as(
+            "SELECT w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
+             FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::store) async fn end_group(
+        &self,
+        id: Uuid,
+        tenant: &str,
+        status: &str,
+        reason: &str,
+        state: &str,
+        now: DateTime<Utc>,
+        event: &(&'static str, Value),
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(i32,)> = sqlx::query_as(
+            "UPDATE waits SET status = $3, reason = $4, state = $5, finished_at = $6, updated_at = $6,
+                    next_poll_at = NULL, owner = NULL, seq = seq + 1
+             WHERE id = $1 AND tenant = $2 AND status = 'running'
+             RETURNING seq",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(status)
+        .bind(reason)
+        .bind(state)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        self.append_one(tx, id, tenant, now, event, row).await
+    }
+
+    pub(in crate::store) async fn group_progress(
+        &self,
+        id: Uuid,
+        tenant: &str,
+        state: &str,
+        now: DateTime<Utc>,
+        event: &(&'static str, Value),
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(i32,)> = sqlx::query_as(
+            "UPDATE waits SET state = $3, updated_at = $4, seq = seq + 1
+             WHERE id = $1 AND tenant = $2 AND status = 'running' AND state IS DISTINCT FROM $3
+             RETURNING seq",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(state)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        self.append_one(tx, id, tenant, now, event, row).await
+    }
+
+    /// Appends the event numbered `seq` when the update found the row, and commits.
+    async fn append_one(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        id: Uuid,
+        tenant: &str,
+        now: DateTime<Utc>,
+        event: &(&'static str, Value),
+        row: Option<(i32,)>,
+    ) -> Result<bool, StoreError> {
+        let Some((seq,)) = row else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        sqlx::query(
+            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(seq)
+        .bind(tenant)
+        .bind(event.0)
+        .bind(now)
+        .bind(&event.1)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.committed.notify_one();
+        Ok(true)
+    }
+
+    pub(in crate::store) async fn groups_to_settle(
+        &self,
+        now: DateTime<Utc>,
+        all: bool,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "SELECT g.group_id FROM wait_groups g JOIN waits w ON w.id = g.group_id
+             WHERE (w.status = 'running' AND ($2 OR w.deadline <= $1))
+                OR ($2 AND w.status <> 'running' AND NOT g.keep_running AND EXISTS (
+                    SELECT 1 FROM group_members m JOIN waits x ON x.id = m.member_id
+                    WHERE m.group_id = g.group_id AND x.status = 'running'))
+             ORDER BY g.group_id LIMIT $3",
+        )
+        .bind(now)
+        .bind(all)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+}

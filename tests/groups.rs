@@ -1,0 +1,327 @@
+//! Groups through the API, on both stores: `all` and `any` of several waits under
+//! one deadline, decided once, with the members still running canceled.
+
+use crate::support::*;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let dir = TempDir::new("waitd-groups");
+                    let app = App::start_sqlite(&dir.sqlite_url()).await;
+                    super::$name(&app).await;
+                    app.stop().await.0.unwrap();
+                }
+            )*
+        }
+        mod on_postgres {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let db = TestDb::new().await;
+                    let app = App::start(&db).await;
+                    super::$name(&app).await;
+                    app.stop().await.0.unwrap();
+                    db.drop_db().await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    all_of_three_succeeds_after_the_last_and_shows_each_member,
+    all_fails_at_once_when_one_fails_and_the_others_are_polled_no_more,
+    any_is_decided_by_the_first_success_and_fails_when_every_member_fails,
+    an_optional_member_may_fail_and_a_member_by_id_may_have_ended_already,
+    a_hundred_members_are_allowed_and_a_hundred_and_first_is_a_400,
+    the_group_deadline_ends_it_timed_out_and_cancels_its_members,
+    bad_groups_are_refused_with_a_sentence,
+    canceling_a_group_cancels_its_members_and_labels_filter_groups,
+);
+
+fn member(url: &str) -> Value {
+    spec(url)
+}
+
+fn deploying_then(n: usize, last: &str) -> Vec<Reply> {
+    let mut r = vec![Reply::status("deploying"); n];
+    r.push(Reply::status(last));
+    r
+}
+
+async fn post(app: &App, path: &str, body: &Value) -> (u16, Value) {
+    let r = app
+        .client
+        .post(app.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn ids(group: &Value) -> Vec<String> {
+    group["members"]
+        .as_array()
+        .unwrap_or_else(|| panic!("members: {group}"))
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+async fn all_of_three_succeeds_after_the_last_and_shows_each_member(app: &App) {
+    let up = Upstream::start().await;
+    let urls: Vec<String> = (0..3)
+        .map(|i| up.script(&format!("/a/{i}"), deploying_then(i * 3, "on")))
+        .collect();
+    let body = json!({"all": urls.iter().map(|u| member(u)).collect::<Vec<_>>(), "timeout": "20s"});
+    let (code, g) = post(app, "/waits?wait=20s", &body).await;
+    assert_eq!(code, 201, "{g}");
+    assert_eq!(g["status"], "succeeded", "{g}");
+    assert_eq!(g["mode"], "all");
+    assert_eq!(g["state"], "3 of 3 succeeded", "{g}");
+    let gid = g["id"].as_str().unwrap();
+    let finished = g["finished_at"].as_str().unwrap().to_string();
+    for (i, id) in ids(&g).iter().enumerate() {
+        assert_eq!(g["members"][i]["status"], "succeeded", "{g}");
+        let (_, m) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(m["group"], gid, "{m}");
+        assert_eq!(m["status"], "succeeded");
+        assert!(
+            m["finished_at"].as_str().unwrap() <= finished.as_str(),
+            "{m}\n{g}"
+        );
+    }
+    // The group's history: created, its progress as state events, then its end.
+    let (_, ev) = app.get(&format!("/waits/{gid}/events")).await;
+    let kinds: Vec<&str> = ev["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"created"), "{ev}");
+    assert_eq!(kinds.last(), Some(&"succeeded"), "{ev}");
+    assert_eq!(kinds.iter().filter(|k| **k == "succeeded").count(), 1);
+}
+
+async fn all_fails_at_once_when_one_fails_and_the_others_are_polled_no_more(app: &App) {
+    let up = Upstream::start().await;
+    let bad = up.script("/f/bad", deploying_then(1, "failed_deployment"));
+    let slow1 = up.script("/f/s1", vec![Reply::status("deploying")]);
+    let slow2 = up.script("/f/s2", vec![Reply::status("deploying")]);
+    let body = json!({"all": [member(&slow1), member(&bad), member(&slow2)]});
+    let (code, g) = post(app, "/waits?wait=20s", &body).await;
+    assert_eq!(code, 422, "{g}");
+    assert_eq!(g["status"], "failed");
+    let members = ids(&g);
+    let reason = g["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&members[1]) && reason.contains("failed"),
+        "{reason}"
+    );
+    let gid = g["id"].as_str().unwrap();
+    for (id, path) in [(&members[0], "/f/s1"), (&members[2], "/f/s2")] {
+        let (code, m) = app.get(&format!("/waits/{id}?wait=10s")).await;
+        assert_eq!((code, m["status"].as_str()), (409, Some("canceled")), "{m}");
+        assert!(m["reason"].as_str().unwrap().contains(gid), "{m}");
+        let hits = up.hits(path);
+        // The point: nothing more is polled once the member is canceled.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(up.hits(path), hits, "{path} was polled after the decision");
+    }
+}
+
+async fn any_is_decided_by_the_first_success_and_fails_when_every_member_fails(app: &App) {
+    let up = Upstream::start().await;
+    let slow = up.script("/y/slow", vec![Reply::status("deploying")]);
+    let fast = up.script("/y/fast", deploying_then(2, "on"));
+    let (code, g) = post(
+        app,
+        "/waits?wait=20s",
+        &json!({"any": [member(&slow), member(&fast)]}),
+    )
+    .await;
+    assert_eq!(code, 201, "{g}");
+    assert_eq!(
+        (g["status"].as_str(), g["mode"].as_str()),
+        (Some("succeeded"), Some("any"))
+    );
+    let members = ids(&g);
+    assert!(g["reason"].as_str().unwrap().contains(&members[1]), "{g}");
+    let (code, m) = app.get(&format!("/waits/{}?wait=10s", members[0])).await;
+    assert_eq!((code, m["status"].as_str()), (409, Some("canceled")), "{m}");
+
+    let f1 = up.script("/y/f1", vec![Reply::status("failed_deployment")]);
+    let f2 = up.script("/y/f2", deploying_then(2, "failed_deployment"));
+    let (code, g) = post(
+        app,
+        "/waits?wait=20s",
+        &json!({"any": [member(&f1), member(&f2)]}),
+    )
+    .await;
+    assert_eq!((code, g["status"].as_str()), (422, Some("failed")), "{g}");
+    assert!(
+        g["reason"].as_str().unwrap().contains("every member"),
+        "{g}"
+    );
+}
+
+async fn an_optional_member_may_fail_and_a_member_by_id_may_have_ended_already(app: &App) {
+    let up = Upstream::start().await;
+    let ok = up.script("/o/ok", deploying_then(1, "on"));
+    let bad = up.script("/o/bad", vec![Reply::status("failed_deployment")]);
+    let mut optional = member(&bad);
+    optional["required"] = json!(false);
+    let (code, g) = post(
+        app,
+        "/waits?wait=20s",
+        &json!({"all": [member(&ok), optional]}),
+    )
+    .await;
+    assert_eq!(
+        (code, g["status"].as_str()),
+        (201, Some("succeeded")),
+        "{g}"
+    );
+    assert_eq!(g["members"][1]["required"], false, "{g}");
+    assert_eq!(g["members"][1]["status"], "failed", "{g}");
+
+    // A member by id that succeeded before the group was made.
+    let done = up.script("/o/done", vec![Reply::status("on")]);
+    let (_, w) = post(app, "/waits?wait=20s", &member(&done)).await;
+    assert_eq!(w["status"], "succeeded");
+    let (code, g) = post(app, "/waits", &json!({"all": [{"id": w["id"]}]})).await;
+    assert_eq!(
+        (code, g["status"].as_str()),
+        (201, Some("succeeded")),
+        "{g}"
+    );
+}
+
+async fn a_hundred_members_are_allowed_and_a_hundred_and_first_is_a_400(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/h/x", vec![Reply::status("deploying")]);
+    let mut quiet = member(&url);
+    quiet["poll"] = json!({"delay": "1h", "initial": "1h", "max": "1h"});
+    quiet["timeout"] = json!("2h");
+    let (code, p) = post(app, "/waits", &json!({"all": vec![quiet.clone(); 101]})).await;
+    assert_eq!(code, 400, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("at most 100"), "{p}");
+    let (code, g) = post(
+        app,
+        "/waits",
+        &json!({"all": vec![quiet; 100], "timeout": "1h"}),
+    )
+    .await;
+    assert_eq!(code, 201, "{g}");
+    assert_eq!(g["members"].as_array().unwrap().len(), 100);
+    assert_eq!(g["state"], "0 of 100 succeeded");
+    // Capped by the group's deadline.
+    let (_, m) = app.get(&format!("/waits/{}", ids(&g)[0])).await;
+    assert!(
+        m["deadline"].as_str().unwrap() <= g["deadline"].as_str().unwrap(),
+        "{m}"
+    );
+    let (code, c) = app
+        .post(&format!("/waits/{}/cancel", g["id"].as_str().unwrap()))
+        .await;
+    assert_eq!((code, c["status"].as_str()), (200, Some("canceled")));
+}
+
+async fn the_group_deadline_ends_it_timed_out_and_cancels_its_members(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/t/x", vec![Reply::status("deploying")]);
+    let (_, w) = app.create(member(&url)).await;
+    let (code, g) = post(
+        app,
+        "/waits?wait=true",
+        &json!({"all": [{"id": w["id"]}], "timeout": "300ms"}),
+    )
+    .await;
+    assert_eq!(
+        (code, g["status"].as_str()),
+        (412, Some("timed_out")),
+        "{g}"
+    );
+    let reason = g["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("deadline") && reason.contains("running"),
+        "{reason}"
+    );
+    let (code, m) = app
+        .get(&format!("/waits/{}?wait=10s", w["id"].as_str().unwrap()))
+        .await;
+    assert_eq!((code, m["status"].as_str()), (409, Some("canceled")), "{m}");
+}
+
+async fn bad_groups_are_refused_with_a_sentence(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/b/x", vec![Reply::status("deploying")]);
+    let cases = [
+        (json!({"all": []}), 400, "at least one"),
+        (
+            json!({"all": [{"all": [member(&url)]}]}),
+            400,
+            "cannot be a member of a group",
+        ),
+        (
+            json!({"all": [member(&url)], "any": [member(&url)]}),
+            400,
+            "either all or any",
+        ),
+        (
+            json!({"all": [member(&url)], "target": {"url": url}}),
+            400,
+            "inside its entry",
+        ),
+        (json!({"any": [{"id": "x"}]}), 400, "UUID"),
+        (json!({"all": [{"target": {"url": url}}]}), 400, "all[0]"),
+        (
+            json!({"all": [{"id": uuid::Uuid::now_v7()}]}),
+            404,
+            "there is no wait",
+        ),
+    ];
+    for (body, want, says) in cases {
+        let (code, p) = post(app, "/waits", &body).await;
+        assert_eq!(code, want, "{body} → {p}");
+        assert!(p.to_string().contains(says), "{body} → {p}");
+    }
+    let (_, g) = app.create(json!({"all": [member(&url)]})).await;
+    let (code, p) = post(app, "/waits", &json!({"all": [{"id": g["id"]}]})).await;
+    assert_eq!(code, 400, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("is a group"), "{p}");
+    app.post(&format!("/waits/{}/cancel", g["id"].as_str().unwrap()))
+        .await;
+}
+
+async fn canceling_a_group_cancels_its_members_and_labels_filter_groups(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/c/x", vec![Reply::status("deploying")]);
+    let body = json!({"all": [member(&url), member(&url)], "labels": {"deploy": "d1"}});
+    let (code, g) = app.create(body).await;
+    assert_eq!(code, 201, "{g}");
+    let gid = g["id"].as_str().unwrap();
+    let (_, page) = app.get("/waits?label=deploy:d1").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["items"][0]["id"], gid);
+    assert_eq!(page["items"][0]["members"].as_array().unwrap().len(), 2);
+    let (code, c) = app.post(&format!("/waits/{gid}/cancel")).await;
+    assert_eq!((code, c["status"].as_str()), (200, Some("canceled")));
+    for id in ids(&g) {
+        let (code, m) = app.get(&format!("/waits/{id}?wait=10s")).await;
+        assert_eq!((code, m["status"].as_str()), (409, Some("canceled")), "{m}");
+        assert!(m["reason"].as_str().unwrap().contains(gid), "{m}");
+    }
+}
