@@ -1,0 +1,108 @@
+//! Groups across two replicas of the `waitd` binary on one Postgres: 200 groups of
+//! 5 members whose targets all flip at once are each decided once (one terminal
+//! event each), and a replica killed (SIGKILL) in the middle of the decisions
+//! loses none of them.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::replica::Replica;
+use support::{Reply, TempDir, TestDb, Upstream, client, db_count};
+
+const GROUPS: usize = 200;
+const MEMBERS: usize = 5;
+
+fn member(url: &str) -> Value {
+    json!({
+        "target": {"url": url},
+        "state": "/data/attributes/status",
+        "want": ["on"],
+        "timeout": "2m",
+        "poll": {"initial": "250ms", "factor": 1, "max": "250ms", "jitter": 0.2},
+    })
+}
+
+#[tokio::test]
+async fn every_group_is_decided_once_and_a_replica_killed_mid_run_loses_none() {
+    let dir = TempDir::new("waitd-group-replicas");
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let extra = ["--rate-limit", "0"];
+    let mut a = Replica::start("a", &dir.path, &db.url, "2s", &extra).await;
+    let b = Replica::start("b", &dir.path, &db.url, "2s", &extra).await;
+    let http = client();
+    let mut paths = Vec::new();
+    let mut groups = Vec::new();
+    for g in 0..GROUPS {
+        let members: Vec<Value> = (0..MEMBERS)
+            .map(|m| {
+                let path = format!("/g/{g}/{m}");
+                let url = up.script(&path, vec![Reply::status("deploying")]);
+                paths.push(path);
+                member(&url)
+            })
+            .collect();
+        // Half the groups through each replica.
+        let via = if g % 2 == 0 { &a } else { &b };
+        let r = http
+            .post(via.url("/waits"))
+            .json(&json!({"all": members, "timeout": "2m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let body: Value = r.json().await.unwrap();
+        groups.push(body["id"].as_str().unwrap().to_string());
+    }
+    // Every member of every group polled at least once: both replicas hold some.
+    for p in &paths {
+        let started = Instant::now();
+        while up.hits(p) == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{p} never polled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let flipped = Instant::now();
+    for p in &paths {
+        up.script(p, vec![Reply::status("on")]);
+    }
+    // In the middle of the ends and the decisions, one replica dies.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    a.kill9();
+    for id in &groups {
+        let r = http
+            .get(b.url(&format!("/waits/{id}?wait=60s")))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["status"], "succeeded", "{body}");
+    }
+    println!(
+        "{GROUPS} groups of {MEMBERS} decided {:?} after their targets flipped",
+        flipped.elapsed()
+    );
+    let twice = db_count(
+        &db,
+        "SELECT count(*) FROM wait_groups g WHERE (SELECT count(*) FROM wait_events e
+           WHERE e.wait_id = g.group_id AND e.kind IN ('succeeded', 'failed', 'timed_out', 'canceled', 'error')) <> 1",
+    )
+    .await;
+    assert_eq!(twice, 0, "groups without exactly one terminal event");
+    let members_ended = db_count(
+        &db,
+        "SELECT count(*) FROM group_members m JOIN waits w ON w.id = m.member_id WHERE w.status = 'succeeded'",
+    )
+    .await;
+    assert_eq!(members_ended, (GROUPS * MEMBERS) as i64);
+    assert!(b.panics().is_empty(), "{:?}", b.panics());
+    drop(b);
+    db.drop_db().await;
+}
