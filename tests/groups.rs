@@ -46,6 +46,7 @@ on_both_stores!(
     the_group_deadline_ends_it_timed_out_and_cancels_its_members,
     bad_groups_are_refused_with_a_sentence,
     canceling_a_group_cancels_its_members_and_labels_filter_groups,
+    curl_f_and_the_cli_wait_for_a_whole_group_and_exit_as_it_ended,
 );
 
 fn member(url: &str) -> Value {
@@ -324,4 +325,67 @@ async fn canceling_a_group_cancels_its_members_and_labels_filter_groups(app: &Ap
         assert_eq!((code, m["status"].as_str()), (409, Some("canceled")), "{m}");
         assert!(m["reason"].as_str().unwrap().contains(gid), "{m}");
     }
+}
+
+/// Runs a command to its end off the runtime; its exit code.
+async fn exit_code(mut c: std::process::Command) -> i32 {
+    let out = tokio::task::spawn_blocking(move || c.output().expect("run the command"))
+        .await
+        .unwrap();
+    assert!(out.status.code().is_some_and(|c| c != 101), "{out:?}");
+    out.status.code().unwrap()
+}
+
+async fn curl_f_and_the_cli_wait_for_a_whole_group_and_exit_as_it_ended(app: &App) {
+    let up = Upstream::start().await;
+    let ok = up.script("/k/ok", deploying_then(1, "on"));
+    let bad = up.script("/k/bad", deploying_then(1, "failed_deployment"));
+    let curl = |body: Value| {
+        let mut c = std::process::Command::new("curl");
+        c.args([
+            "-sS",
+            "-f",
+            "-o",
+            "/dev/null",
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .arg("--data")
+        .arg(body.to_string())
+        .arg(app.url("/waits?wait=true"));
+        c
+    };
+    assert_eq!(
+        exit_code(curl(json!({"all": [member(&ok), member(&ok)]}))).await,
+        0
+    );
+    assert_eq!(
+        exit_code(curl(json!({"all": [member(&ok), member(&bad)]}))).await,
+        22
+    );
+
+    let dir = TempDir::new("waitd-group-cli");
+    let (a, b) = (dir.path.join("a.json"), dir.path.join("b.json"));
+    std::fs::write(&a, member(&ok).to_string()).unwrap();
+    std::fs::write(&b, member(&bad).to_string()).unwrap();
+    let cli = |mode: &str| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_waitd"));
+        c.args(["create", mode])
+            .arg(&a)
+            .arg(&b)
+            .args(["--wait", "--timeout", "30s"])
+            .env("WAITD_URL", &app.base)
+            .env_remove("WAITD_TOKEN");
+        c
+    };
+    assert_eq!(
+        exit_code(cli("--any")).await,
+        i32::from(waitd::client::EXIT_SUCCEEDED)
+    );
+    assert_eq!(
+        exit_code(cli("--all")).await,
+        i32::from(waitd::client::EXIT_FAILED)
+    );
 }

@@ -76,7 +76,30 @@ pub struct CreateArgs {
     /// Print the wait as JSON (with --wait: the ended wait; progress goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Create a group that succeeds when every one of these waits does: each FILE
+    /// holds a wait request (or {"id": "<wait id>"}). --label, --timeout and
+    /// --notify apply to the group.
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = &GROUP_CONFLICTS[1..])]
+    pub all: Vec<PathBuf>,
+    /// Create a group that succeeds when the first of these waits does (see --all).
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = GROUP_CONFLICTS)]
+    pub any: Vec<PathBuf>,
 }
+
+/// The flags that describe one wait, which a group (--all, --any) does not take,
+/// after `all`, which `--any` does not take either.
+const GROUP_CONFLICTS: [&str; 10] = [
+    "all",
+    "preset",
+    "params",
+    "spec",
+    "url",
+    "state",
+    "want",
+    "fail",
+    "success_condition",
+    "failure_condition",
+];
 
 #[derive(Args, Debug)]
 pub struct OneArgs {
@@ -224,7 +247,11 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
 /// The request `create` sends: [`build_request`], and the webhooks of `--notify`
 /// with the secret from `--notify-secret-file`.
 pub(super) fn create_request(a: &CreateArgs) -> Result<Value, Problem> {
-    let mut req = build_request(&a.spec)?;
+    let mut req = match (a.all.is_empty(), a.any.is_empty()) {
+        (true, true) => build_request(&a.spec)?,
+        (false, _) => group_request("all", &a.all, &a.spec)?,
+        (true, false) => group_request("any", &a.any, &a.spec)?,
+    };
     if let Some(path) = &a.notify_secret_file {
         let secret = std::fs::read_to_string(path).map_err(|e| {
             format!(
@@ -252,4 +279,31 @@ pub(super) fn create_request(a: &CreateArgs) -> Result<Value, Problem> {
         req.insert("notify".into(), Value::Array(notify));
     }
     Ok(Value::Object(req))
+}
+
+/// A group's request: `{mode: [each file's request]}`, with the labels and the
+/// timeout of the flags.
+fn group_request(
+    mode: &str,
+    files: &[PathBuf],
+    a: &SpecArgs,
+) -> Result<Map<String, Value>, Problem> {
+    let mut members = Vec::with_capacity(files.len());
+    for path in files {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v @ Value::Object(_)) => members.push(v),
+            Ok(_) => return Err(format!("{} is not a JSON object", path.display()).into()),
+            Err(e) => return Err(format!("{} is not valid JSON: {e}", path.display()).into()),
+        }
+    }
+    let mut req = Map::new();
+    req.insert(mode.into(), Value::Array(members));
+    add_pairs(&mut req, "labels", "--label", &a.labels)?;
+    if let Some(t) = &a.timeout {
+        crate::engine::duration::parse(t).map_err(|e| format!("--timeout {e}"))?;
+        req.insert("timeout".into(), json!(t));
+    }
+    Ok(req)
 }
