@@ -305,6 +305,15 @@ async fn bad_groups_are_refused_with_a_sentence(app: &App) {
     assert!(p["detail"].as_str().unwrap().contains("is a group"), "{p}");
     app.post(&format!("/waits/{}/cancel", g["id"].as_str().unwrap()))
         .await;
+    // The served document names the presets this server has, the only ones it takes.
+    let (_, doc) = app.get("/openapi.json").await;
+    let names = &doc["components"]["schemas"]["CreateWait"]["properties"]["preset"]["enum"];
+    assert!(
+        names.as_array().unwrap().contains(&json!("http.ok")),
+        "{names}"
+    );
+    let (code, _) = post(app, "/waits", &json!({"preset": ""})).await;
+    assert_eq!(code, 422);
 }
 
 async fn canceling_a_group_cancels_its_members_and_labels_filter_groups(app: &App) {
@@ -388,4 +397,33 @@ async fn curl_f_and_the_cli_wait_for_a_whole_group_and_exit_as_it_ended(app: &Ap
         exit_code(cli("--all")).await,
         i32::from(waitd::client::EXIT_FAILED)
     );
+}
+
+#[test]
+fn the_openapi_document_offers_a_group_and_states_the_url_refusals() {
+    let doc: Value = serde_json::from_str(waitd::api::openapi::document()).unwrap();
+    let body =
+        &doc["paths"]["/waits"]["post"]["requestBody"]["content"]["application/json"]["schema"];
+    assert_eq!(
+        body["oneOf"][1]["$ref"], "#/components/schemas/CreateGroup",
+        "{body}"
+    );
+    let group = &doc["components"]["schemas"]["CreateGroup"];
+    assert_eq!(group["properties"]["all"]["maxItems"], 100, "{group}");
+    let pattern = doc["components"]["schemas"]["TargetUrl"]["pattern"]
+        .as_str()
+        .unwrap();
+    let re = regex_automata::meta::Regex::new(pattern).unwrap();
+    for ok in ["https://api.example.com/x?y=1", "http://127.0.0.1:8080/"] {
+        assert!(re.is_match(ok), "{ok}");
+    }
+    for refused in [
+        "http://a b",
+        "http://a\\b",
+        "http://x\u{1}",
+        "http:///x",
+        "http://",
+    ] {
+        assert!(!re.is_match(refused), "{refused:?}");
+    }
 }

@@ -131,3 +131,74 @@ pub(super) async fn create(
     }
     Ok(res)
 }
+
+/// Adds the third shape of `POST /waits` to the OpenAPI document: `CreateGroup`
+/// (`all` or `any` of members, each a `CreateGroupMember`, a wait request with
+/// `required`, or `{"id", "required"}`), and makes the request body one of
+/// `CreateWait` and `CreateGroup`.
+pub(super) fn openapi_shape(doc: &mut Value) {
+    use serde_json::json;
+    let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let Some(wait) = schemas.get("CreateWait").cloned() else {
+        return;
+    };
+    let mut member = wait.clone();
+    member["properties"]["required"] = json!({
+        "type": "boolean",
+        "description": "In an `all` group: `false` lets this member end without success without failing the group. Only in `all` groups.",
+        "default": true
+    });
+    member["description"] = json!(
+        "A member of a group: a wait request (with `required`), or a wait of the same tenant by `id`."
+    );
+    let by_id = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id"],
+        "properties": {
+            "id": {"type": "string", "format": "uuid", "description": "A wait of the same tenant (not a group); another tenant's is a 404."},
+            "required": member["properties"]["required"].clone()
+        }
+    });
+    let member = json!({"oneOf": [by_id, member]});
+    let list = |mode: &str| {
+        json!({
+            "type": "array",
+            "minItems": 1,
+            "maxItems": crate::groups::MAX_MEMBERS,
+            "items": {"$ref": "#/components/schemas/CreateGroupMember"},
+            "description": format!("The members: the group decides from {mode} of them. A group inside a group is a 400.")
+        })
+    };
+    let props = &wait["properties"];
+    let group = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "description": "A group to create: a wait that succeeds when all of its members do (`all`) or the first does (`any`), under one deadline that caps theirs. Its running members are canceled when it is decided, unless `keep_running`.",
+        "properties": {
+            "all": list("all"),
+            "any": list("any"),
+            "timeout": props["timeout"].clone(),
+            "labels": props["labels"].clone(),
+            "notify": props["notify"].clone(),
+            "keep_running": {"type": "boolean", "default": false, "description": "Leave the members running once the group is decided."}
+        },
+        "oneOf": [{"required": ["all"]}, {"required": ["any"]}],
+        "examples": [{"all": [{"target": {"url": "https://api.example.com/servers/1"}, "state": "/data/attributes/status", "want": ["on"]}, {"id": "0192f0c4-7e1a-7cc3-9a55-3c1f6f0e8b21"}], "timeout": "30m"}]
+    });
+    schemas.insert("CreateGroupMember".into(), member);
+    schemas.insert("CreateGroup".into(), group);
+    if let Some(body) =
+        doc.pointer_mut("/paths/~1waits/post/requestBody/content/application~1json/schema")
+    {
+        *body = json!({"oneOf": [
+            {"$ref": "#/components/schemas/CreateWait"},
+            {"$ref": "#/components/schemas/CreateGroup"}
+        ]});
+    }
+}

@@ -57,7 +57,7 @@ impl PartialSchema for CreateWait {
                     Type::Null,
                 ]))
                 .description(Some(
-                    "A named waiter definition (`GET /presets` lists them) whose fields this request starts from; the request's own fields override them (objects merge key by key, arrays are replaced). An unknown preset is a 422.",
+                    "A named waiter definition (`GET /presets` lists them) whose fields this request starts from; the request's own fields override them (objects merge key by key, arrays are replaced). An unknown preset is a 422: the document a server serves at `/openapi.json` lists the presets it has as this field's `enum`.",
                 ))
                 .into(),
         );
@@ -317,6 +317,7 @@ fn build() -> serde_json::Value {
     let mut doc = serde_json::to_value(&doc).expect("the OpenAPI document serialises");
     events_as_union(&mut doc);
     create_wait_as_one_object(&mut doc);
+    super::groups::openapi_shape(&mut doc);
     doc
 }
 
@@ -334,6 +335,42 @@ fn create_wait_as_one_object(doc: &mut serde_json::Value) {
     fields["if"] = either[0].take();
     fields["else"] = either[1].take();
     *create = fields;
+}
+
+/// The document as this server serves it: [`document`], with `preset` in the
+/// create schemas stating the presets it has as an `enum`, so that a client (or a
+/// test generator) knows that any other name is a 422. Built once per registry.
+pub fn served(presets: &std::sync::Arc<crate::presets::Registry>) -> std::sync::Arc<String> {
+    use std::sync::{Arc, Mutex};
+    static SERVED: Mutex<Option<(usize, Arc<String>)>> = Mutex::new(None);
+    let key = Arc::as_ptr(presets) as usize;
+    let mut cached = SERVED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((k, doc)) = cached.as_ref()
+        && *k == key
+    {
+        return doc.clone();
+    }
+    let mut doc: serde_json::Value =
+        serde_json::from_str(document()).expect("the document is JSON");
+    let mut names: Vec<serde_json::Value> = presets
+        .iter()
+        .map(|p| serde_json::Value::String(p.name.clone()))
+        .collect();
+    names.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+    names.push(serde_json::Value::Null);
+    for at in [
+        "/components/schemas/CreateWait/properties/preset",
+        "/components/schemas/CreateGroupMember/oneOf/1/properties/preset",
+    ] {
+        if let Some(p) = doc.pointer_mut(at) {
+            p["enum"] = serde_json::Value::Array(names.clone());
+        }
+    }
+    let mut s = serde_json::to_string_pretty(&doc).expect("JSON serialises");
+    s.push('\n');
+    let doc = Arc::new(s);
+    *cached = Some((key, doc.clone()));
+    doc
 }
 
 /// The document as pretty JSON, with a trailing newline; built once.

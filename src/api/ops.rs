@@ -115,10 +115,10 @@ async fn active_waits(s: &AppState) -> Option<i64> {
         (status = 200, description = "The document", body = Object, content_type = "application/json"),
     )
 )]
-pub async fn openapi() -> Response {
+pub async fn openapi(State(s): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        super::openapi::document(),
+        super::openapi::served(&s.presets).as_str().to_owned(),
     )
         .into_response()
 }

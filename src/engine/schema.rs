@@ -21,8 +21,11 @@ pub const LABEL_NAME_PATTERN: &str = "^[A-Za-z0-9._/-]{1,63}$";
 /// Header names (RFC 9110 tokens, at most 64 bytes).
 pub const HEADER_NAME_PATTERN: &str = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$";
 
-/// What `target.url` starts with.
-pub const URL_PATTERN: &str = "^[Hh][Tt][Tt][Pp][Ss]?://";
+/// What `target.url` (and `notify[].url`) looks like: `http://` or `https://`, then
+/// a non-empty authority and no whitespace, control character or backslash: the
+/// server refuses those with a 400.
+pub const URL_PATTERN: &str =
+    "^[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*$";
 
 fn limits() -> Limits {
     Limits::default()
