@@ -218,6 +218,8 @@ export function shortId(id) {
 
 /** A wait's target as the list shows it: the URL without its scheme or query. */
 export function targetText(w) {
+  // A group polls nothing itself: say what it waits for.
+  if (w && w.mode && Array.isArray(w.members)) return `${w.mode} of ${w.members.length} waits`;
   const url = w && w.spec && w.spec.target && w.spec.target.url;
   if (typeof url !== 'string') return '';
   try {

@@ -12,7 +12,7 @@
 
 import {
   el, clear, append, statusBadge, setBadge, fmtDateTime, fmtTime, fmtLeft, fmtDuration,
-  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms,
+  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms, waitHref,
 } from './common.js';
 import { api, authHeaders, readProblem, reportUnauthorized, ApiError } from './api.js';
 import { EventStream } from './sse.js';
@@ -311,6 +311,14 @@ export class DetailPanel {
       ['polls', 'Polls', true, w.polls, () => fmtNumber(w.polls)],
       ['retries', 'Retries', true, w.retries, () => fmtNumber(w.retries)],
       ['target', 'Target', !!url, url, () => el('span', { class: 'mono break', text: String(url) })],
+      // A group: its members as they stand, each linking to its own page.
+      ['members', w.mode === 'any' ? 'Any of' : 'All of', Array.isArray(w.members), JSON.stringify(w.members || []),
+        () => el('ul', { class: 'members', data: { testid: 'group-members' } }, (w.members || []).map((m) => el('li', {},
+          el('a', { class: 'mono', attrs: { href: waitHref(m.id) }, text: m.id }), ' ',
+          statusBadge(m.status, { data: { testid: 'member-status', status: m.status } }),
+          m.required === false ? el('span', { class: 'muted small', text: ' optional' }) : null)))],
+      // A member: the group it belongs to.
+      ['group', 'Group', !!w.group, w.group, () => el('a', { class: 'mono', data: { testid: 'member-group' }, attrs: { href: waitHref(w.group) }, text: String(w.group) })],
       ['labels', 'Labels', true, JSON.stringify(labels), () => (labels.length
         ? el('span', { class: 'chips' }, labels.map(([k, v]) => [el('span', { class: 'chip' }, el('span', { class: 'chip-k', text: k }), el('span', { class: 'chip-sep', text: ':' }), el('span', { class: 'chip-v', text: v })), ' ']))
         : el('span', { class: 'muted', text: 'none' }))],
