@@ -427,3 +427,72 @@ fn the_openapi_document_offers_a_group_and_states_the_url_refusals() {
         assert!(!re.is_match(refused), "{refused:?}");
     }
 }
+
+const TOKEN_A: &str = "tok-tenant-a-0123456789abcdef";
+const TOKEN_B: &str = "tok-tenant-b-0123456789abcdef";
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+#[tokio::test]
+async fn another_tenants_wait_is_no_member_and_a_group_announces_its_end_by_webhook() {
+    use crate::support::receiver::Receiver;
+    let dir = TempDir::new("waitd-groups-tenants");
+    let mut args = test_args(&dir.sqlite_url());
+    args.extend(
+        [
+            "--tokens",
+            &format!("a:{TOKEN_A},b:{TOKEN_B}"),
+            "--rate-limit",
+            "0",
+        ]
+        .map(String::from),
+    );
+    let app = App::start_args(args).await;
+    let up = Upstream::start().await;
+    let url = up.script("/i/x", vec![Reply::status("deploying")]);
+    let as_ = |token: &'static str, body: Value| {
+        app.client
+            .post(app.url("/waits"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    // B's wait, and B's group, are unknown to A: the same 404 as a read.
+    let b_wait: Value = as_(TOKEN_B, member(&url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b_group: Value = as_(TOKEN_B, json!({"all": [member(&url)]}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for id in [&b_wait["id"], &b_group["id"]] {
+        let r = as_(TOKEN_A, json!({"all": [{"id": id}]})).await.unwrap();
+        assert_eq!(r.status(), 404);
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(
+            p["detail"],
+            format!("there is no wait {}", id.as_str().unwrap()),
+            "{p}"
+        );
+    }
+    // A group's end goes to its webhook like a wait's.
+    let rx = Receiver::start().await;
+    let hook = rx.script("/hook", vec![crate::support::receiver::Answer::code(200)]);
+    let ok = up.script("/i/ok", vec![Reply::status("on")]);
+    let r = as_(
+        TOKEN_A,
+        json!({"all": [member(&ok)], "notify": [{"url": hook, "secret": SECRET}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(rx.until_got("/hook", 1, Duration::from_secs(10)).await);
+    let got = rx.got("/hook")[0].json();
+    assert_eq!(got["type"], "wait.succeeded", "{got}");
+    assert_eq!(got["data"]["mode"], "all", "{got}");
+    app.stop().await.0.unwrap();
+}

@@ -370,6 +370,9 @@ impl Store {
                 wait: row.wait.into_wait()?,
             });
         }
+        // A group's webhook shows its mode and members, a member's its group.
+        self.annotate_groups_of(due.iter_mut().map(|d| &mut d.wait))
+            .await?;
         Ok(due)
     }
 

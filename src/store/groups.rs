@@ -142,11 +142,12 @@ impl Store {
                 continue;
             };
             let field = format!("{name}[{i}].id");
-            if links.iter().any(|l| l.group_id == *id) {
-                return Err(GroupRefused::MemberIsGroup { field, id: *id });
-            }
+            // Another tenant's wait is unknown here, group or not.
             if self.get(tenant, *id).await?.is_none() {
                 return Err(GroupRefused::NoSuchMember { field, id: *id });
+            }
+            if links.iter().any(|l| l.group_id == *id) {
+                return Err(GroupRefused::MemberIsGroup { field, id: *id });
             }
         }
         let mut members = Vec::with_capacity(req.members.len());
@@ -403,6 +404,15 @@ impl Store {
     /// Fills in how each wait stands in a group: a group's mode and members, a
     /// member's group.
     pub async fn annotate_groups(&self, waits: &mut [Wait]) -> Result<(), StoreError> {
+        self.annotate_groups_of(waits.iter_mut()).await
+    }
+
+    /// [`Store::annotate_groups`] over waits held elsewhere (a delivery's wait).
+    pub async fn annotate_groups_of<'a>(
+        &self,
+        waits: impl IntoIterator<Item = &'a mut Wait>,
+    ) -> Result<(), StoreError> {
+        let mut waits: Vec<&mut Wait> = waits.into_iter().collect();
         let ids: Vec<Uuid> = waits.iter().map(|w| w.id).collect();
         let links = self.group_links(&ids).await?;
         if links.is_empty() {
