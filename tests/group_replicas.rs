@@ -106,3 +106,74 @@ async fn every_group_is_decided_once_and_a_replica_killed_mid_run_loses_none() {
     drop(b);
     db.drop_db().await;
 }
+
+/// The figure of BENCHMARKS.md for groups: how long after its last member's end a
+/// group's end is written, and the rows a group costs beyond its members'. Run by
+/// hand: `cargo test --test group_replicas -- --ignored --nocapture`
+/// (`WAITD_BENCH_GROUPS` sets how many groups of 5; 1,000 by default).
+#[tokio::test]
+#[ignore = "a measurement, run by hand"]
+async fn group_end_lag_after_the_last_member_and_rows_per_group() {
+    let n: usize = std::env::var("WAITD_BENCH_GROUPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let dir = TempDir::new("waitd-group-bench");
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let r = Replica::start("a", &dir.path, &db.url, "30s", &["--rate-limit", "0"]).await;
+    let http = client();
+    let mut paths = Vec::new();
+    let mut groups = Vec::new();
+    for g in 0..n {
+        let members: Vec<Value> = (0..MEMBERS)
+            .map(|m| {
+                let path = format!("/b/{g}/{m}");
+                let url = up.script(&path, vec![Reply::status("deploying")]);
+                paths.push(path);
+                let mut s = member(&url);
+                s["poll"] = json!({"initial": "1s", "factor": 1, "max": "1s", "jitter": 0.5});
+                s
+            })
+            .collect();
+        let body: Value = http
+            .post(r.url("/waits"))
+            .json(&json!({"all": members, "timeout": "5m"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        groups.push(body["id"].as_str().unwrap().to_string());
+    }
+    for p in &paths {
+        up.script(p, vec![Reply::status("on")]);
+    }
+    for id in &groups {
+        let w: Value = http
+            .get(r.url(&format!("/waits/{id}?wait=120s")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(w["status"], "succeeded", "{w}");
+    }
+    let lag = |q: &'static str| db_count(&db, q);
+    let p50 = lag("SELECT (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM g.finished_at - m.last) * 1000))::bigint
+         FROM waits g JOIN (SELECT gm.group_id, max(x.finished_at) AS last FROM group_members gm JOIN waits x ON x.id = gm.member_id GROUP BY gm.group_id) m ON m.group_id = g.id").await;
+    let p99 = lag("SELECT (percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM g.finished_at - m.last) * 1000))::bigint
+         FROM waits g JOIN (SELECT gm.group_id, max(x.finished_at) AS last FROM group_members gm JOIN waits x ON x.id = gm.member_id GROUP BY gm.group_id) m ON m.group_id = g.id").await;
+    let events =
+        lag("SELECT count(*) FROM wait_events e JOIN wait_groups g ON g.group_id = e.wait_id")
+            .await;
+    println!(
+        "{n} groups of {MEMBERS}: group end after the last member's end p50 {p50} ms, p99 {p99} ms; \
+         rows a group adds: 1 waits, 1 wait_specs, 1 wait_groups, {MEMBERS} group_members, {:.1} wait_events",
+        events as f64 / n as f64
+    );
+    drop(r);
+    db.drop_db().await;
+}

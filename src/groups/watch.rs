@@ -15,6 +15,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures_util::StreamExt;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use uuid::Uuid;
 
@@ -24,6 +25,8 @@ use crate::model::Status;
 use crate::store::groups::member_cancel_reason;
 use crate::store::{Store, StoreError};
 
+/// Groups settled at once: each holds one database connection at a time.
+const SETTLING: usize = 8;
 /// Groups looked at in one sweep.
 const SWEEP: i64 = 1000;
 /// Every this many seconds a sweep looks at every open group, not only at those
@@ -127,10 +130,13 @@ async fn round(store: &Store, ended: &[Uuid], sweep: Option<bool>) -> Result<(),
     if let Some(all) = sweep {
         due.extend(store.groups_to_settle(Utc::now(), all, SWEEP).await?);
     }
-    for id in due {
-        if let Err(e) = settle(store, id).await {
-            tracing::warn!(group_id = %id, error = %e, "could not decide a group; the next sweep tries again");
-        }
-    }
+    // Several at once: a burst of ends is a burst of groups, each a few statements.
+    futures_util::stream::iter(due)
+        .for_each_concurrent(SETTLING, |id| async move {
+            if let Err(e) = settle(store, id).await {
+                tracing::warn!(group_id = %id, error = %e, "could not decide a group; the next sweep tries again");
+            }
+        })
+        .await;
     Ok(())
 }
