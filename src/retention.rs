@@ -21,6 +21,9 @@ pub const BATCH: i64 = 500;
 /// The pause between two batches of one round.
 pub const PAUSE: Duration = Duration::from_millis(50);
 
+/// The least time between two vacuums of the swept tables.
+pub const VACUUM_EVERY: Duration = Duration::from_secs(30);
+
 /// The longest time between two rounds.
 pub const MAX_ROUND: Duration = Duration::from_secs(60);
 
@@ -96,6 +99,8 @@ pub async fn run(
     };
     let mut stopped = std::pin::pin!(stopped);
     let mut tick = tokio::time::interval(round_every(retention));
+    let mut unvacuumed = 0u64;
+    let mut vacuumed = tokio::time::Instant::now();
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -107,6 +112,7 @@ pub async fn run(
                 match store.sweep_ended(Utc::now() - keep, BATCH).await {
                     Ok(Some(swept)) => {
                         stats.add(&swept);
+                        unvacuumed += swept.waits;
                         if swept.waits > 0 {
                             tracing::debug!(
                                 waits = swept.waits,
@@ -126,6 +132,12 @@ pub async fn run(
                     }
                 }
                 tokio::time::sleep(PAUSE).await;
+            }
+            if unvacuumed > 0 && vacuumed.elapsed() >= VACUUM_EVERY {
+                if let Err(e) = store.vacuum_swept().await {
+                    tracing::warn!(error = %e, "vacuuming the swept tables failed");
+                }
+                (unvacuumed, vacuumed) = (0, tokio::time::Instant::now());
             }
             if let Ok(oldest) = store.oldest_ended().await {
                 let age = oldest.map_or(-1, |t| (Utc::now() - t).num_seconds().max(0));

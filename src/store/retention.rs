@@ -53,6 +53,15 @@ impl Store {
         }
     }
 
+    /// Makes the space of swept rows reusable now (Postgres: `VACUUM`; SQLite
+    /// reuses it by itself).
+    pub async fn vacuum_swept(&self) -> Result<(), StoreError> {
+        match &self.db {
+            Dialect::Postgres(d) => d.vacuum_swept().await,
+            Dialect::Sqlite(d) => d.vacuum_swept().await,
+        }
+    }
+
     /// When the wait that ended longest ago ended, if any has.
     pub async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         match &self.db {

@@ -64,6 +64,11 @@ impl SqliteDialect {
         Ok(Some(swept))
     }
 
+    /// Nothing: SQLite reuses freed pages without being asked.
+    pub(crate) async fn vacuum_swept(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     pub(crate) async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let (t,): (Option<i64>,) =
             sqlx::query_as("SELECT min(finished_at) FROM waits WHERE status <> 'running'")
