@@ -140,6 +140,12 @@ pub struct Config {
     #[arg(long, env = "WAITD_PROBE_IDENTITY")]
     pub probe_identity: Option<String>,
 
+    /// A wait that falls due reads the response of the identical request (same
+    /// tenant, URL and headers) another wait began at most this long ago, or that
+    /// is still in flight; `0s` turns sharing off.
+    #[arg(long, env = "WAITD_SHARE_WINDOW", default_value = "1s", value_parser = parse_duration)]
+    pub share_window: Duration,
+
     /// Database connections this replica may open.
     #[arg(long, env = "WAITD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,

@@ -138,6 +138,7 @@ impl App {
             resolve_overrides: parse_resolve(&config.resolve)?,
             per_host_concurrency: config.per_host_concurrency.max(1),
             identity: config.probe_identity.clone(),
+            share_window: config.share_window,
         })?;
 
         let fd_limit = server::raise_fd_limit();
@@ -308,6 +309,7 @@ fn worker_for(
 ) -> worker::Worker {
     let owner = uuid::Uuid::now_v7();
     let _ = metrics.owner.set(owner);
+    let _ = metrics.probe_requests.set(prober.request_counts());
     worker::Worker {
         store: store.clone(),
         prober,

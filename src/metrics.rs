@@ -81,6 +81,22 @@ pub struct Metrics {
     /// This replica's id in the store (owner of the waits it holds), once its
     /// worker pool runs.
     pub owner: std::sync::OnceLock<uuid::Uuid>,
+    /// The prober's counts of requests, once the worker pool runs.
+    pub probe_requests: std::sync::OnceLock<std::sync::Arc<ProbeRequests>>,
+}
+
+/// What the prober counts of the requests it sends: cheap atomics it touches at
+/// each request, read when the metrics are rendered.
+#[derive(Default, Debug)]
+pub struct ProbeRequests {
+    /// Requests sent to targets.
+    pub sent: AtomicU64,
+    /// Polls served by a request another wait of the same request sent.
+    pub shared: AtomicU64,
+    /// Polls answered `304 Not Modified`, read as the response before.
+    pub not_modified: AtomicU64,
+    /// Distinct requests the held waits send.
+    pub held: AtomicI64,
 }
 
 /// What a webhook attempt came to: delivered (2xx), retry (to be tried again),
@@ -207,6 +223,20 @@ impl Metrics {
                 "waitd_webhook_deliveries_dropped_total{{reason=\"{}\"}} {}",
                 r.as_str(),
                 self.webhook_dropped[i].load(Relaxed)
+            );
+        }
+        if let Some(p) = self.probe_requests.get() {
+            let _ = writeln!(
+                out,
+                "# HELP waitd_probe_requests_total Polls by how their response came: a request sent, a response shared with another wait of the same request, or a 304 read as the response before.\n# TYPE waitd_probe_requests_total counter\nwaitd_probe_requests_total{{outcome=\"sent\"}} {}\nwaitd_probe_requests_total{{outcome=\"shared\"}} {}\nwaitd_probe_requests_total{{outcome=\"not_modified\"}} {}",
+                p.sent.load(Relaxed),
+                p.shared.load(Relaxed),
+                p.not_modified.load(Relaxed)
+            );
+            let _ = writeln!(
+                out,
+                "# HELP waitd_probe_distinct_requests Distinct requests (tenant, URL, headers) the waits this replica holds send.\n# TYPE waitd_probe_distinct_requests gauge\nwaitd_probe_distinct_requests {}",
+                p.held.load(Relaxed)
             );
         }
         self.webhook_latency.render(

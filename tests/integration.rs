@@ -38,6 +38,7 @@ mod probe;
 mod readme;
 mod retention;
 mod security;
+mod shared_polls;
 mod store_conformance;
 mod timestamps;
 mod tokens;

@@ -83,6 +83,20 @@ pub struct Target {
     #[serde(default)]
     #[schema(value_type = Option<schema::Headers>)]
     pub headers: BTreeMap<String, String>,
+    /// Whether this wait's polls may be shared with the tenant's other waits that
+    /// send the identical request (method, URL, every header), default true;
+    /// `false` sends a request of its own at each poll.
+    #[serde(default = "share_default", skip_serializing_if = "is_share_default")]
+    #[schema(value_type = Option<bool>)]
+    pub share: bool,
+}
+
+fn share_default() -> bool {
+    true
+}
+
+fn is_share_default(share: &bool) -> bool {
+    *share
 }
 
 /// Delay between healthy polls: starts at `initial`, multiplied by `factor`, capped
@@ -928,7 +942,18 @@ fn parse_target(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option
             return None;
         }
     };
-    errs.unknown(obj, "target", &["url", "headers"]);
+    errs.unknown(obj, "target", &["url", "headers", "share"]);
+    let share = match opt(obj, "share") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            errs.push(
+                "target.share",
+                format!("must be true or false, not {}", type_name(other)),
+            );
+            true
+        }
+    };
     let url = match obj.get("url") {
         None | Some(Value::Null) => {
             errs.push("target.url", "is required: the http or https URL to poll");
@@ -1014,7 +1039,11 @@ fn parse_target(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option
             ),
         ),
     }
-    url.map(|url| Target { url, headers })
+    url.map(|url| Target {
+        url,
+        headers,
+        share,
+    })
 }
 
 fn is_token_byte(b: u8) -> bool {

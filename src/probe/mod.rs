@@ -24,9 +24,12 @@
 //! value (header values are secrets) nor the target URL (the wait shows it already,
 //! and its query may carry a token).
 
+mod share;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -36,6 +39,7 @@ use serde_json::Value;
 
 use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath, condition};
 use crate::outbound::{Body, Client, KeyedSlots, Peer};
+use share::{Fetched, Response, Turn};
 
 pub use crate::outbound::guard;
 pub use crate::outbound::{
@@ -61,6 +65,10 @@ pub struct ProbeConfig {
     pub resolve_overrides: Vec<(String, SocketAddr)>,
     /// Sent as [`IDENTITY_HEADER`] with every probe (`--probe-identity`).
     pub identity: Option<String>,
+    /// A wait that falls due reads the response of the identical request of its
+    /// tenant begun at most this long ago, or still in flight (`--share-window`,
+    /// default 1s); zero: every wait sends its own requests.
+    pub share_window: Duration,
 }
 
 /// The header that names the replica a probe comes from, when it is configured.
@@ -75,6 +83,7 @@ impl Default for ProbeConfig {
             per_host_concurrency: 16,
             resolve_overrides: Vec::new(),
             identity: None,
+            share_window: Duration::from_secs(1),
         }
     }
 }
@@ -118,6 +127,9 @@ struct Inner {
     max_body: usize,
     /// Probes in flight per "host:port".
     hosts: Arc<KeyedSlots<Arc<str>>>,
+    share_window: Duration,
+    /// The distinct requests the held waits send, and the counts of requests.
+    shares: Arc<share::Registry>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -151,6 +163,11 @@ pub struct Target {
     /// The wait's tenant: reading its answers takes that tenant's turns on the
     /// CPU pool.
     tenant: Arc<str>,
+    /// The request's group, when its polls may be shared.
+    group: Option<Arc<share::Group>>,
+    /// When the wait last polled (or was taken up): it never reads a response
+    /// begun before.
+    last: share::LastPoll,
 }
 
 impl Target {
@@ -192,6 +209,8 @@ impl Prober {
                 timeout: config.timeout,
                 max_body: config.max_body,
                 hosts: KeyedSlots::new(config.per_host_concurrency),
+                share_window: config.share_window,
+                shares: Arc::default(),
             }),
         })
     }
@@ -215,7 +234,8 @@ impl Prober {
     /// is what the cap exists to prevent. Reading stops at the first chunk over the
     /// cap (or at once when `Content-Length` announces too much).
     pub async fn probe(&self, spec: &Spec) -> Observation {
-        match self.target(spec) {
+        // A single probe shares with nothing: it sends its own request.
+        match self.make_target(spec, Arc::from(crate::cpu::SYSTEM), false) {
             Ok(target) => {
                 self.probe_memo(uuid::Uuid::nil(), spec, &target, &mut None)
                     .await
@@ -233,6 +253,15 @@ impl Prober {
 
     /// [`Prober::target`] of a wait of `tenant`.
     pub fn target_of(&self, spec: &Spec, tenant: Arc<str>) -> Result<Target, String> {
+        self.make_target(spec, tenant, true)
+    }
+
+    fn make_target(
+        &self,
+        spec: &Spec,
+        tenant: Arc<str>,
+        shareable: bool,
+    ) -> Result<Target, String> {
         let url = target_url(spec)?;
         let uri: Uri = url
             .as_str()
@@ -276,12 +305,31 @@ impl Prober {
             .check_url(&url)
             .err()
             .map(|r| r.to_string().into_boxed_str());
+        let group = (shareable
+            && spec.target.share
+            && !self.inner.share_window.is_zero()
+            && refused.is_none())
+        .then(|| {
+            let mut sent: Vec<(String, &str)> = spec
+                .target
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
+                .collect();
+            sent.sort();
+            self.inner
+                .shares
+                .group(share::key(&tenant, &uri.to_string(), &sent))
+        })
+        .flatten();
         Ok(Target {
             uri,
             host,
             headers,
             refused,
             tenant,
+            group,
+            last: share::LastPoll::now(),
         })
     }
 
@@ -297,33 +345,72 @@ impl Prober {
         if let Some(refused) = &target.refused {
             return refusal(wait, target.log_host(), refused.to_string());
         }
-        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
-        // One bound on the request, from connecting to the last byte of the body.
-        match tokio::time::timeout(self.inner.timeout, self.get(wait, target, spec, memo)).await {
-            Ok(obs) => obs,
-            Err(_) => self.failure(
-                wait,
-                target.log_host(),
-                crate::outbound::Error::Timeout {
-                    peer: Peer::Target,
-                    within: self.inner.timeout,
-                },
-            ),
-        }
+        let fetched = match &target.group {
+            Some(group) => self.shared(wait, target, group).await,
+            None => {
+                let read_body = spec.success_condition.is_some()
+                    || spec.failure_condition.is_some()
+                    || matches!(&spec.state, Some(p) if !matches!(p, ValuePath::HttpStatus));
+                let request = self.request(target);
+                Arc::new(
+                    self.fetch(wait, target.host.clone(), request, read_body)
+                        .await,
+                )
+            }
+        };
+        self.read(wait, target, spec, memo, &fetched).await
     }
 
-    /// How many hosts the per-host limit tracks now: those with a probe in flight.
-    pub fn hosts_tracked(&self) -> usize {
-        self.inner.hosts.keys()
-    }
-
-    async fn get(
+    /// The response a wait of a shared request reads: that of a request begun
+    /// since its last poll, in flight or within the share window, or of one it
+    /// sends now. The request runs on its own, so a wait cut at its deadline does
+    /// not cut it for the others.
+    async fn shared(
         &self,
         wait: uuid::Uuid,
         target: &Target,
-        spec: &Spec,
-        memo: &mut Option<Memo>,
-    ) -> Observation {
+        group: &Arc<share::Group>,
+    ) -> Arc<Fetched> {
+        let now = tokio::time::Instant::now();
+        let previous = target.last.replace(now);
+        let mut rx = match group.turn(previous, now, self.inner.share_window) {
+            Turn::Join(rx) => {
+                self.inner.shares.counts.shared.fetch_add(1, Relaxed);
+                rx
+            }
+            Turn::Send(tx, began) => {
+                let rx = tx.subscribe();
+                let prober = self.clone();
+                let request = self.request(target);
+                let host = target.host.clone();
+                let group = Arc::downgrade(group);
+                let window = self.inner.share_window;
+                tokio::spawn(async move {
+                    let fetched = prober.fetch(wait, host, request, true).await;
+                    tx.send_replace(Some(Arc::new(fetched)));
+                    // A request only this wait sends is not kept; another's is
+                    // kept for the rest of the window, then let go.
+                    let alone = group.upgrade().is_none_or(|g| Arc::strong_count(&g) <= 2);
+                    if !alone {
+                        tokio::time::sleep_until(began + window).await;
+                    }
+                    if let Some(g) = group.upgrade() {
+                        g.forget(began);
+                    }
+                });
+                rx
+            }
+        };
+        match rx.wait_for(Option::is_some).await {
+            Ok(fetched) => fetched
+                .clone()
+                .unwrap_or_else(|| Arc::new(Fetched::Failed(abandoned()))),
+            Err(_) => Arc::new(Fetched::Failed(abandoned())),
+        }
+    }
+
+    /// The request of a target: a GET of its URI with its headers.
+    fn request(&self, target: &Target) -> Request<Body> {
         let mut request = Request::new(Body::new(Bytes::new()));
         *request.method_mut() = Method::GET;
         *request.uri_mut() = target.uri.clone();
@@ -332,11 +419,89 @@ impl Prober {
             .as_deref()
             .unwrap_or(&self.inner.defaults)
             .clone();
-        let mut response = match self.inner.client.send(request, Peer::Target).await {
-            Ok(r) => r,
-            Err(e) => return self.failure(wait, target.log_host(), e),
+        request
+    }
+
+    /// Sends one request under the per-host limit, bounded by the timeout from
+    /// connecting to the last byte of the body (read when `read_body`).
+    async fn fetch(
+        &self,
+        wait: uuid::Uuid,
+        host: Arc<str>,
+        request: Request<Body>,
+        read_body: bool,
+    ) -> Fetched {
+        let log_host = request.uri().host().unwrap_or_default().to_string();
+        let _slot = self.inner.hosts.acquire(host).await;
+        self.inner.shares.counts.sent.fetch_add(1, Relaxed);
+        let exchange = async {
+            let mut response = match self.inner.client.send(request, Peer::Target).await {
+                Ok(r) => r,
+                Err(e) => return Fetched::Failed(self.failure(wait, &log_host, e)),
+            };
+            let body = if read_body {
+                let read = crate::outbound::read_body(
+                    response.body_mut(),
+                    self.inner.max_body,
+                    Peer::Target,
+                );
+                Some(match read.await {
+                    Ok(body) => Ok(Bytes::from(body)),
+                    Err(e) => Err(self.failure(wait, &log_host, e)),
+                })
+            } else {
+                None
+            };
+            let (parts, _) = response.into_parts();
+            Fetched::Answered(Response {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            })
         };
-        let status = response.status();
+        match tokio::time::timeout(self.inner.timeout, exchange).await {
+            Ok(fetched) => fetched,
+            Err(_) => Fetched::Failed(self.failure(
+                wait,
+                &log_host,
+                crate::outbound::Error::Timeout {
+                    peer: Peer::Target,
+                    within: self.inner.timeout,
+                },
+            )),
+        }
+    }
+
+    /// The counts of requests sent and polls shared, as the metrics show them.
+    pub fn request_counts(&self) -> Arc<crate::metrics::ProbeRequests> {
+        self.inner.shares.counts.clone()
+    }
+
+    /// How many distinct requests the held waits send (their shared polls).
+    pub fn requests_held(&self) -> usize {
+        self.inner.shares.held()
+    }
+
+    /// How many hosts the per-host limit tracks now: those with a probe in flight.
+    pub fn hosts_tracked(&self) -> usize {
+        self.inner.hosts.keys()
+    }
+
+    /// What one wait makes of a response: its own observation, judged by its own
+    /// conditions (and memo).
+    async fn read(
+        &self,
+        _wait: uuid::Uuid,
+        target: &Target,
+        spec: &Spec,
+        memo: &mut Option<Memo>,
+        fetched: &Fetched,
+    ) -> Observation {
+        let response = match fetched {
+            Fetched::Failed(obs) => return obs.clone(),
+            Fetched::Answered(r) => r,
+        };
+        let status = response.status;
         let judged = spec.success_condition.is_some() || spec.failure_condition.is_some();
         let base = match classify_status(status.as_u16()) {
             StatusClass::NotFound => Observation::NotFound {
@@ -344,7 +509,7 @@ impl Prober {
             },
             StatusClass::Transient => Observation::Transient {
                 error: format!("the target answered {}", status_text(status)),
-                retry_after: retry_after(response.headers(), SystemTime::now()),
+                retry_after: retry_after(&response.headers, SystemTime::now()),
             },
             StatusClass::Permanent => {
                 let error = if status.is_redirection() {
@@ -381,16 +546,15 @@ impl Prober {
         let conditions = spec.conditions();
         let headers = judged.then(|| {
             if conditions.iter().any(|c| c.reads_headers()) {
-                header_map(response.headers())
+                header_map(&response.headers)
             } else {
                 BTreeMap::new()
             }
         });
-        let read =
-            crate::outbound::read_body(response.body_mut(), self.inner.max_body, Peer::Target);
-        let body = match read.await {
-            Ok(body) => body,
-            Err(e) => return self.failure(wait, target.log_host(), e),
+        let body = match &response.body {
+            Some(Ok(body)) => body.clone(),
+            Some(Err(obs)) => return obs.clone(),
+            None => return abandoned(),
         };
         let status = status.as_u16();
         let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
@@ -454,6 +618,17 @@ impl Prober {
     }
 }
 
+/// The observation of a poll whose response never came to it (a request that
+/// ended without an answer, which does not happen while the process runs).
+fn abandoned() -> Observation {
+    Observation::Transient {
+        error:
+            "the request for this poll ended without an answer; it is sent again at the next poll"
+                .into(),
+        retry_after: None,
+    }
+}
+
 /// Bodies up to this size are read where they arrive; larger ones on the CPU pool.
 const INLINE_BODY: usize = 16 * 1024;
 
@@ -462,7 +637,7 @@ struct Answer {
     status: u16,
     /// The headers the conditions read, when the wait has conditions.
     headers: Option<BTreeMap<String, String>>,
-    body: Vec<u8>,
+    body: Bytes,
     /// The observation the status alone made.
     base: Observation,
     /// The state is in the body.

@@ -1,0 +1,290 @@
+//! Waits of one tenant that send the identical request share its polls: the target
+//! sees about one request an interval however many waits ask, while each wait
+//! keeps its own polls, its own `consecutive` and its own verdict. Never across
+//! tenants, never between requests that differ in a header.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::support::*;
+
+const TOKEN_A: &str = "tenant-a-token-0123456789";
+const TOKEN_B: &str = "tenant-b-token-0123456789";
+
+/// A spec polling `url` every second, never reaching its state.
+fn every_second(url: &str) -> Value {
+    let mut s = spec(url);
+    s["poll"] = json!({"initial": "1s", "factor": 1, "max": "1s", "jitter": 0});
+    s["timeout"] = json!("1m");
+    s
+}
+
+async fn create_as(app: &App, token: Option<&str>, spec: &Value) -> String {
+    let mut req = client().post(app.url("/waits")).json(spec);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let res = req.send().await.unwrap();
+    let code = res.status().as_u16();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(code, 201, "{body}");
+    body["id"].as_str().unwrap().to_string()
+}
+
+async fn ended_as(app: &App, token: Option<&str>, id: &str) -> Value {
+    let mut req = client().get(app.url(&format!("/waits/{id}?wait=20s")));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let w: Value = req.send().await.unwrap().json().await.unwrap();
+    assert_ne!(w["status"], "running", "{w}");
+    w
+}
+
+/// 200 waits on one URL at 1 s send at most 12 requests in 10 s, and each counts
+/// its own polls; a wait with `consecutive: 3` still needs three polls of its own.
+async fn many_waits_on_one_url_send_about_one_request_a_second(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/shared/one", vec![Reply::status("deploying")]);
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        ids.push(create_as(app, None, &every_second(&url)).await);
+    }
+    let from = up.hits("/shared/one");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sent = up.hits("/shared/one") - from;
+    assert!(sent <= 12, "200 waits at 1 s sent {sent} requests in 10 s");
+    let metrics = client()
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |line: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{line} in {metrics}"))
+    };
+    assert!(count("waitd_probe_requests_total{outcome=\"shared\"}") >= 1000.0);
+    // Counted as it is sent: one may not have arrived yet.
+    let sent = count("waitd_probe_requests_total{outcome=\"sent\"}") as usize;
+    let hits = up.hits("/shared/one");
+    assert!(sent == hits || sent == hits + 1, "{sent} sent, {hits} seen");
+    assert_eq!(count("waitd_probe_distinct_requests"), 1.0);
+    for id in &ids {
+        let (code, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(code, 200, "{w}");
+        let polls = w["polls"].as_i64().unwrap();
+        assert!(polls >= 9, "each wait counts its own polls: {w}");
+    }
+
+    // Ten waits that need three polls in a row of their own each poll three
+    // times, a second apart, while the target sees fewer requests than polls.
+    let url = up.script("/shared/three", vec![Reply::status("on")]);
+    let mut three = every_second(&url);
+    three["consecutive"] = json!(3);
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(create_as(app, None, &three).await);
+    }
+    for id in &ids {
+        let w = ended_as(app, None, id).await;
+        assert_eq!(w["status"], "succeeded", "{w}");
+        assert_eq!(w["polls"], 3, "three polls of its own: {w}");
+        let took = chrono::DateTime::parse_from_rfc3339(w["finished_at"].as_str().unwrap())
+            .unwrap()
+            - chrono::DateTime::parse_from_rfc3339(w["created_at"].as_str().unwrap()).unwrap();
+        assert!(
+            took >= chrono::TimeDelta::milliseconds(1900),
+            "the third poll comes two intervals after the first: {w}"
+        );
+    }
+    let sent = up.hits("/shared/three");
+    assert!(sent < 30, "30 polls were served by {sent} requests");
+}
+
+#[tokio::test]
+async fn many_waits_on_one_url_share_their_polls_on_sqlite() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    many_waits_on_one_url_send_about_one_request_a_second(&app).await;
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn many_waits_on_one_url_share_their_polls_on_postgres() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    many_waits_on_one_url_send_about_one_request_a_second(&app).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}
+
+/// An upstream that answers `/auth` with the request's `Authorization` as the
+/// state, 300 ms late (so that requests overlap), and counts requests per value.
+async fn per_credential_upstream() -> (String, Arc<Mutex<HashMap<String, usize>>>) {
+    let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let counts = seen.clone();
+    let app = axum::Router::new().route(
+        "/auth",
+        axum::routing::get(move |headers: HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_string();
+                *seen.lock().unwrap().entry(auth.clone()).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                axum::Json(json!({"data": {"attributes": {"status": auth}}}))
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/auth", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, counts)
+}
+
+/// A wait that succeeds only on the answer to `credential` and fails on any other.
+/// Its first poll comes a second after its creation, so that waits created
+/// together are all held by then and fall due together.
+fn wants_its_own(url: &str, credential: Option<&str>) -> Value {
+    let mut s = every_second(url);
+    s["poll"]["delay"] = json!("1s");
+    let own = credential.unwrap_or("none");
+    if let Some(c) = credential {
+        s["target"]["headers"] = json!({"Authorization": c});
+    }
+    s["want"] = json!([own]);
+    s["fail"] = json!(
+        ["none", "Bearer one", "Bearer two"]
+            .into_iter()
+            .filter(|v| *v != own)
+            .collect::<Vec<_>>()
+    );
+    s
+}
+
+/// Two tenants, and one tenant with two `Authorization` headers: every distinct
+/// request is sent and each wait sees the answer to its own; the same request
+/// of one tenant is sent once.
+async fn distinct_requests_are_never_shared(app: &App) {
+    let (url, counts) = per_credential_upstream().await;
+    // Created together: each first poll falls due while another is in flight.
+    let (one, two, none) = (
+        wants_its_own(&url, Some("Bearer one")),
+        wants_its_own(&url, Some("Bearer two")),
+        wants_its_own(&url, None),
+    );
+    let a1 = create_as(app, Some(TOKEN_A), &one);
+    let a2 = create_as(app, Some(TOKEN_A), &two);
+    let a3 = create_as(app, Some(TOKEN_A), &none);
+    let a4 = create_as(app, Some(TOKEN_A), &none);
+    let b1 = create_as(app, Some(TOKEN_B), &none);
+    let (a1, a2, a3, a4, b1) = tokio::join!(a1, a2, a3, a4, b1);
+    for (token, id) in [
+        (TOKEN_A, &a1),
+        (TOKEN_A, &a2),
+        (TOKEN_A, &a3),
+        (TOKEN_A, &a4),
+        (TOKEN_B, &b1),
+    ] {
+        let w = ended_as(app, Some(token), id).await;
+        assert_eq!(
+            w["status"], "succeeded",
+            "each wait sees its own answer: {w}"
+        );
+        assert_eq!(w["polls"], 1, "{w}");
+    }
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.get("Bearer one"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("Bearer two"), Some(&1), "{counts:?}");
+    // Tenant A's two identical waits share one request; tenant B sends its own.
+    assert_eq!(counts.get("none"), Some(&2), "{counts:?}");
+}
+
+fn with_tenants(args: Vec<String>) -> Vec<String> {
+    set_flag(args, "--tokens", &format!("a:{TOKEN_A},b:{TOKEN_B}"))
+}
+
+#[tokio::test]
+async fn distinct_requests_are_never_shared_on_sqlite() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(with_tenants(test_args(&dir.sqlite_url()))).await;
+    distinct_requests_are_never_shared(&app).await;
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn distinct_requests_are_never_shared_on_postgres() {
+    let db = TestDb::new().await;
+    let app = App::start_args(with_tenants(test_args(&db.url))).await;
+    distinct_requests_are_never_shared(&app).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}
+
+/// A wait that opts out, and a replica with sharing off, send a request a poll.
+#[tokio::test]
+async fn a_wait_that_opts_out_sends_its_own_requests() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    let (url, counts) = per_credential_upstream().await;
+    let mut own = wants_its_own(&url, None);
+    own["target"]["share"] = json!(false);
+    let (a, b) = tokio::join!(create_as(&app, None, &own), create_as(&app, None, &own));
+    for id in [&a, &b] {
+        let w = ended_as(&app, None, id).await;
+        assert_eq!(w["status"], "succeeded", "{w}");
+        assert_eq!(w["spec"]["target"]["share"], false, "{w}");
+    }
+    assert_eq!(counts.lock().unwrap().get("none"), Some(&2));
+    app.stop().await.0.unwrap();
+
+    let app = App::start_args(set_flag(
+        test_args(&dir.sqlite_url()),
+        "--share-window",
+        "0s",
+    ))
+    .await;
+    let (url, counts) = per_credential_upstream().await;
+    let shared = wants_its_own(&url, None);
+    let started = Instant::now();
+    let (a, b) = tokio::join!(
+        create_as(&app, None, &shared),
+        create_as(&app, None, &shared)
+    );
+    for id in [&a, &b] {
+        let w = ended_as(&app, None, id).await;
+        assert_eq!(w["status"], "succeeded", "{w}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(counts.lock().unwrap().get("none"), Some(&2));
+    app.stop().await.0.unwrap();
+}
+
+/// `share` must be a boolean.
+#[tokio::test]
+async fn share_that_is_not_a_boolean_is_a_400() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    let mut s = spec("http://127.0.0.1:9/x");
+    s["target"]["share"] = json!("no");
+    let (code, body) = app.create(s).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.to_string().contains("target.share"), "{body}");
+    app.stop().await.0.unwrap();
+}
