@@ -288,3 +288,138 @@ async fn share_that_is_not_a_boolean_is_a_400() {
     assert!(body.to_string().contains("target.share"), "{body}");
     app.stop().await.0.unwrap();
 }
+
+/// An upstream at `/tagged` that answers the state in `state` with the `ETag`
+/// `"<state>"`, and `304` to an `If-None-Match` naming it; it records every
+/// `If-None-Match` it saw. `always_304`: every answer is a `304`.
+#[derive(Clone, Default)]
+struct Tagged {
+    state: Arc<Mutex<String>>,
+    conditions: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+async fn tagged_upstream(always_304: bool) -> (String, Tagged) {
+    let tagged = Tagged::default();
+    *tagged.state.lock().unwrap() = "deploying".into();
+    let t = tagged.clone();
+    let app = axum::Router::new().route(
+        "/tagged",
+        axum::routing::get(move |headers: HeaderMap| {
+            let t = t.clone();
+            async move {
+                use axum::response::IntoResponse;
+                let seen = headers
+                    .get("if-none-match")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                t.conditions.lock().unwrap().push(seen.clone());
+                let state = t.state.lock().unwrap().clone();
+                let tag = format!("\"{state}\"");
+                if always_304 || seen.as_deref() == Some(tag.as_str()) {
+                    return axum::http::StatusCode::NOT_MODIFIED.into_response();
+                }
+                (
+                    [("etag", tag)],
+                    axum::Json(json!({"data": {"attributes": {"status": state}}})),
+                )
+                    .into_response()
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/tagged", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, tagged)
+}
+
+/// `ETag` then `304`: the next requests carry `If-None-Match` with the tag, a
+/// `304` reads as the response before, and a body that changes is seen at the
+/// next `200`. Shared or not.
+async fn a_tag_makes_the_next_request_conditional(app: &App, share: bool) {
+    let (url, tagged) = tagged_upstream(false).await;
+    let mut s = spec(&url);
+    s["target"]["share"] = json!(share);
+    let (code, created) = app.create(s).await;
+    assert_eq!(code, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let conditional = || {
+        tagged
+            .conditions
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.as_deref() == Some("\"deploying\""))
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async { conditional() >= 3 }).await,
+        "{:?}",
+        tagged.conditions.lock().unwrap()
+    );
+    let (_, w) = app.get(&format!("/waits/{id}")).await;
+    assert_eq!(w["status"], "running", "a 304 is the state before: {w}");
+    assert_eq!(w["state"], "deploying", "{w}");
+    assert!(w["last_error"].is_null(), "{w}");
+    *tagged.state.lock().unwrap() = "on".into();
+    let w = app.wait_end(id).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    let seen = tagged.conditions.lock().unwrap().clone();
+    assert_eq!(
+        seen[0], None,
+        "the first request is unconditional: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tag_makes_the_next_request_conditional_on_sqlite() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    a_tag_makes_the_next_request_conditional(&app, true).await;
+    a_tag_makes_the_next_request_conditional(&app, false).await;
+    let metrics = client()
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let not_modified: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("waitd_probe_requests_total{outcome=\"not_modified\"}"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(not_modified >= 6.0, "{metrics}");
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_tag_makes_the_next_request_conditional_on_postgres() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    a_tag_makes_the_next_request_conditional(&app, true).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}
+
+/// A `304` with no response before it is a transient error that says so.
+#[tokio::test]
+async fn a_304_to_an_unconditional_request_is_a_transient_error() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    let (url, _) = tagged_upstream(true).await;
+    let mut s = spec(&url);
+    s["retry"]["max_retries"] = json!(2);
+    let (code, created) = app.create(s).await;
+    assert_eq!(code, 201, "{created}");
+    let w = app.wait_end(created["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "error", "{w}");
+    assert!(
+        w.to_string()
+            .contains("304 Not Modified to a request that was not conditional"),
+        "{w}"
+    );
+    app.stop().await.0.unwrap();
+}

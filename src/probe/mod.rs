@@ -24,6 +24,7 @@
 //! value (header values are secrets) nor the target URL (the wait shows it already,
 //! and its query may carry a token).
 
+mod conditional;
 mod share;
 
 use std::collections::BTreeMap;
@@ -130,6 +131,8 @@ struct Inner {
     share_window: Duration,
     /// The distinct requests the held waits send, and the counts of requests.
     shares: Arc<share::Registry>,
+    /// Bytes of responses kept for a `304`.
+    kept: Arc<conditional::Budget>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -168,6 +171,8 @@ pub struct Target {
     /// When the wait last polled (or was taken up): it never reads a response
     /// begun before.
     last: share::LastPoll,
+    /// The last response of an unshared request, kept for a `304`.
+    kept: conditional::Slot,
 }
 
 impl Target {
@@ -211,6 +216,7 @@ impl Prober {
                 hosts: KeyedSlots::new(config.per_host_concurrency),
                 share_window: config.share_window,
                 shares: Arc::default(),
+                kept: Arc::default(),
             }),
         })
     }
@@ -330,6 +336,7 @@ impl Prober {
             tenant,
             group,
             last: share::LastPoll::now(),
+            kept: std::sync::Mutex::new(None),
         })
     }
 
@@ -352,10 +359,8 @@ impl Prober {
                     || spec.failure_condition.is_some()
                     || matches!(&spec.state, Some(p) if !matches!(p, ValuePath::HttpStatus));
                 let request = self.request(target);
-                Arc::new(
-                    self.fetch(wait, target.host.clone(), request, read_body)
-                        .await,
-                )
+                self.fetch(wait, target.host.clone(), request, read_body, &target.kept)
+                    .await
             }
         };
         self.read(wait, target, spec, memo, &fetched).await
@@ -383,11 +388,13 @@ impl Prober {
                 let prober = self.clone();
                 let request = self.request(target);
                 let host = target.host.clone();
+                let held = group.clone();
                 let group = Arc::downgrade(group);
                 let window = self.inner.share_window;
                 tokio::spawn(async move {
-                    let fetched = prober.fetch(wait, host, request, true).await;
-                    tx.send_replace(Some(Arc::new(fetched)));
+                    let fetched = prober.fetch(wait, host, request, true, &held.kept).await;
+                    drop(held);
+                    tx.send_replace(Some(fetched));
                     // A request only this wait sends is not kept; another's is
                     // kept for the rest of the window, then let go.
                     let alone = group.upgrade().is_none_or(|g| Arc::strong_count(&g) <= 2);
@@ -428,10 +435,17 @@ impl Prober {
         &self,
         wait: uuid::Uuid,
         host: Arc<str>,
-        request: Request<Body>,
+        mut request: Request<Body>,
         read_body: bool,
-    ) -> Fetched {
+        kept: &conditional::Slot,
+    ) -> Arc<Fetched> {
         let log_host = request.uri().host().unwrap_or_default().to_string();
+        // A response is kept only when its body was read, so only then can a
+        // `304` stand for it.
+        let previous = read_body.then(|| conditional::kept(kept)).flatten();
+        if let Some(k) = &previous {
+            k.condition(request.headers_mut());
+        }
         let _slot = self.inner.hosts.acquire(host).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
         let exchange = async {
@@ -439,6 +453,16 @@ impl Prober {
                 Ok(r) => r,
                 Err(e) => return Fetched::Failed(self.failure(wait, &log_host, e)),
             };
+            if response.status() == StatusCode::NOT_MODIFIED {
+                return match &previous {
+                    // Marked: the caller returns the response kept.
+                    Some(_) => Fetched::NotModified,
+                    None => Fetched::Failed(Observation::Transient {
+                        error: "the target answered 304 Not Modified to a request that was not conditional, so there is no response to read; it is asked again without conditions at the next poll".into(),
+                        retry_after: None,
+                    }),
+                };
+            }
             let body = if read_body {
                 let read = crate::outbound::read_body(
                     response.body_mut(),
@@ -459,7 +483,7 @@ impl Prober {
                 body,
             })
         };
-        match tokio::time::timeout(self.inner.timeout, exchange).await {
+        let fetched = match tokio::time::timeout(self.inner.timeout, exchange).await {
             Ok(fetched) => fetched,
             Err(_) => Fetched::Failed(self.failure(
                 wait,
@@ -469,6 +493,19 @@ impl Prober {
                     within: self.inner.timeout,
                 },
             )),
+        };
+        match (fetched, previous) {
+            (Fetched::NotModified, Some(k)) => {
+                self.inner.shares.counts.not_modified.fetch_add(1, Relaxed);
+                k.fetched.clone()
+            }
+            (fetched, _) => {
+                let fetched = Arc::new(fetched);
+                if read_body {
+                    conditional::remember(kept, &fetched, &self.inner.kept);
+                }
+                fetched
+            }
         }
     }
 
@@ -499,6 +536,7 @@ impl Prober {
     ) -> Observation {
         let response = match fetched {
             Fetched::Failed(obs) => return obs.clone(),
+            Fetched::NotModified => return abandoned(),
             Fetched::Answered(r) => r,
         };
         let status = response.status;

@@ -36,6 +36,9 @@ pub(super) enum Fetched {
     Failed(Observation),
     /// The target answered.
     Answered(Response),
+    /// `304 Not Modified` to a conditional request: only between the exchange
+    /// and the prober, which hands out the response kept instead.
+    NotModified,
 }
 
 /// An answer: its status, its headers and (when it was read) its body.
@@ -63,6 +66,8 @@ pub(crate) struct Group {
     bytes: Box<[u8]>,
     last: Mutex<Option<Flight>>,
     registry: Weak<Registry>,
+    /// The last response, kept for a `304` (see [`super::conditional`]).
+    pub kept: super::conditional::Slot,
 }
 
 impl std::fmt::Debug for Group {
@@ -121,6 +126,7 @@ impl Registry {
             bytes: bytes.into_boxed_slice(),
             last: Mutex::new(None),
             registry: Arc::downgrade(self),
+            kept: Mutex::new(None),
         });
         if groups.insert(hash, Arc::downgrade(&group)).is_none() {
             self.counts.held.fetch_add(1, Relaxed);
