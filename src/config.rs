@@ -146,6 +146,12 @@ pub struct Config {
     #[arg(long, env = "WAITD_SHARE_WINDOW", default_value = "1s", value_parser = parse_duration)]
     pub share_window: Duration,
 
+    /// The longest a target host that asks for quiet (429/503 `Retry-After`, a
+    /// rate limit with none remaining) is left unpolled by every wait on this
+    /// replica; at most 1h.
+    #[arg(long, env = "WAITD_MAX_HOST_PAUSE", default_value = "1h", value_parser = parse_duration)]
+    pub max_host_pause: Duration,
+
     /// Database connections this replica may open.
     #[arg(long, env = "WAITD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,

@@ -139,6 +139,7 @@ impl App {
             per_host_concurrency: config.per_host_concurrency.max(1),
             identity: config.probe_identity.clone(),
             share_window: config.share_window,
+            max_host_pause: config.max_host_pause,
         })?;
 
         let fd_limit = server::raise_fd_limit();

@@ -97,6 +97,9 @@ pub struct ProbeRequests {
     pub not_modified: AtomicU64,
     /// Distinct requests the held waits send.
     pub held: AtomicI64,
+    /// Milliseconds of host pauses set (a pause that lengthens another counts
+    /// what it adds).
+    pub paused_ms: AtomicU64,
 }
 
 /// What a webhook attempt came to: delivered (2xx), retry (to be tried again),
@@ -237,6 +240,11 @@ impl Metrics {
                 out,
                 "# HELP waitd_probe_distinct_requests Distinct requests (tenant, URL, headers) the waits this replica holds send.\n# TYPE waitd_probe_distinct_requests gauge\nwaitd_probe_distinct_requests {}",
                 p.held.load(Relaxed)
+            );
+            let _ = writeln!(
+                out,
+                "# HELP waitd_host_paused_seconds_total Seconds of pause target hosts asked for (429/503 Retry-After, a rate limit with none remaining), during which this replica sends them nothing.\n# TYPE waitd_host_paused_seconds_total counter\nwaitd_host_paused_seconds_total {}",
+                p.paused_ms.load(Relaxed) as f64 / 1000.0
             );
         }
         self.webhook_latency.render(

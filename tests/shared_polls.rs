@@ -423,3 +423,58 @@ async fn a_304_to_an_unconditional_request_is_a_transient_error() {
     );
     app.stop().await.0.unwrap();
 }
+
+/// One host answers `429 Retry-After: 20` to 100 waits on it: after the first
+/// answer the replica sends it nothing, and a wait whose deadline falls inside the
+/// pause ends `timed_out` on time, its `last_error` naming the pause.
+async fn a_host_that_asks_for_quiet_gets_it_from_every_wait(app: &App) {
+    let up = Upstream::start().await;
+    let quiet = || vec![Reply::json(429, json!({})).header("retry-after", "20")];
+    let mut paths = Vec::new();
+    for i in 0..100 {
+        let path = format!("/quiet/{i}");
+        let url = up.script(&path, quiet());
+        let mut s = every_second(&url);
+        s["retry"]["max_retries"] = json!(null);
+        create_as(app, None, &s).await;
+        paths.push(path);
+    }
+    let url = up.script("/quiet/deadline", quiet());
+    let mut s = every_second(&url);
+    s["timeout"] = json!("3s");
+    s["retry"]["max_retries"] = json!(null);
+    let created = Instant::now();
+    let id = create_as(app, None, &s).await;
+    let w = ended_as(app, None, &id).await;
+    let took = created.elapsed();
+    assert_eq!(w["status"], "timed_out", "{w}");
+    assert!(
+        took < Duration::from_millis(4500),
+        "ended {took:?} after creation: {w}"
+    );
+    let error = w["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("asked for a pause"), "{w}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent: usize = paths.iter().map(|p| up.hits(p)).sum::<usize>() + up.hits("/quiet/deadline");
+    assert!(
+        sent <= 2,
+        "{sent} requests to a host that asked for 20 s of quiet"
+    );
+}
+
+#[tokio::test]
+async fn a_host_that_asks_for_quiet_gets_it_on_sqlite() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    a_host_that_asks_for_quiet_gets_it_from_every_wait(&app).await;
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_host_that_asks_for_quiet_gets_it_on_postgres() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    a_host_that_asks_for_quiet_gets_it_from_every_wait(&app).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}

@@ -25,6 +25,7 @@
 //! and its query may carry a token).
 
 mod conditional;
+mod pause;
 mod share;
 
 use std::collections::BTreeMap;
@@ -70,6 +71,9 @@ pub struct ProbeConfig {
     /// tenant begun at most this long ago, or still in flight (`--share-window`,
     /// default 1s); zero: every wait sends its own requests.
     pub share_window: Duration,
+    /// The longest a host that asks for quiet is paused (`--max-host-pause`,
+    /// default and most 1h).
+    pub max_host_pause: Duration,
 }
 
 /// The header that names the replica a probe comes from, when it is configured.
@@ -85,6 +89,7 @@ impl Default for ProbeConfig {
             resolve_overrides: Vec::new(),
             identity: None,
             share_window: Duration::from_secs(1),
+            max_host_pause: MAX_RETRY_AFTER,
         }
     }
 }
@@ -133,6 +138,9 @@ struct Inner {
     shares: Arc<share::Registry>,
     /// Bytes of responses kept for a `304`.
     kept: Arc<conditional::Budget>,
+    /// The hosts that asked for quiet, and until when.
+    pauses: pause::Pauses,
+    max_host_pause: Duration,
 }
 
 impl std::fmt::Debug for Prober {
@@ -217,6 +225,8 @@ impl Prober {
                 share_window: config.share_window,
                 shares: Arc::default(),
                 kept: Arc::default(),
+                pauses: pause::Pauses::default(),
+                max_host_pause: config.max_host_pause.min(MAX_RETRY_AFTER),
             }),
         })
     }
@@ -352,6 +362,13 @@ impl Prober {
         if let Some(refused) = &target.refused {
             return refusal(wait, target.log_host(), refused.to_string());
         }
+        let now = SystemTime::now();
+        if let Some(until) = self.inner.pauses.paused(&target.host, now) {
+            return Observation::Transient {
+                error: pause::sentence(until),
+                retry_after: until.duration_since(now).ok(),
+            };
+        }
         let fetched = match &target.group {
             Some(group) => self.shared(wait, target, group).await,
             None => {
@@ -446,13 +463,27 @@ impl Prober {
         if let Some(k) = &previous {
             k.condition(request.headers_mut());
         }
-        let _slot = self.inner.hosts.acquire(host).await;
+        let _slot = self.inner.hosts.acquire(host.clone()).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
         let exchange = async {
             let mut response = match self.inner.client.send(request, Peer::Target).await {
                 Ok(r) => r,
                 Err(e) => return Fetched::Failed(self.failure(wait, &log_host, e)),
             };
+            let now = SystemTime::now();
+            if let Some((quiet, _)) = pause::asked(
+                response.status(),
+                response.headers(),
+                now,
+                self.inner.max_host_pause,
+            ) {
+                let added = self.inner.pauses.pause(&host, now, quiet);
+                self.inner
+                    .shares
+                    .counts
+                    .paused_ms
+                    .fetch_add(added.as_millis() as u64, Relaxed);
+            }
             if response.status() == StatusCode::NOT_MODIFIED {
                 return match &previous {
                     // Marked: the caller returns the response kept.
