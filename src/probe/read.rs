@@ -1,0 +1,247 @@
+//! What one wait makes of a response: its observation (the state read from the
+//! body, §3.3) and its conditions' verdict (§3.13), with the memo that spares
+//! evaluating them again on an identical response. No I/O: the response is read
+//! already.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::header::HeaderMap;
+use serde_json::Value;
+
+use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath, condition};
+
+/// Bodies up to this size are read where they arrive; larger ones on the CPU pool.
+pub(super) const INLINE_BODY: usize = 16 * 1024;
+
+/// A response whose body has been read, before its JSON, state and conditions are.
+pub(super) struct Answer {
+    pub(super) status: u16,
+    /// The headers the conditions read, when the wait has conditions.
+    pub(super) headers: Option<BTreeMap<String, String>>,
+    pub(super) body: Bytes,
+    /// The observation the status alone made.
+    pub(super) base: Observation,
+    /// The state is in the body.
+    pub(super) needs_body: bool,
+    /// The memo key of this response, when the wait has conditions.
+    pub(super) key: Option<u64>,
+    /// What the conditions decided on the same response before.
+    pub(super) hit: Option<Memo>,
+}
+
+impl Answer {
+    /// The observation, and the memo for the next response (when the wait has
+    /// conditions).
+    pub(super) fn read(self, spec: &Spec) -> (Observation, Option<Memo>) {
+        let Answer {
+            status,
+            headers,
+            body,
+            base,
+            needs_body,
+            key,
+            hit,
+        } = self;
+        // A response the conditions already decided, and no state path to read:
+        // the body need not even be parsed.
+        let parsed: Option<Value> = if hit.is_some() && !needs_body {
+            None
+        } else {
+            serde_json::from_slice(&body).ok()
+        };
+        let base = if needs_body {
+            classify_body(&body, parsed.as_ref(), spec)
+        } else {
+            base
+        };
+        let (Some(headers), Some(key)) = (headers, key) else {
+            return (base, None);
+        };
+        if let Some(m) = hit {
+            let obs = Observation::Judged {
+                status,
+                failure: m.failure,
+                success: m.success,
+                base: Box::new(base),
+            };
+            return (obs, Some(Memo { reused: true, ..m }));
+        }
+        let obs = judge(spec, status, &headers, parsed.as_ref(), base);
+        // A condition that reads `now` may decide the same response differently
+        // later, so its answer is not remembered.
+        let timeless = !spec.conditions().iter().any(|c| c.reads_now());
+        let memo = match &obs {
+            Observation::Judged {
+                failure, success, ..
+            } if timeless => Some(Memo {
+                key,
+                failure: *failure,
+                success: *success,
+                reused: false,
+            }),
+            _ => None,
+        };
+        (obs, memo)
+    }
+}
+
+/// A 2xx body (and its JSON, when it parsed): the state, or why there is none.
+/// The state path (and the error path, read only when a state is in `fail`) are
+/// evaluated under one [`Budget`]; an evaluation past it is a permanent error.
+fn classify_body(body: &[u8], json: Option<&Value>, spec: &Spec) -> Observation {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Observation::Missing {
+            reason: "the response body is empty, not JSON".to_string(),
+        };
+    }
+    let Some(json) = json else {
+        return Observation::Missing {
+            reason: "the response body is not JSON".to_string(),
+        };
+    };
+    let Some(state) = &spec.state else {
+        return Observation::Missing {
+            reason: "the wait has no state path".to_string(),
+        };
+    };
+    let path = state.as_str();
+    let mut budget = Budget::default();
+    let over = |which: &str, p: &str, e: Exceeded| Observation::Permanent {
+        error: format!("the {which} path {p} could not be evaluated on this response: {e}"),
+    };
+    match state.state_values(json, &mut budget) {
+        Err(e) => over("state", path, e),
+        Ok(Selected::Values(values)) => {
+            let failed = values.iter().any(|v| spec.set_contains(&spec.fail, v));
+            let detail = match &spec.error {
+                Some(p) if failed => match p.detail(json, &mut budget) {
+                    Ok(d) => d,
+                    Err(e) => return over("error", p.as_str(), e),
+                },
+                _ => None,
+            };
+            Observation::State { values, detail }
+        }
+        Ok(Selected::Nothing) => Observation::Missing {
+            reason: format!("the response has no value at {path}"),
+        },
+        Ok(Selected::OnlyNull) => Observation::Missing {
+            reason: format!("the value at {path} is null"),
+        },
+    }
+}
+
+/// Header names in lower case (as `http` keeps them), repeated ones joined with ", ";
+/// a value that is not UTF-8 is read lossily.
+pub(super) fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in headers {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        out.entry(name.as_str().to_string())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(&value);
+            })
+            .or_insert_with(|| value.into_owned());
+    }
+    out
+}
+
+/// What a wait's conditions decided on the last response they were evaluated on,
+/// under a 64-bit hash of what they can see of it (the status, the body's bytes,
+/// the headers they read). They are pure functions of it, so the next response
+/// with the same hash is decided without converting or evaluating anything: most
+/// polls of a wait see an unchanged resource. (The hash is not cryptographic; a
+/// target that wanted an earlier decision could as well send the earlier body, so
+/// only accidental collisions matter, one in 2^64.) Evaluations that fail are not
+/// kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Memo {
+    pub(super) key: u64,
+    failure: bool,
+    success: Option<bool>,
+    /// The last response was decided by this memo, not evaluated.
+    reused: bool,
+}
+
+impl Memo {
+    /// Whether the last response was decided as the one before it.
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// The key a response is kept under: a hash of its status, its body's bytes
+    /// and the headers the conditions read.
+    pub fn key_of(status: u16, body: &[u8], headers: &BTreeMap<String, String>) -> u64 {
+        use std::hash::BuildHasher;
+        static SEED: std::sync::LazyLock<foldhash::fast::RandomState> =
+            std::sync::LazyLock::new(foldhash::fast::RandomState::default);
+        SEED.hash_one((status, body, headers))
+    }
+}
+
+/// Evaluates the wait's conditions on a response: [`Observation::Judged`], or why
+/// they could not be (an error is a missing state, retried; the budget is
+/// permanent, as for paths).
+pub fn judge(
+    spec: &Spec,
+    status: u16,
+    headers: &BTreeMap<String, String>,
+    body: Option<&Value>,
+    base: Observation,
+) -> Observation {
+    // `state` is what the state path yields: one value, the list a JSONPath
+    // selects, or the status for `@status`.
+    let conditions = spec.conditions();
+    let reads_state = conditions.iter().any(|c| c.reads_state());
+    let state: Option<Value> = match (&spec.state, body) {
+        _ if !reads_state => None,
+        (Some(ValuePath::HttpStatus), _) => Some(Value::from(status)),
+        (Some(ValuePath::Query { .. }), Some(body)) => spec
+            .state
+            .as_ref()
+            .and_then(|p| p.select(body, &mut Budget::default()).ok())
+            .map(|nodes| Value::Array(nodes.into_iter().cloned().collect())),
+        (Some(p), Some(body)) => p
+            .select(body, &mut Budget::default())
+            .ok()
+            .and_then(|nodes| nodes.into_iter().next().cloned()),
+        _ => None,
+    };
+    // `now` is the time of this poll: the engine is given it, never reads a clock.
+    let vars = condition::Vars::for_conditions(&conditions, body, status, headers, state.as_ref())
+        .at(chrono::Utc::now());
+    let mut budget = condition::Budget::default();
+    let mut run =
+        |name: &str, c: &Option<condition::Condition>| -> Result<Option<bool>, Observation> {
+            let Some(c) = c else { return Ok(None) };
+            match c.evaluate(&vars, &mut budget) {
+                Ok(b) => Ok(Some(b)),
+                Err(condition::Failure::Error(e)) => Err(Observation::Missing {
+                    reason: format!("the {name} could not be evaluated on this response: {e}"),
+                }),
+                Err(f @ condition::Failure::Budget) => Err(Observation::Permanent {
+                    error: format!("the {name} could not be evaluated on this response: {f}"),
+                }),
+            }
+        };
+    let failure = match run("failure_condition", &spec.failure_condition) {
+        Ok(f) => f.unwrap_or(false),
+        Err(obs) => return obs,
+    };
+    let success = if failure {
+        None
+    } else {
+        match run("success_condition", &spec.success_condition) {
+            Ok(s) => s,
+            Err(obs) => return obs,
+        }
+    };
+    Observation::Judged {
+        status,
+        failure,
+        success,
+        base: Box::new(base),
+    }
+}
