@@ -12,6 +12,8 @@
 //! | 404, 410 | [`Observation::NotFound`] |
 //! | connection, DNS, TLS or timeout errors; 408, 425, 429, 500, 502, 503, 504 | [`Observation::Transient`] |
 //! | every other status (3xx, 400, 401, 403, 422, 501…), an SSRF refusal, a body over the cap | [`Observation::Permanent`] |
+//! | 304 to a conditional request | the response kept for it, again ([`conditional`]) |
+//! | 304 to a request that was not conditional | [`Observation::Transient`] |
 //!
 //! The client never follows redirects (a redirect is a permanent error: point the wait
 //! at the final URL), uses no proxy (so the SSRF guard judges the address actually
