@@ -436,8 +436,17 @@ async fn a_host_that_asks_for_quiet_gets_it_from_every_wait(app: &App) {
         let url = up.script(&path, quiet());
         let mut s = every_second(&url);
         s["retry"]["max_retries"] = json!(null);
-        create_as(app, None, &s).await;
+        let id = create_as(app, None, &s).await;
         paths.push(path);
+        if i == 0 {
+            // The first answer has paused the host once the wait has read it.
+            let read = poll_for(Duration::from_secs(10), || async {
+                let (_, w) = app.get(&format!("/waits/{id}")).await;
+                (!w["last_error"].is_null()).then_some(())
+            })
+            .await;
+            assert!(read.is_some(), "the first wait reads its 429");
+        }
     }
     let url = up.script("/quiet/deadline", quiet());
     let mut s = every_second(&url);
