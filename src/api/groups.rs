@@ -133,8 +133,8 @@ pub(super) async fn create(
 }
 
 /// Adds the third shape of `POST /waits` to the OpenAPI document: `CreateGroup`
-/// (`all` or `any` of members, each a `CreateGroupMember`, a wait request with
-/// `required`, or `{"id", "required"}`), and makes the request body one of
+/// (`all` or `any` of members, each a `CreateGroupMember`: a `CreateGroupMemberWait`,
+/// a wait request with `required`, or `{"id", "required"}`), and makes the request body one of
 /// `CreateWait` and `CreateGroup`.
 pub(super) fn openapi_shape(doc: &mut Value) {
     use serde_json::json;
@@ -165,7 +165,13 @@ pub(super) fn openapi_shape(doc: &mut Value) {
             "required": member["properties"]["required"].clone()
         }
     });
-    let member = json!({"oneOf": [by_id, member]});
+    // The request shape is a component of its own rather than inline in the
+    // union, so that client generators name it (they refuse some inline unions).
+    schemas.insert("CreateGroupMemberWait".into(), member);
+    let member = json!({
+        "description": "A member of a group: a wait request (with `required`), or a wait of the same tenant by `id`.",
+        "oneOf": [by_id, {"$ref": "#/components/schemas/CreateGroupMemberWait"}]
+    });
     let list = |mode: &str| {
         json!({
             "type": "array",

@@ -360,7 +360,7 @@ pub fn served(presets: &std::sync::Arc<crate::presets::Registry>) -> std::sync::
     names.push(serde_json::Value::Null);
     for at in [
         "/components/schemas/CreateWait/properties/preset",
-        "/components/schemas/CreateGroupMember/oneOf/1/properties/preset",
+        "/components/schemas/CreateGroupMemberWait/properties/preset",
     ] {
         if let Some(p) = doc.pointer_mut(at) {
             p["enum"] = serde_json::Value::Array(names.clone());
