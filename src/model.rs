@@ -198,6 +198,14 @@ pub struct Wait {
     /// whose state does not change is at most ten lease TTLs before.
     #[serde(with = "millis")]
     pub progress_at: DateTime<Utc>,
+    /// How the last poll's response came: `sent` (this wait's own request),
+    /// `shared` (the response to an identical request of the same tenant begun
+    /// within the share window), `not_modified` (the target answered `304` to a
+    /// conditional request, so the previous response was read again) or `paused`
+    /// (no request: the host asked for quiet). Null before the first poll, and
+    /// when the replica answering the read does not poll the wait.
+    #[serde(default)]
+    pub last_poll: Option<LastPoll>,
     #[serde(default, with = "millis::option")]
     pub finished_at: Option<DateTime<Utc>>,
     #[schema(value_type = crate::engine::schema::Labels)]
@@ -208,6 +216,21 @@ pub struct Wait {
     /// A group's mode and members, or the group a member belongs to.
     #[serde(flatten)]
     pub grouping: Grouping,
+}
+
+/// How a poll's response came to the wait (`last_poll` of a wait).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LastPoll {
+    /// The wait's own request was sent and answered.
+    Sent,
+    /// The response to an identical request of the same tenant, begun since the
+    /// wait's previous poll and within the share window, was read.
+    Shared,
+    /// The target answered `304 Not Modified`; the previous response was read again.
+    NotModified,
+    /// No request was sent: the target's host asked for quiet until a time.
+    Paused,
 }
 
 /// How a wait stands in a group: a group shows its `mode` and `members`, a

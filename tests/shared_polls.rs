@@ -51,8 +51,14 @@ async fn ended_as(app: &App, token: Option<&str>, id: &str) -> Value {
 async fn many_waits_on_one_url_send_about_one_request_a_second(app: &App) {
     let up = Upstream::start().await;
     let url = up.script("/shared/one", vec![Reply::status("deploying")]);
-    let mut ids = Vec::new();
-    for _ in 0..200 {
+    let (code, created) = app.create(every_second(&url)).await;
+    assert_eq!(code, 201, "{created}");
+    assert!(
+        created["last_poll"].is_null(),
+        "no poll before creation: {created}"
+    );
+    let mut ids = vec![created["id"].as_str().unwrap().to_string()];
+    for _ in 1..200 {
         ids.push(create_as(app, None, &every_second(&url)).await);
     }
     let from = up.hits("/shared/one");
@@ -80,11 +86,30 @@ async fn many_waits_on_one_url_send_about_one_request_a_second(app: &App) {
     let hits = up.hits("/shared/one");
     assert!(sent == hits || sent == hits + 1, "{sent} sent, {hits} seen");
     assert_eq!(count("waitd_probe_distinct_requests"), 1.0);
+    let mut shared = 0;
     for id in &ids {
         let (code, w) = app.get(&format!("/waits/{id}")).await;
         assert_eq!(code, 200, "{w}");
         let polls = w["polls"].as_i64().unwrap();
         assert!(polls >= 9, "each wait counts its own polls: {w}");
+        let how = w["last_poll"].as_str().unwrap_or_default();
+        assert!(how == "sent" || how == "shared", "{w}");
+        shared += usize::from(how == "shared");
+    }
+    assert!(
+        shared >= 150,
+        "{shared} of 200 waits show a shared last poll"
+    );
+    let (code, list) = app.get("/waits?limit=50").await;
+    assert_eq!(code, 200, "{list}");
+    let items = list["items"].as_array().unwrap();
+    assert!(!items.is_empty(), "{list}");
+    for w in items.iter().filter(|w| w["status"] == "running") {
+        let how = w["last_poll"].as_str().unwrap_or_default();
+        assert!(
+            how == "sent" || how == "shared",
+            "the list shows it too: {w}"
+        );
     }
 
     // Ten waits that need three polls in a row of their own each poll three
@@ -362,6 +387,7 @@ async fn a_tag_makes_the_next_request_conditional(app: &App, share: bool) {
     assert_eq!(w["status"], "running", "a 304 is the state before: {w}");
     assert_eq!(w["state"], "deploying", "{w}");
     assert!(w["last_error"].is_null(), "{w}");
+    assert_eq!(w["last_poll"], "not_modified", "{w}");
     *tagged.state.lock().unwrap() = "on".into();
     let w = app.wait_end(id).await;
     assert_eq!(w["status"], "succeeded", "{w}");
@@ -431,12 +457,14 @@ async fn a_host_that_asks_for_quiet_gets_it_from_every_wait(app: &App) {
     let up = Upstream::start().await;
     let quiet = || vec![Reply::json(429, json!({})).header("retry-after", "20")];
     let mut paths = Vec::new();
+    let mut last = String::new();
     for i in 0..100 {
         let path = format!("/quiet/{i}");
         let url = up.script(&path, quiet());
         let mut s = every_second(&url);
         s["retry"]["max_retries"] = json!(null);
         let id = create_as(app, None, &s).await;
+        last = id.clone();
         paths.push(path);
         if i == 0 {
             // The first answer has paused the host once the wait has read it.
@@ -448,6 +476,13 @@ async fn a_host_that_asks_for_quiet_gets_it_from_every_wait(app: &App) {
             assert!(read.is_some(), "the first wait reads its 429");
         }
     }
+    // A wait that falls due while its host is paused sends nothing, and says so.
+    let paused = poll_for(Duration::from_secs(10), || async {
+        let (_, w) = app.get(&format!("/waits/{last}")).await;
+        (w["last_poll"] == "paused").then_some(())
+    })
+    .await;
+    assert!(paused.is_some(), "a wait on a paused host shows it");
     let url = up.script("/quiet/deadline", quiet());
     let mut s = every_second(&url);
     s["timeout"] = json!("3s");

@@ -103,6 +103,7 @@ async fn current(s: &AppState, waits: &mut [Wait]) {
         wait.polls = polls;
         wait.retries = i32::try_from(p.retries).unwrap_or(i32::MAX);
         wait.next_poll_at = Some(p.next_poll_at);
+        wait.last_poll = p.last_poll;
         wait.progress_at = now;
     }
 }

@@ -81,6 +81,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         deadline: st.deadline,
         next_poll_at: Some(next),
         progress_at: created,
+        last_poll: None,
         finished_at: None,
         labels: spec.labels.clone(),
         spec: serde_json::to_value(spec.redacted()).unwrap_or_default(),

@@ -34,6 +34,7 @@ mod share;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, SystemTime};
 
@@ -42,6 +43,7 @@ use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue, USER_AGENT as UA}
 use http::{Method, Request, StatusCode, Uri};
 
 use crate::engine::{Observation, Spec, ValuePath};
+use crate::model::LastPoll;
 use crate::outbound::{Body, Client, KeyedSlots, Peer};
 use read::{Answer, INLINE_BODY, header_map};
 pub use read::{Memo, judge};
@@ -185,12 +187,46 @@ pub struct Target {
     last: share::LastPoll,
     /// The last response of an unshared request, kept for a `304`.
     kept: conditional::Slot,
+    /// How the last poll's response came ([`Came`]).
+    came: Came,
+}
+
+/// How a target's last poll got its response, in one byte: 0 before the first.
+#[derive(Debug, Default)]
+struct Came(AtomicU8);
+
+impl Came {
+    fn set(&self, how: LastPoll) {
+        let b = match how {
+            LastPoll::Sent => 1,
+            LastPoll::Shared => 2,
+            LastPoll::NotModified => 3,
+            LastPoll::Paused => 4,
+        };
+        self.0.store(b, Relaxed);
+    }
+
+    fn get(&self) -> Option<LastPoll> {
+        match self.0.load(Relaxed) {
+            1 => Some(LastPoll::Sent),
+            2 => Some(LastPoll::Shared),
+            3 => Some(LastPoll::NotModified),
+            4 => Some(LastPoll::Paused),
+            _ => None,
+        }
+    }
 }
 
 impl Target {
     /// The host, for the log (never the path or query).
     fn log_host(&self) -> &str {
         self.uri.host().unwrap_or_default()
+    }
+
+    /// How the last poll's response came: sent, shared, a `304` or paused; `None`
+    /// before the first poll (and for a target the guard refuses).
+    pub fn last_poll(&self) -> Option<LastPoll> {
+        self.came.get()
     }
 }
 
@@ -351,6 +387,7 @@ impl Prober {
             group,
             last: share::LastPoll::now(),
             kept: std::sync::Mutex::new(None),
+            came: Came::default(),
         })
     }
 
@@ -368,12 +405,13 @@ impl Prober {
         }
         let now = SystemTime::now();
         if let Some(until) = self.inner.pauses.paused(&target.host, now) {
+            target.came.set(LastPoll::Paused);
             return Observation::Transient {
                 error: pause::sentence(until),
                 retry_after: until.duration_since(now).ok(),
             };
         }
-        let fetched = match &target.group {
+        let (fetched, came) = match &target.group {
             Some(group) => self.shared(wait, target, group).await,
             None => {
                 let read_body = spec.success_condition.is_some()
@@ -384,6 +422,7 @@ impl Prober {
                     .await
             }
         };
+        target.came.set(came);
         self.read(wait, target, spec, memo, &fetched).await
     }
 
@@ -396,13 +435,13 @@ impl Prober {
         wait: uuid::Uuid,
         target: &Target,
         group: &Arc<share::Group>,
-    ) -> Arc<Fetched> {
+    ) -> share::Delivered {
         let now = tokio::time::Instant::now();
         let previous = target.last.replace(now);
-        let mut rx = match group.turn(previous, now, self.inner.share_window) {
+        let (mut rx, joined) = match group.turn(previous, now, self.inner.share_window) {
             Turn::Join(rx) => {
                 self.inner.shares.counts.shared.fetch_add(1, Relaxed);
-                rx
+                (rx, true)
             }
             Turn::Send(tx, began) => {
                 let rx = tx.subscribe();
@@ -426,15 +465,18 @@ impl Prober {
                         g.forget(began);
                     }
                 });
-                rx
+                (rx, false)
             }
         };
-        match rx.wait_for(Option::is_some).await {
-            Ok(fetched) => fetched
+        let (fetched, came) = match rx.wait_for(Option::is_some).await {
+            Ok(delivered) => delivered
                 .clone()
-                .unwrap_or_else(|| Arc::new(Fetched::Failed(abandoned()))),
-            Err(_) => Arc::new(Fetched::Failed(abandoned())),
-        }
+                .unwrap_or_else(|| (Arc::new(Fetched::Failed(abandoned())), LastPoll::Sent)),
+            Err(_) => (Arc::new(Fetched::Failed(abandoned())), LastPoll::Sent),
+        };
+        // A wait that joined another's request read a shared response, whether
+        // that request was answered in full or by a `304`.
+        (fetched, if joined { LastPoll::Shared } else { came })
     }
 
     /// The request of a target: a GET of its URI with its headers.
@@ -459,7 +501,7 @@ impl Prober {
         mut request: Request<Body>,
         read_body: bool,
         kept: &conditional::Slot,
-    ) -> Arc<Fetched> {
+    ) -> share::Delivered {
         let log_host = request.uri().host().unwrap_or_default().to_string();
         // A response is kept only when its body was read, so only then can a
         // `304` stand for it.
@@ -532,14 +574,14 @@ impl Prober {
         match (fetched, previous) {
             (Fetched::NotModified, Some(k)) => {
                 self.inner.shares.counts.not_modified.fetch_add(1, Relaxed);
-                k.fetched.clone()
+                (k.fetched.clone(), LastPoll::NotModified)
             }
             (fetched, _) => {
                 let fetched = Arc::new(fetched);
                 if read_body {
                     conditional::remember(kept, &fetched, &self.inner.kept);
                 }
-                fetched
+                (fetched, LastPoll::Sent)
             }
         }
     }

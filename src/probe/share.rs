@@ -41,6 +41,10 @@ pub(super) enum Fetched {
     NotModified,
 }
 
+/// A response as it reaches the waits that read it: what came back, and how it
+/// came to the wait that sent the request (`Sent`, or `NotModified` for a `304`).
+pub(super) type Delivered = (Arc<Fetched>, crate::model::LastPoll);
+
 /// An answer: its status, its headers and (when it was read) its body.
 #[derive(Debug)]
 pub(super) struct Response {
@@ -56,7 +60,7 @@ pub(super) struct Response {
 #[derive(Debug)]
 struct Flight {
     began: Instant,
-    rx: watch::Receiver<Option<Arc<Fetched>>>,
+    rx: watch::Receiver<Option<Delivered>>,
 }
 
 /// One distinct request of one tenant, held by every held wait that sends it.
@@ -95,10 +99,10 @@ impl Drop for Group {
 /// What a wait that falls due does: read a response begun already, or begin one.
 pub(super) enum Turn {
     /// Read the response of the request begun already.
-    Join(watch::Receiver<Option<Arc<Fetched>>>),
+    Join(watch::Receiver<Option<Delivered>>),
     /// Send the request: the response goes to `tx`, and every wait that joins
     /// meanwhile reads it.
-    Send(watch::Sender<Option<Arc<Fetched>>>, Instant),
+    Send(watch::Sender<Option<Delivered>>, Instant),
 }
 
 /// The groups of the held waits, by the hash of their request; with the counts

@@ -27,6 +27,8 @@ pub struct Progress {
     pub polls: u32,
     pub retries: u32,
     pub next_poll_at: DateTime<Utc>,
+    /// How its last poll's response came; `None` before the first poll.
+    pub last_poll: Option<crate::model::LastPoll>,
 }
 
 pub(super) struct Question {

@@ -504,6 +504,7 @@ impl Loop {
                         polls: h.engine.polls,
                         retries: h.engine.retries,
                         next_poll_at: h.next,
+                        last_poll: h.target.as_ref().ok().and_then(|t| t.last_poll()),
                     },
                 ))
             })
