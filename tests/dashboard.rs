@@ -337,7 +337,9 @@ const ROW: &str = "const r = document.querySelector(`[data-testid=\"wait-row\"][
     if (!r) return null; \
     return {status: r.dataset.status, \
             state: r.querySelector('[data-testid=\"wait-state\"]').textContent, \
-            labels: r.querySelector('[data-testid=\"wait-labels\"]').textContent};";
+            labels: r.querySelector('[data-testid=\"wait-labels\"]').textContent, \
+            last_poll: r.dataset.lastPoll, \
+            paused: r.querySelector('[data-testid=\"wait-state\"]').classList.contains('host-paused')};";
 
 /// The open detail view as {id, status, kinds, seqs, text}, or null.
 const DETAIL: &str = "const d = document.querySelector('[data-testid=\"wait-detail\"]'); \
@@ -533,6 +535,60 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
             b.row("the new waits", id, PATIENCE, |v| !v.is_null()).await;
         }
 
+        // A host that asks for quiet: a wait that falls due then sends nothing,
+        // and its row says the host is paused.
+        let quiet = Upstream::start().await;
+        let asks = || vec![Reply::json(429, json!({})).header("retry-after", "600")];
+        let first = api
+            .create(wait_spec(
+                &quiet.script("/quiet/1", asks()),
+                json!({"pipeline": "4474"}),
+            ))
+            .await;
+        let began = Instant::now();
+        while api.get(&format!("/waits/{first}")).await["last_error"].is_null() {
+            assert!(began.elapsed() < PATIENCE, "the first wait reads its 429");
+            tokio::time::sleep(TICK).await;
+        }
+        let second = api
+            .create(wait_spec(
+                &quiet.script("/quiet/2", asks()),
+                json!({"pipeline": "4474"}),
+            ))
+            .await;
+        let row = b
+            .row("a paused host on its wait", &second, PATIENCE, |v| {
+                v["last_poll"] == "paused"
+            })
+            .await;
+        assert_eq!(row["paused"], true, "{row}");
+        assert_eq!(quiet.hits("/quiet/2"), 0, "nothing sent to a paused host");
+        b.click(&format!(
+            "[data-testid=\"wait-row\"][data-wait-id=\"{second}\"]"
+        ))
+        .await;
+        b.until(
+            "the paused host in the detail",
+            PATIENCE,
+            DETAIL,
+            vec![],
+            |v| {
+                v["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("host paused"))
+            },
+        )
+        .await;
+        b.click("[data-testid=\"close-detail\"]").await;
+        b.until(
+            "the detail closed",
+            PATIENCE,
+            DETAIL,
+            vec![],
+            Value::is_null,
+        )
+        .await;
+
         // Cancel from the detail view, with its confirm step.
         b.click(&format!("[data-testid=\"wait-row\"][data-wait-id=\"{a}\"]"))
             .await;
@@ -603,7 +659,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
             "every row's polls read again after its events",
             PATIENCE,
             "const rows = Array.from(document.querySelectorAll('[data-testid=\"wait-row\"] .c-polls')); \
-             return rows.length === 5 && rows.every((c) => c.textContent !== '0');",
+             return rows.length === 7 && rows.every((c) => c.textContent !== '0');",
             vec![],
             truthy,
         )

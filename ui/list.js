@@ -123,6 +123,8 @@ export class WaitList {
     } else {
       w.polls = Math.max(w.polls || 0, item.polls || 0);
       w.retries = Math.max(w.retries || 0, item.retries || 0);
+      // How the last poll came is only in the live read: it is never behind.
+      if ('last_poll' in item) w.last_poll = item.last_poll;
     }
     this.changed(item.id);
     return true;
@@ -292,6 +294,11 @@ export class WaitList {
     const state = w.state ?? '';
     if (c.state.textContent !== state) c.state.textContent = state;
     c.state.title = state;
+    // A host that asked for quiet: its waits send nothing until it lets go.
+    const paused = w.status === 'running' && w.last_poll === 'paused';
+    row.dataset.lastPoll = (w.status === 'running' && w.last_poll) || '';
+    c.state.classList.toggle('host-paused', paused);
+    if (paused) c.state.title = `${state}${state ? ' · ' : ''}host paused: it asked for quiet, so nothing is sent to it for now`;
     c.polls.textContent = fmtNumber(w.polls);
     c.retries.textContent = fmtNumber(w.retries);
     c.retries.title = w.last_error ? `last error: ${w.last_error}` : '';

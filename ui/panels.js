@@ -21,6 +21,13 @@ import { DeliveriesView } from './deliveries.js';
 const KIND_GLYPH = { created: '✚', state: '→', retry: '↻' };
 /** Most timeline entries kept in the DOM: the first (created) and the newest ones. */
 const MAX_TIMELINE = 300;
+/** How a running wait's last poll got its response, in words. */
+const LAST_POLL = {
+  sent: 'sent',
+  shared: 'shared with waits sending the same request',
+  not_modified: '304 Not Modified: the response before, again',
+  paused: 'host paused: it asked for quiet, so nothing was sent',
+};
 
 // ===========================================================================
 // Detail
@@ -309,6 +316,11 @@ export class DetailPanel {
         : el('span', { class: 'mono', text: w.state }))],
       ['last_error', 'Last error', !!w.last_error, w.last_error, () => el('span', { class: 'mono error-text', text: String(w.last_error) })],
       ['polls', 'Polls', true, w.polls, () => fmtNumber(w.polls)],
+      ['last_poll', 'Last poll', running && !!w.last_poll, w.last_poll, () => el('span', {
+        class: w.last_poll === 'paused' ? 'error-text' : '',
+        data: { testid: 'last-poll', lastPoll: w.last_poll },
+        text: LAST_POLL[w.last_poll] || String(w.last_poll),
+      })],
       ['retries', 'Retries', true, w.retries, () => fmtNumber(w.retries)],
       ['target', 'Target', !!url, url, () => el('span', { class: 'mono break', text: String(url) })],
       // A group: its members as they stand, each linking to its own page.
