@@ -522,3 +522,42 @@ async fn a_host_that_asks_for_quiet_gets_it_on_postgres() {
     app.stop().await.0.unwrap();
     db.drop_db().await;
 }
+
+/// How the last poll came lives in the polling worker's memory: the replica that
+/// polls the wait shows it, a replica that does not shows null, and so does the
+/// wait once it has ended.
+#[tokio::test]
+async fn only_the_polling_replica_shows_how_the_last_poll_came() {
+    let db = TestDb::new().await;
+    let polling = App::start_args(test_args(&db.url)).await;
+    let mut api_only = test_args(&db.url);
+    api_only.push("--no-worker".into());
+    let reading = App::start_args(api_only).await;
+    let up = Upstream::start().await;
+    let path = "/shared/elsewhere";
+    let url = up.script(path, vec![Reply::status("deploying")]);
+    let id = create_as(&polling, None, &every_second(&url)).await;
+    assert!(
+        up.hit(path, 1, Duration::from_secs(10)).await,
+        "the target is polled"
+    );
+    let sent = poll_for(Duration::from_secs(10), || async {
+        let (_, w) = polling.get(&format!("/waits/{id}")).await;
+        (w["last_poll"] == "sent").then_some(())
+    })
+    .await;
+    assert!(sent.is_some(), "the polling replica shows its own request");
+    let (code, there) = reading.get(&format!("/waits/{id}")).await;
+    assert_eq!(code, 200, "{there}");
+    assert_eq!(there["status"], "running", "{there}");
+    assert!(there["last_poll"].is_null(), "{there}");
+
+    up.script(path, vec![Reply::status("on")]);
+    let w = ended_as(&polling, None, &id).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    assert!(w["last_poll"].is_null(), "an ended wait shows null: {w}");
+
+    reading.stop().await.0.unwrap();
+    polling.stop().await.0.unwrap();
+    db.drop_db().await;
+}
