@@ -10,7 +10,7 @@
 //! every open group again (each second for those past their deadline, every ten
 //! seconds for all, and after the bus says notices may have been missed).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -22,11 +22,14 @@ use uuid::Uuid;
 use super::{decide, progress};
 use crate::bus::{Bus, BusMsg};
 use crate::model::Status;
-use crate::store::groups::member_cancel_reason;
+use crate::store::groups::{GroupEnd, member_cancel_reason};
 use crate::store::{Store, StoreError};
 
-/// Groups settled at once: each holds one database connection at a time.
-const SETTLING: usize = 8;
+/// Members canceled at once: each holds one database connection at a time.
+const CANCELING: usize = 8;
+/// Groups read and written together: one read of their rows, one of their
+/// members, one transaction for their ends and one for their progress.
+const BATCH: usize = 500;
 /// Groups looked at in one sweep.
 const SWEEP: i64 = 1000;
 /// Every this many seconds a sweep looks at every open group, not only at those
@@ -36,37 +39,94 @@ const FULL_SWEEP_EVERY: u64 = 10;
 /// Looks at one group again: decides it, or records how far it is; cancels the
 /// running members of a decided group. Safe to run on several replicas at once.
 pub async fn settle(store: &Store, id: Uuid) -> Result<(), StoreError> {
-    let Some(g) = store.group(id).await? else {
-        return Ok(());
-    };
-    let now = Utc::now();
-    let mut status = g.status;
-    if status == Status::Running {
-        let state = progress(&g.members);
-        let Some(d) = decide(g.mode, &g.members, g.deadline, now) else {
-            store.group_progress(&g, &state, now).await?;
-            return Ok(());
-        };
-        if store
-            .end_group(&g, d.status, &d.reason, &state, now)
-            .await?
+    settle_all(store, &[id]).await
+}
+
+/// [`settle`] for many groups at once: a burst of member ends costs a few
+/// statements per batch of groups, not a few per group.
+pub async fn settle_all(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
+    // A batch that fails leaves the others to go on; the sweep retries it.
+    let mut first = Ok(());
+    for chunk in ids.chunks(BATCH) {
+        if let Err(e) = settle_batch(store, chunk).await
+            && first.is_ok()
         {
-            tracing::info!(group_id = %id, status = %d.status, "group decided");
-            status = d.status;
+            first = Err(e);
+        }
+    }
+    first
+}
+
+async fn settle_batch(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
+    let groups = store.groups(ids).await?;
+    let now = Utc::now();
+    let mut ends = Vec::new();
+    let mut moved = Vec::new();
+    let mut states = Vec::with_capacity(groups.len());
+    for g in &groups {
+        states.push(progress(&g.members));
+    }
+    let mut decisions = Vec::new();
+    for (g, state) in groups.iter().zip(&states) {
+        if g.status != Status::Running {
+            continue;
+        }
+        match decide(g.mode, &g.members, g.deadline, now) {
+            Some(d) => decisions.push((g, d, state)),
+            None => moved.push((g, state.clone())),
+        }
+    }
+    for (g, d, state) in &decisions {
+        ends.push(GroupEnd {
+            group: g,
+            status: d.status,
+            reason: &d.reason,
+            state,
+        });
+    }
+    store.groups_progress(&moved, now).await?;
+    let ended: HashSet<Uuid> = store.end_groups(&ends, now).await?.into_iter().collect();
+    for e in &ends {
+        if ended.contains(&e.group.id) {
+            tracing::info!(group_id = %e.group.id, status = %e.status, "group decided");
+        }
+    }
+    // Another replica, or a cancel, ended these first: their end stands.
+    let lost: Vec<Uuid> = ends
+        .iter()
+        .map(|e| e.group.id)
+        .filter(|id| !ended.contains(id))
+        .collect();
+    let again: HashMap<Uuid, Status> = store
+        .groups(&lost)
+        .await?
+        .into_iter()
+        .map(|g| (g.id, g.status))
+        .collect();
+    let mut cancels = Vec::new();
+    for g in groups.iter().filter(|g| !g.keep_running) {
+        let status = if ended.contains(&g.id) {
+            ends.iter()
+                .find(|e| e.group.id == g.id)
+                .map_or(g.status, |e| e.status)
         } else {
-            // Another replica, or a cancel, ended it first: its end stands.
-            match store.group(id).await? {
-                Some(again) => status = again.status,
-                None => return Ok(()),
-            }
+            again.get(&g.id).copied().unwrap_or(g.status)
+        };
+        if !status.is_end() {
+            continue;
         }
-    }
-    if status.is_end() && !g.keep_running {
-        let reason = member_cancel_reason(id, status);
+        let reason = member_cancel_reason(g.id, status);
         for m in g.members.iter().filter(|m| m.status == Status::Running) {
-            store.end_member(&g.tenant, m.id, now, &reason).await?;
+            cancels.push((g.tenant.as_str(), m.id, reason.clone()));
         }
     }
+    futures_util::stream::iter(cancels)
+        .for_each_concurrent(CANCELING, |(tenant, id, reason)| async move {
+            if let Err(e) = store.end_member(tenant, id, now, &reason).await {
+                tracing::warn!(wait_id = %id, error = %e, "could not cancel a group's member; the next sweep tries again");
+            }
+        })
+        .await;
     Ok(())
 }
 
@@ -130,13 +190,6 @@ async fn round(store: &Store, ended: &[Uuid], sweep: Option<bool>) -> Result<(),
     if let Some(all) = sweep {
         due.extend(store.groups_to_settle(Utc::now(), all, SWEEP).await?);
     }
-    // Several at once: a burst of ends is a burst of groups, each a few statements.
-    futures_util::stream::iter(due)
-        .for_each_concurrent(SETTLING, |id| async move {
-            if let Err(e) = settle(store, id).await {
-                tracing::warn!(group_id = %id, error = %e, "could not decide a group; the next sweep tries again");
-            }
-        })
-        .await;
-    Ok(())
+    let due: Vec<Uuid> = due.into_iter().collect();
+    settle_all(store, &due).await
 }

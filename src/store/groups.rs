@@ -22,6 +22,7 @@ use crate::model::{Ending, GroupMember, GroupMode, Grouping};
 from_row! {
 /// A group's row, as deciding it needs.
 pub(crate) struct GroupHead {
+    group_id: Uuid,
     tenant: String,
     status: String,
     deadline: Time,
@@ -90,6 +91,25 @@ fn status_of(s: &str) -> Result<Status, StoreError> {
     })
 }
 
+/// One group's write in a batch: its end (`status` and `reason`) or its
+/// progress (`state` only), with the event that records it.
+pub(crate) struct GroupWrite<'a> {
+    pub id: Uuid,
+    pub tenant: &'a str,
+    pub status: &'static str,
+    pub reason: &'a str,
+    pub state: &'a str,
+    pub event: (&'static str, Value),
+}
+
+/// A group's end as [`Store::end_groups`] takes it.
+pub struct GroupEnd<'a> {
+    pub group: &'a Group,
+    pub status: Status,
+    pub reason: &'a str,
+    pub state: &'a str,
+}
+
 /// What a dialect writes for a new group, beyond a wait's own rows.
 pub(crate) struct NewGroup<'a> {
     pub wait: &'a NewWait,
@@ -97,6 +117,54 @@ pub(crate) struct NewGroup<'a> {
     pub keep_running: bool,
     pub state: String,
     pub members: Vec<(Uuid, bool)>,
+}
+
+/// A group from its row and its member rows (in position order).
+fn group_of(head: GroupHead, links: Vec<LinkRow>) -> Result<Group, StoreError> {
+    let members = links
+        .into_iter()
+        .map(|l| {
+            Ok(MemberState {
+                id: l.member_id,
+                status: status_of(&l.status)?,
+                required: l.required,
+                deadline: l.deadline.0,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Group {
+        id: head.group_id,
+        tenant: head.tenant,
+        mode: mode_of(&head.mode)?,
+        keep_running: head.keep_running,
+        status: status_of(&head.status)?,
+        deadline: head.deadline.0,
+        state: head.state,
+        members,
+    })
+}
+
+/// The terminal event of a group's end.
+fn end_event(status: Status, reason: &str, state: &str) -> (&'static str, Value) {
+    EventBody::end(
+        status,
+        Ending {
+            reason: reason.to_string(),
+            state: Some(state.to_string()),
+            error_detail: None,
+            last_error: None,
+        },
+    )
+    .to_parts()
+}
+
+/// The `state` event of a group's progress.
+fn state_event(group: &Group, state: &str) -> (&'static str, Value) {
+    EventBody::State {
+        from: group.state.clone(),
+        to: state.to_string(),
+    }
+    .to_parts()
 }
 
 /// The sentence a canceled member records.
@@ -296,27 +364,112 @@ impl Store {
             .filter(|l| l.group_id == id)
             .collect();
         links.sort_by_key(|l| l.position);
-        let members = links
+        group_of(head, links).map(Some)
+    }
+
+    /// The groups among `ids` with their members as they stand, read at once (a
+    /// burst of ends is a burst of groups); ids that are no group are left out.
+    pub async fn groups(&self, ids: &[Uuid]) -> Result<Vec<Group>, StoreError> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let heads = match &self.db {
+            Dialect::Postgres(d) => d.group_heads(ids).await?,
+            Dialect::Sqlite(d) => {
+                let mut heads = Vec::with_capacity(ids.len());
+                for id in ids {
+                    heads.extend(d.group_head(*id).await?);
+                }
+                heads
+            }
+        };
+        let mut links: HashMap<Uuid, Vec<LinkRow>> = HashMap::new();
+        for l in self.group_links(ids).await? {
+            links.entry(l.group_id).or_default().push(l);
+        }
+        heads
             .into_iter()
-            .map(|l| {
-                Ok(MemberState {
-                    id: l.member_id,
-                    status: status_of(&l.status)?,
-                    required: l.required,
-                    deadline: l.deadline.0,
-                })
+            .map(|head| {
+                let mut ls = links.remove(&head.group_id).unwrap_or_default();
+                ls.sort_by_key(|l| l.position);
+                group_of(head, ls)
             })
-            .collect::<Result<_, StoreError>>()?;
-        Ok(Some(Group {
-            id,
-            tenant: head.tenant,
-            mode: mode_of(&head.mode)?,
-            keep_running: head.keep_running,
-            status: status_of(&head.status)?,
-            deadline: head.deadline.0,
-            state: head.state,
-            members,
-        }))
+            .collect()
+    }
+
+    /// Ends each running group of `ends` with its terminal event, in one
+    /// transaction where the store allows; the ids of the groups this call ended
+    /// (one that had ended already, on this replica or another, keeps its end).
+    pub async fn end_groups(
+        &self,
+        ends: &[GroupEnd<'_>],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        if ends.is_empty() {
+            return Ok(vec![]);
+        }
+        match &self.db {
+            Dialect::Postgres(d) => {
+                let writes: Vec<GroupWrite<'_>> = ends
+                    .iter()
+                    .map(|e| GroupWrite {
+                        id: e.group.id,
+                        tenant: &e.group.tenant,
+                        status: e.status.as_str(),
+                        reason: e.reason,
+                        state: e.state,
+                        event: end_event(e.status, e.reason, e.state),
+                    })
+                    .collect();
+                d.end_groups(&writes, now).await
+            }
+            Dialect::Sqlite(_) => {
+                let mut ended = Vec::new();
+                for e in ends {
+                    if self
+                        .end_group(e.group, e.status, e.reason, e.state, now)
+                        .await?
+                    {
+                        ended.push(e.group.id);
+                    }
+                }
+                Ok(ended)
+            }
+        }
+    }
+
+    /// [`Store::group_progress`] for many groups, in one transaction where the
+    /// store allows.
+    pub async fn groups_progress(
+        &self,
+        progress: &[(&Group, String)],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        if progress.is_empty() {
+            return Ok(());
+        }
+        match &self.db {
+            Dialect::Postgres(d) => {
+                let writes: Vec<GroupWrite<'_>> = progress
+                    .iter()
+                    .map(|(g, state)| GroupWrite {
+                        id: g.id,
+                        tenant: &g.tenant,
+                        status: "running",
+                        reason: "",
+                        state,
+                        event: state_event(g, state),
+                    })
+                    .collect();
+                d.groups_progress(&writes, now).await?;
+            }
+            Dialect::Sqlite(_) => {
+                for (g, state) in progress {
+                    self.group_progress(g, state, now).await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Ends a running group with its terminal event; true when this call ended it
@@ -329,16 +482,7 @@ impl Store {
         state: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let event = EventBody::end(
-            status,
-            Ending {
-                reason: reason.to_string(),
-                state: Some(state.to_string()),
-                error_detail: None,
-                last_error: None,
-            },
-        )
-        .to_parts();
+        let event = end_event(status, reason, state);
         sql!(self.end_group(
             group.id,
             &group.tenant,
@@ -358,11 +502,7 @@ impl Store {
         state: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let event = EventBody::State {
-            from: group.state.clone(),
-            to: state.to_string(),
-        }
-        .to_parts();
+        let event = state_event(group, state);
         sql!(self.group_progress(group.id, &group.tenant, state, now, &event))
     }
 

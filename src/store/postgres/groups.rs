@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::PgDialect;
 use crate::store::StoreError;
-use crate::store::groups::{GroupHead, LinkRow, NewGroup};
+use crate::store::groups::{GroupHead, GroupWrite, LinkRow, NewGroup};
 
 impl PgDialect {
     /// The group's row, its spec, its `created` event, its webhooks, its mode and
@@ -121,7 +121,7 @@ impl PgDialect {
         id: Uuid,
     ) -> Result<Option<GroupHead>, StoreError> {
         let row = sqlx::query_as(
-            "SELECT w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
+            "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
              FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = $1",
         )
         .bind(id)
@@ -210,6 +210,118 @@ impl PgDialect {
         tx.commit().await?;
         self.committed.notify_one();
         Ok(true)
+    }
+
+    /// The rows of the groups `ids` (those that are groups), in one read.
+    pub(in crate::store) async fn group_heads(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<GroupHead>, StoreError> {
+        let rows = sqlx::query_as(
+            "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
+             FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = ANY($1)",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// [`Self::end_group`] for many groups in one transaction: each row's update
+    /// is conditional on its group still running, so a group another replica
+    /// ended keeps that end. The ids of the groups this call ended.
+    pub(in crate::store) async fn end_groups(
+        &self,
+        ends: &[GroupWrite<'_>],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<(Uuid, i32)> = sqlx::query_as(
+            "UPDATE waits w SET status = d.status, reason = d.reason, state = d.state,
+                    finished_at = $6, updated_at = $6, next_poll_at = NULL, owner = NULL, seq = w.seq + 1
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[])
+                  AS d(id, tenant, status, reason, state)
+             WHERE w.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
+             RETURNING w.id, w.seq",
+        )
+        .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.tenant).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.status).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.reason).collect::<Vec<_>>())
+        .bind(ends.iter().map(|e| e.state).collect::<Vec<_>>())
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        self.append_many(tx, ends, rows, now).await
+    }
+
+    /// [`Self::group_progress`] for many groups in one transaction; the ids of
+    /// the groups whose `state` changed.
+    pub(in crate::store) async fn groups_progress(
+        &self,
+        writes: &[GroupWrite<'_>],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<(Uuid, i32)> = sqlx::query_as(
+            "UPDATE waits w SET state = d.state, updated_at = $4, seq = w.seq + 1
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS d(id, tenant, state)
+             WHERE w.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
+               AND w.state IS DISTINCT FROM d.state
+             RETURNING w.id, w.seq",
+        )
+        .bind(writes.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(writes.iter().map(|e| e.tenant).collect::<Vec<_>>())
+        .bind(writes.iter().map(|e| e.state).collect::<Vec<_>>())
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        self.append_many(tx, writes, rows, now).await
+    }
+
+    /// Appends each updated row's event, numbered by its new `seq`, and commits.
+    async fn append_many(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        writes: &[GroupWrite<'_>],
+        rows: Vec<(Uuid, i32)>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(vec![]);
+        }
+        let by_id: std::collections::HashMap<Uuid, &GroupWrite<'_>> =
+            writes.iter().map(|w| (w.id, w)).collect();
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut tenants = Vec::with_capacity(rows.len());
+        let mut kinds = Vec::with_capacity(rows.len());
+        let mut data = Vec::with_capacity(rows.len());
+        for (id, seq) in rows {
+            let Some(w) = by_id.get(&id) else { continue };
+            ids.push(id);
+            seqs.push(seq);
+            tenants.push(w.tenant);
+            kinds.push(w.event.0);
+            data.push(w.event.1.to_string());
+        }
+        sqlx::query(
+            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
+             SELECT i, s, t, k, $6, d::jsonb
+             FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[]) AS x(i, s, t, k, d)",
+        )
+        .bind(&ids)
+        .bind(&seqs)
+        .bind(&tenants)
+        .bind(&kinds)
+        .bind(&data)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.committed.notify_one();
+        Ok(ids)
     }
 
     pub(in crate::store) async fn groups_to_settle(

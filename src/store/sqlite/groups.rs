@@ -133,7 +133,7 @@ impl SqliteDialect {
         id: Uuid,
     ) -> Result<Option<GroupHead>, StoreError> {
         let row = sqlx::query_as(
-            "SELECT w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
+            "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
              FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = ?",
         )
         .bind(id)
