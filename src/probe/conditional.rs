@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use http::HeaderValue;
-use http::header::{ETAG, HeaderMap, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
+use http::header::{DATE, ETAG, HeaderMap, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
 
 use super::share::{Fetched, Response};
 
@@ -57,6 +57,19 @@ impl Kept {
     }
 }
 
+/// Whether a `Last-Modified` can be sent back as `If-Modified-Since`: only when the
+/// response's `Date` is in a later second. Both have whole seconds, so a resource
+/// changed again within the second it was last modified in keeps the same
+/// `Last-Modified`, and a target would answer `304` to it for ever; when the
+/// response was made in a later second, any change after it has a later time.
+fn settled(last_modified: &HeaderValue, date: Option<&HeaderValue>) -> bool {
+    let at = |v: &HeaderValue| httpdate::parse_http_date(v.to_str().ok()?).ok();
+    match (at(last_modified), date.and_then(at)) {
+        (Some(modified), Some(date)) => date > modified,
+        _ => false,
+    }
+}
+
 /// The response kept in `slot`, if any.
 pub(super) fn kept(slot: &Slot) -> Option<Arc<Kept>> {
     slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -72,7 +85,10 @@ pub(super) fn remember(slot: &Slot, fetched: &Arc<Fetched>, budget: &Arc<Budget>
             body: Some(Ok(body)),
         }) if status.is_success() && body.len() <= MAX_KEPT_BODY => {
             let etag = headers.get(ETAG).cloned();
-            let last_modified = headers.get(LAST_MODIFIED).cloned();
+            let last_modified = headers
+                .get(LAST_MODIFIED)
+                .filter(|at| settled(at, headers.get(DATE)))
+                .cloned();
             let cost = body.len()
                 + headers
                     .iter()
@@ -98,4 +114,34 @@ pub(super) fn remember(slot: &Slot, fetched: &Arc<Fetched>, budget: &Arc<Budget>
         _ => None,
     };
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = keep;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn a_last_modified_is_sent_back_only_when_the_response_came_a_second_later() {
+        let modified = v("Fri, 04 Dec 2026 14:10:49 GMT");
+        assert!(settled(
+            &modified,
+            Some(&v("Fri, 04 Dec 2026 14:10:50 GMT"))
+        ));
+        // Made in the second it was modified in: a change later in that second
+        // would keep this Last-Modified.
+        assert!(!settled(
+            &modified,
+            Some(&v("Fri, 04 Dec 2026 14:10:49 GMT"))
+        ));
+        assert!(!settled(&modified, None));
+        assert!(!settled(&modified, Some(&v("yesterday"))));
+        assert!(!settled(
+            &v("not a date"),
+            Some(&v("Fri, 04 Dec 2026 14:10:50 GMT"))
+        ));
+    }
 }
