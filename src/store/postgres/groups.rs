@@ -39,23 +39,11 @@ impl PgDialect {
             .bind(&nw.headers)
             .execute(&mut *tx)
             .await?;
-        if let Some((key, hash)) = idempotency {
-            let inserted = sqlx::query(
-                "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(key)
-            .bind(hash)
-            .bind(nw.id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if inserted == 0 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
+        if let Some((key, hash)) = idempotency
+            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+        {
+            tx.rollback().await?;
+            return Ok(false);
         }
         for n in &nw.notify {
             sqlx::query(

@@ -72,23 +72,11 @@ impl PgDialect {
             counted = Some(n);
         }
         insert_wait(tenant, now, nw).execute(&mut *tx).await?;
-        if let Some((key, hash)) = idempotency {
-            let inserted = sqlx::query(
-                "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(key)
-            .bind(hash)
-            .bind(nw.id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if inserted == 0 {
-                tx.rollback().await?;
-                return Ok(Inserted::KeyTaken);
-            }
+        if let Some((key, hash)) = idempotency
+            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+        {
+            tx.rollback().await?;
+            return Ok(Inserted::KeyTaken);
         }
         tx.commit().await?;
         self.committed.notify_one();
@@ -248,4 +236,29 @@ fn insert_wait<'q>(
                 .map(|n| n.secret.to_string())
                 .collect::<Vec<String>>(),
         )
+}
+
+/// Takes the idempotency key for the wait being inserted in `tx`: false when
+/// another request took it first (the caller rolls back).
+pub(in crate::store) async fn take_key(
+    tx: &mut sqlx::PgConnection,
+    tenant: &str,
+    key: &str,
+    hash: &str,
+    id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(key)
+    .bind(hash)
+    .bind(id)
+    .bind(now)
+    .execute(tx)
+    .await?
+    .rows_affected();
+    Ok(inserted > 0)
 }

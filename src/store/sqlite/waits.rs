@@ -69,23 +69,11 @@ impl SqliteDialect {
             .bind(nw.headers.to_string())
             .execute(&mut *tx)
             .await?;
-        if let Some((key, hash)) = idempotency {
-            let inserted = sqlx::query(
-                "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
-                 VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(key)
-            .bind(hash)
-            .bind(nw.id)
-            .bind(ms(now))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if inserted == 0 {
-                tx.rollback().await?;
-                return Ok(Inserted::KeyTaken);
-            }
+        if let Some((key, hash)) = idempotency
+            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+        {
+            tx.rollback().await?;
+            return Ok(Inserted::KeyTaken);
         }
         // Before the `created` event, so that the outbox trigger finds them.
         for n in &nw.notify {
@@ -206,4 +194,29 @@ impl SqliteDialect {
         .await?;
         Ok(n)
     }
+}
+
+/// Takes the idempotency key for the wait being inserted in `tx`: false when
+/// another request took it first (the caller rolls back).
+pub(in crate::store) async fn take_key(
+    tx: &mut sqlx::SqliteConnection,
+    tenant: &str,
+    key: &str,
+    hash: &str,
+    id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (tenant, key, request_hash, wait_id, created_at)
+         VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(key)
+    .bind(hash)
+    .bind(id)
+    .bind(super::ms(now))
+    .execute(tx)
+    .await?
+    .rows_affected();
+    Ok(inserted > 0)
 }
