@@ -56,7 +56,8 @@ impl Store {
     fn decode_claim(&self, row: &ClaimRow) -> Result<(Spec, EngineState), String> {
         let mut spec: Spec =
             serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
-        spec.target.headers = self.cipher.open(&row.headers.0)?;
+        spec.target
+            .restore_secrets(self.cipher.open(&row.headers.0)?);
         let engine: EngineState = serde_json::from_value(row.engine.0.clone())
             .map_err(|e| format!("engine state: {e}"))?;
         Ok((spec, engine))

@@ -229,7 +229,7 @@ impl NewWait {
             first_poll,
             spec: to_json(&spec.redacted(), "spec")?,
             headers: cipher
-                .seal(&spec.target.headers)
+                .seal(&spec.target.secrets())
                 .map_err(|why| StoreError::Decode {
                     what: "target headers",
                     why,

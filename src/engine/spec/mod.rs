@@ -17,6 +17,11 @@ use super::duration;
 use super::path::ValuePath;
 use super::schema;
 
+mod target;
+
+pub use target::Target;
+use target::{check_url, parse_target};
+
 /// What the operator allows; the API passes its settings in.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -69,34 +74,6 @@ pub enum NotFound {
     Retry,
     /// Waiting for deletion: gone is done.
     Success,
-}
-
-/// What to poll.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Target {
-    /// An http or https URL (at most 2048 bytes; no credentials in it).
-    #[schema(value_type = schema::TargetUrl)]
-    pub url: String,
-    /// Request headers (at most 32). Values are secrets: every read shows them as
-    /// `<redacted>` ([`Spec::redacted`]).
-    #[serde(default)]
-    #[schema(value_type = Option<schema::Headers>)]
-    pub headers: BTreeMap<String, String>,
-    /// Whether this wait's polls may be shared with the tenant's other waits that
-    /// send the identical request (method, URL, every header), default true;
-    /// `false` sends a request of its own at each poll.
-    #[serde(default = "share_default", skip_serializing_if = "is_share_default")]
-    #[schema(value_type = Option<bool>)]
-    pub share: bool,
-}
-
-fn share_default() -> bool {
-    true
-}
-
-fn is_share_default(share: &bool) -> bool {
-    *share
 }
 
 /// Delay between healthy polls: starts at `initial`, multiplied by `factor`, capped
@@ -361,20 +338,6 @@ pub const FIELDS: &[&str] = &[
     "notify",
 ];
 
-/// Headers waitd sets itself, or that would change the meaning of the request.
-const RESERVED_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "upgrade",
-    "te",
-    "trailer",
-    "keep-alive",
-    "proxy-connection",
-    "expect",
-];
-
 impl Spec {
     /// Validates a create request (already merged with its preset, if any).
     pub fn from_request(request: &Value, limits: &Limits) -> Result<Spec, Vec<FieldError>> {
@@ -536,9 +499,7 @@ impl Spec {
     /// The spec as every read path shows it: header values replaced by `<redacted>`.
     pub fn redacted(&self) -> Spec {
         let mut s = self.clone();
-        for v in s.target.headers.values_mut() {
-            *v = REDACTED.to_string();
-        }
+        s.target.redact();
         for n in &mut s.notify {
             n.secret = REDACTED.to_string();
         }
@@ -922,214 +883,6 @@ fn parse_notify(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Vec<No
         }
     }
     out
-}
-
-fn parse_target(v: Option<&Value>, limits: &Limits, errs: &mut Errors) -> Option<Target> {
-    let obj = match v {
-        None | Some(Value::Null) => {
-            errs.push(
-                "target",
-                "is required: {\"url\": \"https://…\", \"headers\": {…}}",
-            );
-            return None;
-        }
-        Some(Value::Object(o)) => o,
-        Some(other) => {
-            errs.push(
-                "target",
-                format!("must be an object with a url, not {}", type_name(other)),
-            );
-            return None;
-        }
-    };
-    errs.unknown(obj, "target", &["url", "headers", "share"]);
-    let share = match opt(obj, "share") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            errs.push(
-                "target.share",
-                format!("must be true or false, not {}", type_name(other)),
-            );
-            true
-        }
-    };
-    let url = match obj.get("url") {
-        None | Some(Value::Null) => {
-            errs.push("target.url", "is required: the http or https URL to poll");
-            None
-        }
-        Some(Value::String(s)) => check_url("target.url", s, limits, errs),
-        Some(other) => {
-            errs.push(
-                "target.url",
-                format!("must be a string, not {}", type_name(other)),
-            );
-            None
-        }
-    };
-    let mut headers = BTreeMap::new();
-    match opt(obj, "headers") {
-        None => {}
-        Some(Value::Object(h)) => {
-            if h.len() > limits.max_headers {
-                errs.push(
-                    "target.headers",
-                    format!(
-                        "has {} headers; the limit is {}",
-                        h.len(),
-                        limits.max_headers
-                    ),
-                );
-            } else {
-                for (name, value) in h {
-                    // Never echo a header value: it may be a secret.
-                    // Nor an invalid name: someone may have written the whole header,
-                    // secret and all, as the name.
-                    if name.is_empty() || name.len() > 64 || !name.bytes().all(is_token_byte) {
-                        errs.push(
-                            "target.headers",
-                            "has a name that is not a valid header name (1 to 64 of letters, digits and !#$%&'*+-.^_`|~); \
-                             write {\"Name\": \"value\"}, e.g. {\"Authorization\": \"Bearer …\"}",
-                        );
-                        continue;
-                    }
-                    let field = format!("target.headers.{name}");
-                    if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-                        errs.push(&field, "is set by waitd itself and cannot be given");
-                        continue;
-                    }
-                    let Value::String(value) = value else {
-                        errs.push(
-                            &field,
-                            format!("must be a string, not {}", type_name(value)),
-                        );
-                        continue;
-                    };
-                    if name.len() + value.len() > limits.max_header_len {
-                        errs.push(
-                            &field,
-                            format!(
-                                "is longer than the limit of {} bytes",
-                                limits.max_header_len
-                            ),
-                        );
-                        continue;
-                    }
-                    if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-                        errs.push(&field, "has a control character (such as CR or LF) in its value, which HTTP does not allow");
-                        continue;
-                    }
-                    if headers
-                        .keys()
-                        .any(|k: &String| k.eq_ignore_ascii_case(name))
-                    {
-                        errs.push(&field, "is given twice (header names are case-insensitive)");
-                        continue;
-                    }
-                    headers.insert(name.clone(), value.clone());
-                }
-            }
-        }
-        Some(other) => errs.push(
-            "target.headers",
-            format!(
-                "must be an object of name → value strings, not {}",
-                type_name(other)
-            ),
-        ),
-    }
-    url.map(|url| Target {
-        url,
-        headers,
-        share,
-    })
-}
-
-fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-fn check_url(field: &str, s: &str, limits: &Limits, errs: &mut Errors) -> Option<String> {
-    if s.len() > limits.max_url_len {
-        errs.push(
-            field,
-            format!(
-                "is {} bytes long; the limit is {}",
-                s.len(),
-                limits.max_url_len
-            ),
-        );
-        return None;
-    }
-    if let Err(why) = check_url_text(s) {
-        errs.push(field, why);
-        return None;
-    }
-    let url = match url::Url::parse(s) {
-        Ok(u) => u,
-        Err(e) => {
-            errs.push(field, format!("is not a valid absolute URL ({e}); write e.g. \"https://api.example.com/servers/1\""));
-            return None;
-        }
-    };
-    if !matches!(url.scheme(), "http" | "https") {
-        errs.push(
-            field,
-            format!(
-                "uses the scheme \"{}\"; only http and https are supported",
-                url.scheme()
-            ),
-        );
-        return None;
-    }
-    if url.host().is_none() {
-        errs.push(field, "has no host");
-        return None;
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        errs.push(field, "carries credentials; put them in target.headers (for example an Authorization header), which are never shown back; a webhook authenticates by its signature instead");
-        return None;
-    }
-    let mut url = url;
-    url.set_fragment(None);
-    Some(url.to_string())
-}
-
-/// The URL as written, before the parser gets to normalise it: WHATWG parsing
-/// would read `http:///x` as `http://x/`, `http:x` as `http://x/`, a backslash as a
-/// slash and drop tabs and newlines, so a URL could quietly mean another host than
-/// the one its author sees. Those forms are refused instead.
-fn check_url_text(s: &str) -> Result<(), String> {
-    if let Some(b) = s.bytes().find(|b| *b <= 0x20 || *b == 0x7f) {
-        return Err(if b == b' ' {
-            "contains a space; percent-encode it (%20)".to_string()
-        } else {
-            "contains a control character (such as a tab, a newline or NUL); percent-encode it or remove it".to_string()
-        });
-    }
-    if s.contains('\\') {
-        return Err("contains a backslash, which URL parsers read as \"/\"; write %5C if you mean a backslash".into());
-    }
-    let lower = s.to_ascii_lowercase();
-    let Some(rest) = ["http:", "https:"]
-        .iter()
-        .find_map(|scheme| lower.strip_prefix(scheme))
-    else {
-        // Another scheme, or none: the parser's own answer names it.
-        return Ok(());
-    };
-    let Some(after) = rest.strip_prefix("//") else {
-        return Err("must start with http:// or https:// followed by the host, e.g. \"https://api.example.com/servers/1\"".into());
-    };
-    let authority = after.split(['/', '?', '#']).next().unwrap_or("");
-    if authority.is_empty() {
-        return Err(
-            "has no host: after \"://\" comes the host, e.g. \"https://api.example.com/servers/1\""
-                .into(),
-        );
-    }
-    Ok(())
 }
 
 fn parse_poll(
