@@ -311,6 +311,7 @@ fn worker_for(
     let owner = uuid::Uuid::now_v7();
     let _ = metrics.owner.set(owner);
     let _ = metrics.probe_requests.set(prober.request_counts());
+    let _ = metrics.tokens.set(prober.tokens());
     worker::Worker {
         store: store.clone(),
         prober,

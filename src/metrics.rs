@@ -83,6 +83,8 @@ pub struct Metrics {
     pub owner: std::sync::OnceLock<uuid::Uuid>,
     /// The prober's counts of requests, once the worker pool runs.
     pub probe_requests: std::sync::OnceLock<std::sync::Arc<ProbeRequests>>,
+    /// The prober's OAuth 2.0 tokens, once the worker pool runs.
+    pub tokens: std::sync::OnceLock<std::sync::Arc<crate::outbound::token::Tokens>>,
 }
 
 /// What the prober counts of the requests it sends: cheap atomics it touches at
@@ -245,6 +247,20 @@ impl Metrics {
                 out,
                 "# HELP waitd_host_paused_seconds_total Seconds of pause target hosts asked for (429/503 Retry-After, a rate limit with none remaining), during which this replica sends them nothing.\n# TYPE waitd_host_paused_seconds_total counter\nwaitd_host_paused_seconds_total {}",
                 p.paused_ms.load(Relaxed) as f64 / 1000.0
+            );
+        }
+        if let Some(t) = self.tokens.get() {
+            let (sent, minted) = (t.counts.sent.load(Relaxed), t.counts.minted.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "# HELP waitd_oauth_token_requests_total Token requests to OAuth 2.0 token endpoints, by whether a token came back.\n# TYPE waitd_oauth_token_requests_total counter\nwaitd_oauth_token_requests_total{{outcome=\"minted\"}} {minted}\nwaitd_oauth_token_requests_total{{outcome=\"failed\"}} {}",
+                sent.saturating_sub(minted)
+            );
+            let _ = writeln!(
+                out,
+                "# HELP waitd_oauth_tokens_refused_total Tokens a target answered 401 to, each minted again and the poll asked again.\n# TYPE waitd_oauth_tokens_refused_total counter\nwaitd_oauth_tokens_refused_total {}\n# HELP waitd_oauth_credentials Credentials (tenant, token endpoint, client) the waits this replica holds use.\n# TYPE waitd_oauth_credentials gauge\nwaitd_oauth_credentials {}",
+                t.counts.rejected.load(Relaxed),
+                t.held()
             );
         }
         self.webhook_latency.render(

@@ -32,6 +32,7 @@ mod groups;
 mod hostile_tenants;
 mod jsonpath_props;
 mod large_bodies;
+mod oauth2;
 mod openapi;
 mod presets;
 mod probe;

@@ -1801,6 +1801,24 @@ async fn target_header_values_never_appear_in_any_response_nor_in_the_trace_logs
         .unwrap()
         .to_string();
 
+    // A wait whose token endpoint refuses its client with words that repeat
+    // the client secret.
+    let issuer = crate::support::issuer::Issuer::start(CANARY2).await;
+    issuer.set_mode(crate::support::issuer::Mode::InvalidClient);
+    let mut oauth = secret_spec(&issuer.target_url);
+    oauth["target"]["headers"] = json!({"X-Api-Key": CANARY});
+    oauth["target"]["auth"] = json!({"oauth2": {
+        "token_url": issuer.token_url,
+        "client_id": crate::support::issuer::CLIENT_ID,
+        "client_secret": CANARY2,
+    }});
+    let (status, text) = record!("create oauth", c.post(url("/waits")).json(&oauth));
+    assert_eq!(status, 201, "{text}");
+    let oauth_id = serde_json::from_str::<Value>(&text).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
     // Error responses to requests that carry the secrets.
     let invalid = |h: Value| set(secret_spec(&ok_url), "/target/headers", h);
     for (what, body) in [
@@ -1867,6 +1885,17 @@ async fn target_header_values_never_appear_in_any_response_nor_in_the_trace_logs
     assert!(
         bad["retries"].as_u64().unwrap_or(0) >= 2,
         "the 500s were retried: {bad}"
+    );
+    let (status, text) = record!(
+        "get oauth blocked",
+        c.get(url(&format!("/waits/{oauth_id}?wait=20s")))
+    );
+    assert_eq!(status, 424, "{text}");
+    assert!(text.contains("invalid_client"), "{text}");
+    record!("get oauth", c.get(url(&format!("/waits/{oauth_id}"))));
+    record!(
+        "oauth events",
+        c.get(url(&format!("/waits/{oauth_id}/events")))
     );
     for id in [&ok_id, &bad_id] {
         let (_, text) = record!("get", c.get(url(&format!("/waits/{id}"))));

@@ -15,14 +15,28 @@ use crate::engine::Spec;
 use crate::groups::{MemberRequest, Refusal, request};
 use crate::store::GroupRefused;
 
-/// The SSRF guard on a spec's target and webhook URLs, with `at` naming where it is.
-fn guard(s: &AppState, spec: &Spec, at: &str, target: bool) -> ApiResult<()> {
+/// The SSRF guard on a spec's target, token endpoint and webhook URLs, with `at`
+/// naming where the spec is.
+pub(super) fn guard(s: &AppState, spec: &Spec, at: &str, target: bool) -> ApiResult<()> {
     if target {
         let url = url::Url::parse(&spec.target.url)
             .map_err(|e| ApiError::bad_request(format!("{at}target.url: {e}")))?;
         s.guard
             .check_url(&url)
             .map_err(|refused| ApiError::unprocessable(format!("{at}target.url: {refused}")))?;
+        if let Some(crate::engine::spec::Auth::Oauth2(o)) = &spec.target.auth {
+            let url = url::Url::parse(&o.token_url).map_err(|e| {
+                ApiError::bad_request(format!("{at}target.auth.oauth2.token_url: {e}"))
+            })?;
+            s.guard.check_url(&url).map_err(|refused| {
+                ApiError::unprocessable(format!(
+                    "{at}target.auth.oauth2.token_url: {}",
+                    refused
+                        .to_string()
+                        .replacen("the target host", "the token endpoint's host", 1)
+                ))
+            })?;
+        }
     }
     for (i, n) in spec.notify.iter().enumerate() {
         let url = url::Url::parse(&n.url)

@@ -285,26 +285,7 @@ pub async fn create_wait(
             ApiError::internal()
         })?;
     let spec = spec?;
-    let url =
-        url::Url::parse(&spec.target.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    s.guard
-        .check_url(&url)
-        .map_err(|refused| ApiError::unprocessable(refused.to_string()))?;
-    for (i, n) in spec.notify.iter().enumerate() {
-        let url = url::Url::parse(&n.url).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        s.guard.check_url(&url).map_err(|refused| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Webhook refused",
-                format!(
-                    "notify[{i}].url: {}",
-                    refused
-                        .to_string()
-                        .replacen("the target host", "the webhook host", 1)
-                ),
-            )
-        })?;
-    }
+    super::groups::guard(&s, &spec, "", true)?;
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex::encode(Sha256::digest(body.to_string().as_bytes()))

@@ -148,6 +148,18 @@ schema_type!(
     )
 );
 
+/// A form field name of `target.auth.oauth2.params`.
+pub const FORM_FIELD_PATTERN: &str = "^[A-Za-z0-9_.-]{1,64}$";
+
+schema_type!(
+    /// `target.auth.oauth2.params`: extra form fields of the token request
+    /// (`grant_type`, `client_id`, `client_secret`, `scope` and `audience` are
+    /// refused: waitd writes them).
+    FormParams,
+    "FormParams",
+    string_map(8, FORM_FIELD_PATTERN, 1024)
+);
+
 schema_type!(
     /// `target.url`: http or https.
     TargetUrl,

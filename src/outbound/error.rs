@@ -16,6 +16,8 @@ pub enum Peer {
     Target,
     /// A webhook's receiver, sent a delivery.
     Receiver,
+    /// An OAuth 2.0 token endpoint, asked for a token.
+    TokenEndpoint,
 }
 
 impl fmt::Display for Peer {
@@ -23,6 +25,7 @@ impl fmt::Display for Peer {
         f.write_str(match self {
             Peer::Target => "target",
             Peer::Receiver => "receiver",
+            Peer::TokenEndpoint => "token endpoint",
         })
     }
 }

@@ -1,5 +1,5 @@
 //! The one way out: every request waitd makes to a host it does not run (a wait's
-//! target, a webhook's receiver) goes through here.
+//! target, a webhook's receiver, a token endpoint) goes through here.
 //!
 //! - [`guard`]: the SSRF guard, and the resolver that is the only way a name becomes
 //!   an address, so the address judged is the address connected to.
@@ -8,6 +8,8 @@
 //! - [`Error`]: why a request came to nothing, whether that may pass
 //!   ([`Error::is_transient`]), and a sentence that never holds the URL or a header
 //!   value.
+//! - [`token`]: bearer tokens minted by the OAuth 2.0 client-credentials grant
+//!   for the waits that ask for them, shared by waits of one tenant and credential.
 //! - [`KeyedSlots`]: the bound on how many at once per key (a host, a tenant's
 //!   receiver, a tenant), which the API's stream caps use as well.
 //!
@@ -18,6 +20,7 @@ mod client;
 mod error;
 pub mod guard;
 mod slots;
+pub mod token;
 
 pub use client::{Body, Client, MAX_RETRY_AFTER, USER_AGENT, drain, read_body, retry_after};
 pub use error::{Error, Peer, error_chain, format_size};

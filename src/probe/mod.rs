@@ -26,6 +26,7 @@
 //! value (header values are secrets) nor the target URL (the wait shows it already,
 //! and its query may carry a token).
 
+mod auth;
 mod conditional;
 mod pause;
 mod read;
@@ -42,8 +43,10 @@ use bytes::Bytes;
 use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue, USER_AGENT as UA};
 use http::{Method, Request, StatusCode, Uri};
 
+use crate::engine::spec::Auth;
 use crate::engine::{Observation, Spec, ValuePath};
 use crate::model::LastPoll;
+use crate::outbound::token::{Credential, Tokens};
 use crate::outbound::{Body, Client, KeyedSlots, Peer};
 use read::{Answer, INLINE_BODY, header_map};
 pub use read::{Memo, judge};
@@ -147,6 +150,8 @@ struct Inner {
     /// The hosts that asked for quiet, and until when.
     pauses: pause::Pauses,
     max_host_pause: Duration,
+    /// The tokens of the credentials held waits name.
+    tokens: Arc<Tokens>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -189,6 +194,8 @@ pub struct Target {
     kept: conditional::Slot,
     /// How the last poll's response came ([`Came`]).
     came: Came,
+    /// The credential whose token goes with each request, when the spec has `auth`.
+    auth: Option<Arc<Credential>>,
 }
 
 /// How a target's last poll got its response, in one byte: 0 before the first.
@@ -267,6 +274,7 @@ impl Prober {
                 kept: Arc::default(),
                 pauses: pause::Pauses::default(),
                 max_host_pause: config.max_host_pause.min(MAX_RETRY_AFTER),
+                tokens: Arc::default(),
             }),
         })
     }
@@ -361,6 +369,16 @@ impl Prober {
             .check_url(&url)
             .err()
             .map(|r| r.to_string().into_boxed_str());
+        let auth = match &spec.target.auth {
+            Some(Auth::Oauth2(o)) => Some(
+                self.inner
+                    .tokens
+                    .credential(&tenant, o)
+                    .map_err(|e| format!("no token for the target: {e}"))?,
+            ),
+            None => None,
+        };
+        let credential = auth.as_ref().map(|c| hex::encode(c.key()));
         let group = (shareable
             && spec.target.share
             && !self.inner.share_window.is_zero()
@@ -372,6 +390,10 @@ impl Prober {
                 .iter()
                 .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
                 .collect();
+            // The same credential (of the same tenant) sends the same token.
+            if let Some(c) = &credential {
+                sent.push((":auth".into(), c.as_str()));
+            }
             sent.sort();
             self.inner
                 .shares
@@ -388,6 +410,7 @@ impl Prober {
             last: share::LastPoll::now(),
             kept: std::sync::Mutex::new(None),
             came: Came::default(),
+            auth,
         })
     }
 
@@ -418,8 +441,15 @@ impl Prober {
                     || spec.failure_condition.is_some()
                     || matches!(&spec.state, Some(p) if !matches!(p, ValuePath::HttpStatus));
                 let request = self.request(target);
-                self.fetch(wait, target.host.clone(), request, read_body, &target.kept)
-                    .await
+                self.fetch_authed(
+                    wait,
+                    target.host.clone(),
+                    request,
+                    read_body,
+                    &target.kept,
+                    target.auth.as_deref(),
+                )
+                .await
             }
         };
         target.came.set(came);
@@ -451,8 +481,11 @@ impl Prober {
                 let held = group.clone();
                 let group = Arc::downgrade(group);
                 let window = self.inner.share_window;
+                let auth = target.auth.clone();
                 tokio::spawn(async move {
-                    let fetched = prober.fetch(wait, host, request, true, &held.kept).await;
+                    let fetched = prober
+                        .fetch_authed(wait, host, request, true, &held.kept, auth.as_deref())
+                        .await;
                     drop(held);
                     tx.send_replace(Some(fetched));
                     // A request only this wait sends is not kept; another's is
@@ -594,6 +627,11 @@ impl Prober {
     /// How many distinct requests the held waits send (their shared polls).
     pub fn requests_held(&self) -> usize {
         self.inner.shares.held()
+    }
+
+    /// The tokens of the credentials held waits name, with their counts.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        self.inner.tokens.clone()
     }
 
     /// How many hosts the per-host limit tracks now: those with a probe in flight.

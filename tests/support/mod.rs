@@ -12,6 +12,7 @@
 pub mod follower;
 pub mod hostile_cel;
 pub mod in_process;
+pub mod issuer;
 pub mod pg;
 pub mod receiver;
 pub mod recorder;
@@ -367,6 +368,18 @@ impl App {
     }
 
     /// Blocks on the wait until it ends (bounded), returning its final form.
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn wait_end(&self, id: &str) -> Value {
         let (_, w) = self.get(&format!("/waits/{id}?wait=20s")).await;
         w

@@ -17,8 +17,10 @@ use super::duration;
 use super::path::ValuePath;
 use super::schema;
 
+mod auth;
 mod target;
 
+pub use auth::{Auth, ClientAuth, OAuth2};
 pub use target::Target;
 use target::{check_url, parse_target};
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::auth::{Auth, parse_auth};
 use super::schema;
 use super::{Errors, Limits, REDACTED, opt, type_name};
 
@@ -27,6 +28,10 @@ pub struct Target {
     #[serde(default = "share_default", skip_serializing_if = "is_share_default")]
     #[schema(value_type = Option<bool>)]
     pub share: bool,
+    /// A credential waitd obtains itself and sends as `Authorization` with every
+    /// poll (then `headers` cannot hold an `Authorization` of their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Auth>,
 }
 
 impl Target {
@@ -34,11 +39,18 @@ impl Target {
     /// each write-only field under a name that starts with `:`, which no header
     /// name can.
     pub fn secrets(&self) -> BTreeMap<String, String> {
-        self.headers.clone()
+        let mut sealed = self.headers.clone();
+        if let Some(auth) = &self.auth {
+            auth.seal_into(&mut sealed);
+        }
+        sealed
     }
 
     /// Puts back what [`Target::secrets`] gave to be sealed.
     pub fn restore_secrets(&mut self, mut sealed: BTreeMap<String, String>) {
+        if let Some(auth) = &mut self.auth {
+            auth.restore_from(&sealed);
+        }
         sealed.retain(|name, _| !name.starts_with(':'));
         self.headers = sealed;
     }
@@ -47,6 +59,9 @@ impl Target {
     pub fn redact(&mut self) {
         for v in self.headers.values_mut() {
             *v = REDACTED.to_string();
+        }
+        if let Some(auth) = &mut self.auth {
+            auth.redact();
         }
     }
 }
@@ -95,7 +110,7 @@ pub(super) fn parse_target(
             return None;
         }
     };
-    errs.unknown(obj, "target", &["url", "headers", "share"]);
+    errs.unknown(obj, "target", &["url", "headers", "share", "auth"]);
     let share = match opt(obj, "share") {
         None => true,
         Some(Value::Bool(b)) => *b,
@@ -192,10 +207,22 @@ pub(super) fn parse_target(
             ),
         ),
     }
+    let auth = opt(obj, "auth").and_then(|v| parse_auth(v, limits, errs));
+    if auth.is_some()
+        && let Some(name) = headers
+            .keys()
+            .find(|k| k.eq_ignore_ascii_case("authorization"))
+    {
+        errs.push(
+            &format!("target.headers.{name}"),
+            "is set from target.auth at every poll; remove this header or target.auth",
+        );
+    }
     url.map(|url| Target {
         url,
         headers,
         share,
+        auth,
     })
 }
 

@@ -1,0 +1,96 @@
+//! Polls of a target whose spec has `auth`: the credential's token goes on the
+//! request, minted first when there is none (the token endpoint's place in the
+//! per-host limit is taken before the target's, never while holding it), and a
+//! `401` to a token is answered once by minting another and asking again, which
+//! costs the wait no retry.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use http::header::AUTHORIZATION;
+use http::{Request, StatusCode};
+
+use super::Prober;
+use super::conditional;
+use super::share::{Delivered, Fetched};
+use crate::engine::Observation;
+use crate::outbound::Body;
+use crate::outbound::token::{Credential, TokenError};
+
+impl Prober {
+    /// [`Prober::fetch`] with the credential's token, when there is a credential.
+    pub(super) async fn fetch_authed(
+        &self,
+        wait: uuid::Uuid,
+        host: Arc<str>,
+        mut request: Request<Body>,
+        read_body: bool,
+        kept: &conditional::Slot,
+        auth: Option<&Credential>,
+    ) -> Delivered {
+        let Some(auth) = auth else {
+            return self.fetch(wait, host, request, read_body, kept).await;
+        };
+        let (uri, headers) = (request.uri().clone(), request.headers().clone());
+        let bearer = match self.bearer(auth).await {
+            Ok(b) => b,
+            Err(failed) => return failed,
+        };
+        request.headers_mut().insert(AUTHORIZATION, bearer.clone());
+        let delivered = self
+            .fetch(wait, host.clone(), request, read_body, kept)
+            .await;
+        let refused =
+            matches!(&*delivered.0, Fetched::Answered(r) if r.status == StatusCode::UNAUTHORIZED);
+        if !refused {
+            return delivered;
+        }
+        auth.reject(&bearer);
+        self.inner.tokens.counts.rejected.fetch_add(1, Relaxed);
+        let bearer = match self.bearer(auth).await {
+            Ok(b) => b,
+            Err(failed) => return failed,
+        };
+        let mut again = Request::new(request_body());
+        *again.uri_mut() = uri;
+        *again.headers_mut() = headers;
+        again.headers_mut().insert(AUTHORIZATION, bearer);
+        self.fetch(wait, host, again, read_body, kept).await
+    }
+
+    /// The credential's `Authorization` value, or the observation a poll makes
+    /// without one.
+    async fn bearer(&self, auth: &Credential) -> Result<http::HeaderValue, Delivered> {
+        auth.bearer(
+            &self.inner.client,
+            &self.inner.hosts,
+            self.inner.timeout,
+            &self.inner.tokens.counts,
+        )
+        .await
+        .map_err(|e| {
+            (
+                Arc::new(Fetched::Failed(token_failure(e))),
+                crate::model::LastPoll::Sent,
+            )
+        })
+    }
+}
+
+fn request_body() -> Body {
+    Body::new(bytes::Bytes::new())
+}
+
+/// What a poll observes when there is no token: a failure that may pass is
+/// retried within the wait's budget; a refusal ends the wait `error`.
+fn token_failure(e: TokenError) -> Observation {
+    match e {
+        TokenError::Transient(why) => Observation::Transient {
+            error: format!("no token for the target: {why}"),
+            retry_after: None,
+        },
+        TokenError::Refused(why) => Observation::Permanent {
+            error: format!("no token for the target: {why}"),
+        },
+    }
+}
