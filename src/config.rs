@@ -76,6 +76,11 @@ pub struct Config {
     #[arg(long, env = "WAITD_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
 
+    /// A JSON file of credentials waits may name by `target.auth.credential`,
+    /// each for the tenants it lists (docs/design.md §3.2).
+    #[arg(long, env = "WAITD_CREDENTIALS_FILE")]
+    pub credentials_file: Option<std::path::PathBuf>,
+
     /// Serve without tokens on a non-loopback address.
     #[arg(long, env = "WAITD_ALLOW_ANONYMOUS")]
     pub allow_anonymous: bool,

@@ -129,6 +129,9 @@ impl App {
         };
         let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
         let guard = probe::guard::Guard::new(&config.allow_targets)?;
+        let credentials = Arc::new(outbound::credentials::Credentials::load(
+            config.credentials_file.as_deref(),
+        )?);
         let bus = bus::Bus::new();
         let (store, sealed) = open_store(&config, bus.clone()).await?;
         let prober = probe::Prober::new(probe::ProbeConfig {
@@ -140,6 +143,7 @@ impl App {
             identity: config.probe_identity.clone(),
             share_window: config.share_window,
             max_host_pause: config.max_host_pause,
+            credentials: credentials.clone(),
         })?;
 
         let fd_limit = server::raise_fd_limit();
@@ -220,6 +224,7 @@ impl App {
             presets: Arc::new(presets),
             metrics,
             guard: Arc::new(guard),
+            credentials,
             tokens: token_set.clone(),
             max_active_waits: config.max_active_waits,
             rate: Arc::new(api::RateLimiter::new(config.rate_limit)),

@@ -22,6 +22,7 @@ mod client_wait;
 mod conditions;
 mod conditions_props;
 mod connections;
+mod credentials;
 mod current_reads;
 mod dashboard_http;
 mod deploy;

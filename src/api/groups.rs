@@ -15,10 +15,26 @@ use crate::engine::Spec;
 use crate::groups::{MemberRequest, Refusal, request};
 use crate::store::GroupRefused;
 
-/// The SSRF guard on a spec's target, token endpoint and webhook URLs, with `at`
-/// naming where the spec is.
-pub(super) fn guard(s: &AppState, spec: &Spec, at: &str, target: bool) -> ApiResult<()> {
+/// The SSRF guard on a spec's target, token endpoint and webhook URLs, and the
+/// operator's word on the credential it names, with `at` naming where the spec
+/// is.
+pub(super) fn guard(
+    s: &AppState,
+    tenant: &str,
+    spec: &Spec,
+    at: &str,
+    target: bool,
+) -> ApiResult<()> {
     if target {
+        if let Some(crate::engine::spec::Auth::Credential(name)) = &spec.target.auth {
+            s.credentials.for_tenant(tenant, name).map_err(|why| {
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "Credential not allowed",
+                    format!("{at}target.auth.credential: {why}"),
+                )
+            })?;
+        }
         let url = url::Url::parse(&spec.target.url)
             .map_err(|e| ApiError::bad_request(format!("{at}target.url: {e}")))?;
         s.guard
@@ -84,10 +100,10 @@ pub(super) async fn create(
     let name = req.mode.as_str();
     for (i, m) in req.members.iter().enumerate() {
         if let MemberRequest::Spec { spec, .. } = m {
-            guard(&s, spec, &format!("{name}[{i}]."), true)?;
+            guard(&s, &tenant, spec, &format!("{name}[{i}]."), true)?;
         }
     }
-    guard(&s, &req.shell, "", false)?;
+    guard(&s, &tenant, &req.shell, "", false)?;
     let hash = key
         .as_ref()
         .map(|_| hex::encode(Sha256::digest(body.to_string().as_bytes())));

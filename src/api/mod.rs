@@ -57,6 +57,8 @@ pub struct AppState {
     pub presets: Arc<crate::presets::Registry>,
     pub metrics: Arc<Metrics>,
     pub guard: Arc<Guard>,
+    /// The credentials the operator holds, which a wait may name.
+    pub credentials: Arc<crate::outbound::credentials::Credentials>,
     /// The API tokens in force; none means anonymous use (tenant "").
     pub tokens: crate::tokens::Tokens,
     /// Most running waits one tenant may have.

@@ -243,6 +243,7 @@ pub(super) fn blocked_response(wait: &Wait, why: Held, created: bool) -> Respons
         (status = 202, description = "Held, and still running when the duration passed", body = Wait,
          headers(("Location" = String, description = "The wait's URL"))),
         (status = 400, description = "Invalid request: the body, a field (see `errors`), the query or the Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A `target.auth.credential` the operator does not give this tenant (`--credentials-file`), or a read-only API token (tenant:token:read), which may only read", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "A group names a member by the id of no wait of the caller's (exactly as reading it would answer)", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Held and canceled (the wait), or the Idempotency-Key was used with another body (a problem)",
@@ -285,7 +286,7 @@ pub async fn create_wait(
             ApiError::internal()
         })?;
     let spec = spec?;
-    super::groups::guard(&s, &spec, "", true)?;
+    super::groups::guard(&s, &tenant, &spec, "", true)?;
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex::encode(Sha256::digest(body.to_string().as_bytes()))

@@ -70,6 +70,10 @@ pub struct CreateArgs {
     /// With --wait: cancel the wait on the server when interrupted.
     #[arg(long, requires = "wait")]
     pub cancel_on_interrupt: bool,
+    /// Poll with a credential the server's operator holds for your tenant
+    /// (target.auth.credential; the server's --credentials-file names them).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["all", "any"])]
+    pub auth_credential: Option<String>,
     /// Make a retried create return the first wait (the Idempotency-Key header).
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
@@ -252,6 +256,11 @@ pub(super) fn create_request(a: &CreateArgs) -> Result<Value, Problem> {
         (false, _) => group_request("all", &a.all, &a.spec)?,
         (true, false) => group_request("any", &a.any, &a.spec)?,
     };
+    if let Some(name) = &a.auth_credential {
+        let mut target = take_object(&mut req, "target");
+        target.insert("auth".into(), json!({ "credential": name }));
+        req.insert("target".into(), Value::Object(target));
+    }
     if let Some(path) = &a.notify_secret_file {
         let secret = std::fs::read_to_string(path).map_err(|e| {
             format!(

@@ -8,6 +8,8 @@
 //! - [`Error`]: why a request came to nothing, whether that may pass
 //!   ([`Error::is_transient`]), and a sentence that never holds the URL or a header
 //!   value.
+//! - [`credentials`]: the credentials the operator holds, named, for the
+//!   tenants it lists (`--credentials-file`).
 //! - [`token`]: bearer tokens minted by the OAuth 2.0 client-credentials grant
 //!   for the waits that ask for them, shared by waits of one tenant and credential.
 //! - [`KeyedSlots`]: the bound on how many at once per key (a host, a tenant's
@@ -17,6 +19,7 @@
 //! caller's.
 
 mod client;
+pub mod credentials;
 mod error;
 pub mod guard;
 mod slots;

@@ -15,7 +15,8 @@ use super::conditional;
 use super::share::{Delivered, Fetched};
 use crate::engine::Observation;
 use crate::outbound::Body;
-use crate::outbound::token::{Credential, TokenError};
+use crate::outbound::credentials::Bearer;
+use crate::outbound::token::TokenError;
 
 impl Prober {
     /// [`Prober::fetch`] with the credential's token, when there is a credential.
@@ -26,7 +27,7 @@ impl Prober {
         mut request: Request<Body>,
         read_body: bool,
         kept: &conditional::Slot,
-        auth: Option<&Credential>,
+        auth: Option<&Bearer>,
     ) -> Delivered {
         let Some(auth) = auth else {
             return self.fetch(wait, host, request, read_body, kept).await;
@@ -42,10 +43,15 @@ impl Prober {
             .await;
         let refused =
             matches!(&*delivered.0, Fetched::Answered(r) if r.status == StatusCode::UNAUTHORIZED);
+        // A token read from a file is read again when the file changes, not
+        // because a target refused it.
+        let Bearer::Minted(minted) = auth else {
+            return delivered;
+        };
         if !refused {
             return delivered;
         }
-        auth.reject(&bearer);
+        minted.reject(&bearer);
         self.inner.tokens.counts.rejected.fetch_add(1, Relaxed);
         let bearer = match self.bearer(auth).await {
             Ok(b) => b,
@@ -60,15 +66,20 @@ impl Prober {
 
     /// The credential's `Authorization` value, or the observation a poll makes
     /// without one.
-    async fn bearer(&self, auth: &Credential) -> Result<http::HeaderValue, Delivered> {
-        auth.bearer(
-            &self.inner.client,
-            &self.inner.hosts,
-            self.inner.timeout,
-            &self.inner.tokens.counts,
-        )
-        .await
-        .map_err(|e| {
+    async fn bearer(&self, auth: &Bearer) -> Result<http::HeaderValue, Delivered> {
+        let value = match auth {
+            Bearer::Minted(c) => {
+                c.bearer(
+                    &self.inner.client,
+                    &self.inner.hosts,
+                    self.inner.timeout,
+                    &self.inner.tokens.counts,
+                )
+                .await
+            }
+            Bearer::File(f) => f.value(),
+        };
+        value.map_err(|e| {
             (
                 Arc::new(Fetched::Failed(token_failure(e))),
                 crate::model::LastPoll::Sent,

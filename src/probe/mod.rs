@@ -46,7 +46,8 @@ use http::{Method, Request, StatusCode, Uri};
 use crate::engine::spec::Auth;
 use crate::engine::{Observation, Spec, ValuePath};
 use crate::model::LastPoll;
-use crate::outbound::token::{Credential, Tokens};
+use crate::outbound::credentials::{Bearer, Credentials};
+use crate::outbound::token::Tokens;
 use crate::outbound::{Body, Client, KeyedSlots, Peer};
 use read::{Answer, INLINE_BODY, header_map};
 pub use read::{Memo, judge};
@@ -83,6 +84,9 @@ pub struct ProbeConfig {
     /// The longest a host that asks for quiet is paused (`--max-host-pause`,
     /// default and most 1h).
     pub max_host_pause: Duration,
+    /// The credentials the operator holds (`--credentials-file`), which a
+    /// target's `auth.credential` names.
+    pub credentials: Arc<Credentials>,
 }
 
 /// The header that names the replica a probe comes from, when it is configured.
@@ -99,6 +103,7 @@ impl Default for ProbeConfig {
             identity: None,
             share_window: Duration::from_secs(1),
             max_host_pause: MAX_RETRY_AFTER,
+            credentials: Arc::default(),
         }
     }
 }
@@ -152,6 +157,8 @@ struct Inner {
     max_host_pause: Duration,
     /// The tokens of the credentials held waits name.
     tokens: Arc<Tokens>,
+    /// The credentials the operator holds.
+    credentials: Arc<Credentials>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -194,8 +201,9 @@ pub struct Target {
     kept: conditional::Slot,
     /// How the last poll's response came ([`Came`]).
     came: Came,
-    /// The credential whose token goes with each request, when the spec has `auth`.
-    auth: Option<Arc<Credential>>,
+    /// Where the token that goes with each request comes from, when the spec has
+    /// `auth`.
+    auth: Option<Bearer>,
 }
 
 /// How a target's last poll got its response, in one byte: 0 before the first.
@@ -275,6 +283,7 @@ impl Prober {
                 pauses: pause::Pauses::default(),
                 max_host_pause: config.max_host_pause.min(MAX_RETRY_AFTER),
                 tokens: Arc::default(),
+                credentials: config.credentials.clone(),
             }),
         })
     }
@@ -370,10 +379,16 @@ impl Prober {
             .err()
             .map(|r| r.to_string().into_boxed_str());
         let auth = match &spec.target.auth {
-            Some(Auth::Oauth2(o)) => Some(
+            Some(Auth::Oauth2(o)) => Some(Bearer::Minted(
                 self.inner
                     .tokens
                     .credential(&tenant, o)
+                    .map_err(|e| format!("no token for the target: {e}"))?,
+            )),
+            Some(Auth::Credential(name)) => Some(
+                self.inner
+                    .credentials
+                    .for_tenant(&tenant, name)
                     .map_err(|e| format!("no token for the target: {e}"))?,
             ),
             None => None,
@@ -447,7 +462,7 @@ impl Prober {
                     request,
                     read_body,
                     &target.kept,
-                    target.auth.as_deref(),
+                    target.auth.as_ref(),
                 )
                 .await
             }
@@ -484,7 +499,7 @@ impl Prober {
                 let auth = target.auth.clone();
                 tokio::spawn(async move {
                     let fetched = prober
-                        .fetch_authed(wait, host, request, true, &held.kept, auth.as_deref())
+                        .fetch_authed(wait, host, request, true, &held.kept, auth.as_ref())
                         .await;
                     drop(held);
                     tx.send_replace(Some(fetched));

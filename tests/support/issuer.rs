@@ -1,7 +1,7 @@
 //! A scripted OAuth 2.0 token endpoint and the API it guards, on 127.0.0.1:0.
 //!
 //! `POST /token` answers the client-credentials grant for [`CLIENT_ID`] and the
-//! issuer's secret (as form fields or HTTP Basic) with a token living
+//! issuer's secret (as form fields, HTTP Basic, or a JWT bearer assertion) with a token living
 //! [`Issuer::set_lifetime`]; [`Issuer::set_mode`] makes it fail instead.
 //! `GET /target` answers `401` to a token it did not issue, one revoked, or one
 //! past its life (plus [`GRACE`] for the trip), else the Latitude-shaped status:
@@ -44,7 +44,7 @@ struct State {
     revoked: HashSet<String>,
     on_after: usize,
     token_requests: usize,
-    /// How each token request authenticated: "body" or "basic".
+    /// How each token request authenticated: "body", "basic" or "assertion".
     client_auth: Vec<&'static str>,
     forms: Vec<HashMap<String, String>>,
     target_ok: usize,
@@ -183,6 +183,13 @@ async fn token(
             .and_then(|v| v.strip_prefix("Basic "))
             .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
             .and_then(|b| String::from_utf8(b).ok());
+        let assertion = form
+            .get("client_assertion")
+            .filter(|_| {
+                form.get("client_assertion_type").map(String::as_str)
+                    == Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
+            })
+            .cloned();
         let (id, secret, how) = match basic {
             Some(pair) => {
                 let (id, secret) = pair.split_once(':').unwrap_or((&pair, ""));
@@ -194,11 +201,18 @@ async fn token(
                 };
                 (dec(id), dec(secret), "basic")
             }
-            None => (
-                form.get("client_id").cloned().unwrap_or_default(),
-                form.get("client_secret").cloned().unwrap_or_default(),
-                "body",
-            ),
+            None => match assertion {
+                Some(a) => (
+                    form.get("client_id").cloned().unwrap_or_default(),
+                    a,
+                    "assertion",
+                ),
+                None => (
+                    form.get("client_id").cloned().unwrap_or_default(),
+                    form.get("client_secret").cloned().unwrap_or_default(),
+                    "body",
+                ),
+            },
         };
         s.client_auth.push(how);
         let grant = form.get("grant_type").map(String::as_str);

@@ -17,6 +17,9 @@ pub enum Auth {
     /// Bearer tokens minted by the OAuth 2.0 client-credentials grant (RFC 6749
     /// §4.4) and sent as `Authorization: Bearer …`.
     Oauth2(OAuth2),
+    /// A credential the operator holds, by name (`--credentials-file`): only a
+    /// tenant the operator lists for it may name it.
+    Credential(String),
 }
 
 /// The client-credentials grant: where to mint tokens and as which client.
@@ -106,6 +109,7 @@ impl Auth {
             Auth::Oauth2(o) => {
                 sealed.insert(SEALED_CLIENT_SECRET.into(), o.client_secret.clone());
             }
+            Auth::Credential(_) => {}
         }
     }
 
@@ -117,25 +121,52 @@ impl Auth {
                     o.client_secret = secret.clone();
                 }
             }
+            Auth::Credential(_) => {}
         }
     }
 
     pub(super) fn redact(&mut self) {
         match self {
             Auth::Oauth2(o) => o.client_secret = REDACTED.to_string(),
+            Auth::Credential(_) => {}
         }
     }
 }
 
 /// Reads `target.auth`.
 pub(super) fn parse_auth(v: &Value, limits: &Limits, errs: &mut Errors) -> Option<Auth> {
-    const SHAPE: &str =
-        "must be {\"oauth2\": {\"token_url\": …, \"client_id\": …, \"client_secret\": …}}";
+    const SHAPE: &str = "must be {\"oauth2\": {\"token_url\": …, \"client_id\": …, \"client_secret\": …}} or {\"credential\": \"NAME\"}";
     let Value::Object(obj) = v else {
         errs.push("target.auth", format!("{SHAPE}, not {}", type_name(v)));
         return None;
     };
-    errs.unknown(obj, "target.auth", &["oauth2"]);
+    errs.unknown(obj, "target.auth", &["oauth2", "credential"]);
+    if obj.len() > 1 {
+        errs.push(
+            "target.auth",
+            "names one way: oauth2 or credential, not both",
+        );
+        return None;
+    }
+    if let Some(v) = opt(obj, "credential") {
+        return match v {
+            Value::String(name) if is_credential_name(name) => Some(Auth::Credential(name.clone())),
+            Value::String(_) => {
+                errs.push(
+                    "target.auth.credential",
+                    "is 1 to 64 of letters, digits, '_', '.' and '-': the name of a credential the operator holds",
+                );
+                None
+            }
+            other => {
+                errs.push(
+                    "target.auth.credential",
+                    format!("must be a string, not {}", type_name(other)),
+                );
+                None
+            }
+        };
+    }
     match opt(obj, "oauth2") {
         Some(Value::Object(o)) => parse_oauth2(o, limits, errs).map(Auth::Oauth2),
         Some(other) => {
@@ -152,6 +183,14 @@ pub(super) fn parse_auth(v: &Value, limits: &Limits, errs: &mut Errors) -> Optio
             None
         }
     }
+}
+
+/// 1 to 64 of letters, digits, `_`, `.` and `-`.
+pub fn is_credential_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 fn parse_oauth2(obj: &Map<String, Value>, limits: &Limits, errs: &mut Errors) -> Option<OAuth2> {

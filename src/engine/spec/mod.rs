@@ -20,7 +20,7 @@ use super::schema;
 mod auth;
 mod target;
 
-pub use auth::{Auth, ClientAuth, OAuth2};
+pub use auth::{Auth, ClientAuth, OAuth2, is_credential_name};
 pub use target::Target;
 use target::{check_url, parse_target};
 

@@ -1,0 +1,243 @@
+//! Credentials the operator holds (`--credentials-file`): a wait names one by
+//! `target.auth.credential`, only a tenant the operator lists may, and the
+//! secrets stay in the operator's files, read again as they rotate.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::issuer::{CLIENT_ID, Issuer};
+use crate::support::*;
+
+const TOKEN_A: &str = "tenant-a-token-0123456789";
+const TOKEN_B: &str = "tenant-b-token-0123456789";
+
+async fn create_as(app: &App, token: &str, spec: &Value) -> (u16, Value) {
+    let res = client()
+        .post(app.url("/waits"))
+        .bearer_auth(token)
+        .json(spec)
+        .send()
+        .await
+        .unwrap();
+    let code = res.status().as_u16();
+    (code, res.json().await.unwrap())
+}
+
+async fn ended_as(app: &App, token: &str, id: &str) -> Value {
+    client()
+        .get(app.url(&format!("/waits/{id}?wait=20s")))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// An app on SQLite with tenants `a` and `b` and the credentials in `file`.
+async fn app_with(dir: &TempDir, file: &Path) -> App {
+    let mut args = test_args(&dir.sqlite_url());
+    args.extend([
+        "--tokens".to_string(),
+        format!("a:{TOKEN_A},b:{TOKEN_B}"),
+        "--credentials-file".to_string(),
+        file.display().to_string(),
+    ]);
+    App::start_args(args).await
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+fn named(url: &str, credential: &str) -> Value {
+    let mut s = spec(url);
+    s["target"]["auth"] = json!({ "credential": credential });
+    s["poll"] = json!({"initial": "50ms", "factor": 1, "max": "50ms", "jitter": 0});
+    s
+}
+
+/// The token of a `bearer_file` credential is read again when the file changes:
+/// the next poll carries the new one, as a rotated service-account token.
+#[tokio::test]
+async fn a_rewritten_token_file_is_sent_at_the_next_poll() {
+    let dir = TempDir::new("waitd-cred");
+    let token_file = dir.path.join("token");
+    write(&token_file, "first-token\n");
+    let creds = dir.path.join("credentials.json");
+    write(
+        &creds,
+        &json!({"credentials": {"in-cluster": {
+            "kind": "bearer_file", "tenants": ["a"], "path": token_file
+        }}})
+        .to_string(),
+    );
+    let app = app_with(&dir, &creds).await;
+    let up = Upstream::start().await;
+    let url = up.script("/k8s", vec![Reply::status("deploying")]);
+    let (code, w) = create_as(&app, TOKEN_A, &named(&url, "in-cluster")).await;
+    assert_eq!(code, 201, "{w}");
+    assert_eq!(
+        w["spec"]["target"]["auth"]["credential"], "in-cluster",
+        "{w}"
+    );
+    let id = w["id"].as_str().unwrap().to_string();
+    let sent = |up: &Upstream| -> Vec<String> {
+        up.headers_seen("/k8s")
+            .iter()
+            .filter_map(|h| h.get("authorization")?.to_str().ok().map(str::to_string))
+            .collect()
+    };
+    assert!(up.hit("/k8s", 1, Duration::from_secs(10)).await);
+    assert_eq!(sent(&up)[0], "Bearer first-token");
+
+    write(&token_file, "second-token-rotated\n");
+    let rotated = poll_for(Duration::from_secs(10), || {
+        let seen = sent(&up);
+        async move {
+            seen.contains(&"Bearer second-token-rotated".to_string())
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        rotated.is_some(),
+        "the new token was never sent: {:?}",
+        sent(&up)
+    );
+    let after: Vec<String> = sent(&up)
+        .into_iter()
+        .skip_while(|t| t != "Bearer second-token-rotated")
+        .collect();
+    assert!(
+        after.iter().all(|t| t == "Bearer second-token-rotated"),
+        "the old token after the new one: {after:?}"
+    );
+    up.script("/k8s", vec![Reply::status("on")]);
+    let w = ended_as(&app, TOKEN_A, &id).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    app.stop().await.0.unwrap();
+}
+
+/// A tenant the operator does not list for a credential, or a name the operator
+/// does not hold: the same 403, naming the credential, for a wait and for a
+/// group's member alike.
+#[tokio::test]
+async fn a_tenant_not_listed_for_a_credential_gets_a_403_naming_it() {
+    let dir = TempDir::new("waitd-cred");
+    let token_file = dir.path.join("token");
+    write(&token_file, "t");
+    let creds = dir.path.join("credentials.json");
+    write(
+        &creds,
+        &json!({"credentials": {"team-a-only": {
+            "kind": "bearer_file", "tenants": ["a"], "path": token_file
+        }}})
+        .to_string(),
+    );
+    let app = app_with(&dir, &creds).await;
+    let url = "http://127.0.0.1:9/never";
+    for name in ["team-a-only", "no-such-credential"] {
+        let (code, problem) = create_as(&app, TOKEN_B, &named(url, name)).await;
+        assert_eq!(code, 403, "{problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(name), "{detail}");
+        assert!(detail.contains("target.auth.credential"), "{detail}");
+        assert!(
+            !detail.contains(&token_file.display().to_string()),
+            "{detail}"
+        );
+    }
+    let group = json!({"all": [named(url, "team-a-only")], "timeout": "5s"});
+    let (code, problem) = create_as(&app, TOKEN_B, &group).await;
+    assert_eq!(code, 403, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("all[0].target.auth.credential"),
+        "{problem}"
+    );
+    let (code, w) = create_as(&app, TOKEN_A, &named(url, "team-a-only")).await;
+    assert_eq!(code, 201, "tenant a may: {w}");
+    let (code, problem) = create_as(&app, TOKEN_A, &named(url, "bad name!")).await;
+    assert_eq!(code, 400, "{problem}");
+    app.stop().await.0.unwrap();
+}
+
+/// An `oauth2` credential proves the client with the secret in its file, or
+/// with the assertion in its file (workload identity), each read at every mint.
+#[tokio::test]
+async fn an_oauth2_credential_reads_its_secret_or_assertion_from_the_operators_file() {
+    let dir = TempDir::new("waitd-cred");
+    let issuer = Issuer::start("secret-in-a-file").await;
+    issuer.on_after(1);
+    let secret_file = dir.path.join("client-secret");
+    write(&secret_file, "secret-in-a-file\n");
+    let assertion_file = dir.path.join("federated-token");
+    write(&assertion_file, "secret-in-a-file");
+    let creds = dir.path.join("credentials.json");
+    write(
+        &creds,
+        &json!({"credentials": {
+            "by-secret": {"kind": "oauth2", "tenants": ["*"], "token_url": issuer.token_url,
+                          "client_id": CLIENT_ID, "client_secret_file": secret_file,
+                          "scope": "api://target/.default"},
+            "by-assertion": {"kind": "oauth2", "tenants": ["b"], "token_url": issuer.token_url,
+                             "client_id": CLIENT_ID, "client_assertion_file": assertion_file}
+        }})
+        .to_string(),
+    );
+    let app = app_with(&dir, &creds).await;
+    for (token, name) in [(TOKEN_A, "by-secret"), (TOKEN_B, "by-assertion")] {
+        let (code, w) = create_as(&app, token, &named(&issuer.target_url, name)).await;
+        assert_eq!(code, 201, "{w}");
+        let w = ended_as(&app, token, w["id"].as_str().unwrap()).await;
+        assert_eq!(w["status"], "succeeded", "{name}: {w}");
+    }
+    assert_eq!(issuer.client_auth_seen(), vec!["body", "assertion"]);
+    assert_eq!(issuer.unauthorized(), 0);
+    app.stop().await.0.unwrap();
+}
+
+/// The command-line client names a credential with `--auth-credential`.
+#[tokio::test]
+async fn the_client_names_a_credential_with_a_flag() {
+    let dir = TempDir::new("waitd-cred");
+    let token_file = dir.path.join("token");
+    write(&token_file, "cli-token");
+    let creds = dir.path.join("credentials.json");
+    write(
+        &creds,
+        &json!({"credentials": {"ci": {
+            "kind": "bearer_file", "tenants": ["a"], "path": token_file
+        }}})
+        .to_string(),
+    );
+    let app = app_with(&dir, &creds).await;
+    let up = Upstream::start().await;
+    let url = up.script("/cli", vec![Reply::status("on")]);
+    let args = [
+        "create",
+        "--url",
+        url.as_str(),
+        "--state",
+        "/data/attributes/status",
+        "--want",
+        "on",
+        "--auth-credential",
+        "ci",
+        "--wait",
+    ];
+    let run = crate::client::waitd_env(&app.base, &args, &[("WAITD_TOKEN", TOKEN_A)]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let seen = up.headers_seen("/cli");
+    assert_eq!(seen[0]["authorization"], "Bearer cli-token");
+    let run = crate::client::waitd_env(&app.base, &args, &[("WAITD_TOKEN", TOKEN_B)]).await;
+    assert_eq!(run.code, 5, "{run:?}");
+    assert!(run.stderr.contains("\"ci\""), "{run:?}");
+    app.stop().await.0.unwrap();
+}
