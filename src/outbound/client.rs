@@ -2,9 +2,11 @@
 //!
 //! hyper's pooled HTTP/1 client, its names resolved only by the SSRF guard's
 //! [`GuardedResolver`], TLS by rustls with the process's crypto provider and the
-//! platform's verifier. No proxy (the guard judges the address actually connected
-//! to), no redirects and no retries inside the client: one request is one
-//! exchange, and what to do about its answer is the caller's.
+//! platform's verifier, or a wait's own authorities and client certificate
+//! ([`Client::with_tls`], shared by [`super::TlsClients`]). No proxy (the guard
+//! judges the address actually connected to), no redirects and no retries inside
+//! the client: one request is one exchange, and what to do about its answer is the
+//! caller's.
 //!
 //! Not reqwest: its layers for redirects and retries (a request cloned for a retry
 //! that never comes, the URL parsed again for the redirect policy and for the
@@ -24,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::error::{Error, Peer, error_chain};
 use super::guard::{Guard, GuardedResolver};
+use super::tls::TlsSettings;
 use crate::config::SettingError;
 
 /// The `User-Agent` of every outbound request.
@@ -45,6 +48,7 @@ type Connector = hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>;
 pub struct Client {
     http: HttpClient<Connector, Body>,
     guard: Arc<Guard>,
+    resolver: GuardedResolver,
 }
 
 impl std::fmt::Debug for Client {
@@ -64,13 +68,30 @@ impl Client {
         overrides: &[(String, SocketAddr)],
     ) -> Result<Client, SettingError> {
         let resolver = GuardedResolver::new(guard.clone(), overrides);
-        let tls = tls_config().map_err(|e| {
+        let tls = tls_config(None).map_err(|e| {
             SettingError(format!(
-                "could not build the HTTP client for outbound requests: {}",
-                error_chain(&e)
+                "could not build the HTTP client for outbound requests: {e}"
             ))
         })?;
-        let mut http = HttpConnector::new_with_resolver(resolver);
+        Ok(Client::build(guard, resolver, tls))
+    }
+
+    /// A client like this one (the same guard, resolver and settings, a pool of
+    /// its own) whose TLS trusts `tls.roots` instead of the platform's roots when
+    /// there are any, and presents `tls.identity` when the server asks for a
+    /// client certificate. Building it is CPU work: [`super::TlsClients`] makes
+    /// one per distinct setting.
+    pub fn with_tls(&self, tls: &TlsSettings) -> Result<Client, String> {
+        let config = tls_config(Some(tls))?;
+        Ok(Client::build(
+            self.guard.clone(),
+            self.resolver.clone(),
+            config,
+        ))
+    }
+
+    fn build(guard: Arc<Guard>, resolver: GuardedResolver, tls: rustls::ClientConfig) -> Client {
+        let mut http = HttpConnector::new_with_resolver(resolver.clone());
         http.enforce_http(false);
         http.set_nodelay(true);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -82,7 +103,11 @@ impl Client {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        Ok(Client { http, guard })
+        Client {
+            http,
+            guard,
+            resolver,
+        }
     }
 
     /// The guard this client applies.
@@ -105,22 +130,54 @@ impl Client {
     }
 }
 
-/// rustls with the process's crypto provider (ring's, installed as the process
-/// default if none is) and the platform's verifier, as reqwest's rustls client
-/// has it.
-fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+/// The process's crypto provider: ring's, installed as the process default if
+/// none is. Certificates and keys are checked with it where they are given
+/// (`target.tls`), as the client that uses them will.
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     // Another part of the process may have installed a provider first; either way
     // one is installed afterwards.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let provider = rustls::crypto::CryptoProvider::get_default()
+    rustls::crypto::CryptoProvider::get_default()
         .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-    let verifier = rustls_platform_verifier::Verifier::new(provider.clone())?;
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth())
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
+}
+
+/// rustls with the process's crypto provider and the platform's verifier, as
+/// reqwest's rustls client has it; or, with `own` authorities, a verifier that
+/// trusts exactly those; and `own` client certificate, if any.
+fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, String> {
+    let why = |e: rustls::Error| error_chain(&e);
+    let provider = crypto_provider();
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(why)?;
+    let builder = match own.filter(|t| !t.roots.is_empty()) {
+        Some(own) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in &own.roots {
+                roots.add(cert.clone()).map_err(why)?;
+            }
+            let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| error_chain(&e))?;
+            builder.with_webpki_verifier(verifier)
+        }
+        None => {
+            let verifier = rustls_platform_verifier::Verifier::new(provider).map_err(why)?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
+        }
+    };
+    match own.and_then(|t| t.identity.as_ref()) {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .map_err(why),
+        None => Ok(builder.with_no_client_auth()),
+    }
 }
 
 /// An answer's body, read chunk by chunk up to `max` bytes; past it (or at once

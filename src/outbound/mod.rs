@@ -5,6 +5,8 @@
 //!   an address, so the address judged is the address connected to.
 //! - [`Client`]: one hyper client under that resolver, with its TLS settings; no
 //!   proxy, no redirects, no retries.
+//! - [`TlsClients`]: a client per distinct TLS setting of one's own (authorities to
+//!   trust, a client certificate), shared by everyone who holds that setting.
 //! - [`Error`]: why a request came to nothing, whether that may pass
 //!   ([`Error::is_transient`]), and a sentence that never holds the URL or a header
 //!   value.
@@ -23,9 +25,13 @@ pub mod credentials;
 mod error;
 pub mod guard;
 mod slots;
+mod tls;
 pub mod token;
 
-pub use client::{Body, Client, MAX_RETRY_AFTER, USER_AGENT, drain, read_body, retry_after};
+pub use client::{
+    Body, Client, MAX_RETRY_AFTER, USER_AGENT, crypto_provider, drain, read_body, retry_after,
+};
 pub use error::{Error, Peer, error_chain, format_size};
 pub use guard::{Guard, GuardedResolver, ResolveError};
 pub use slots::{Full, KeyedSlots, Slot};
+pub use tls::{TlsClient, TlsClients, TlsDigest, TlsSettings};
