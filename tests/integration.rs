@@ -43,6 +43,7 @@ mod security;
 mod shared_polls;
 mod store_conformance;
 mod timestamps;
+mod tls_targets;
 mod tokens;
 mod webhook_store;
 mod webhooks;

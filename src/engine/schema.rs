@@ -171,6 +171,33 @@ schema_type!(
         .examples(["https://api.example.com/servers/1"])
 );
 
+schema_type!(
+    /// `target.tls.ca` and `target.tls.client_cert`: PEM certificates.
+    PemCertificates,
+    "PemCertificates",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(super::spec::tls::MAX_PEM_LEN))
+        .description(Some(
+            "One or more PEM certificates (at most 16), each from `-----BEGIN CERTIFICATE-----` to `-----END CERTIFICATE-----`"
+        ))
+        .examples(["-----BEGIN CERTIFICATE-----\nMIIB…\n-----END CERTIFICATE-----\n"])
+);
+
+schema_type!(
+    /// `target.tls.client_key`: a PEM private key, or `<redacted>` as every read
+    /// shows it.
+    PemPrivateKey,
+    "PemPrivateKey",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(super::spec::tls::MAX_PEM_LEN))
+        .description(Some(
+            "One PEM private key, not encrypted: PKCS#8 (`-----BEGIN PRIVATE KEY-----`), PKCS#1 (`-----BEGIN RSA PRIVATE KEY-----`) or SEC1 (`-----BEGIN EC PRIVATE KEY-----`). Write-only: reads show `<redacted>`"
+        ))
+        .examples(["-----BEGIN PRIVATE KEY-----\nMIGH…\n-----END PRIVATE KEY-----\n"])
+);
+
 /// What `notify[].secret` looks like: a Standard Webhooks secret, or `<redacted>` as
 /// every read shows it.
 pub const WEBHOOK_SECRET_PATTERN: &str = "^(whsec_[A-Za-z0-9+/]{32,88}={0,2}|<redacted>)$";

@@ -14,15 +14,16 @@ use super::Prober;
 use super::conditional;
 use super::share::{Delivered, Fetched};
 use crate::engine::Observation;
-use crate::outbound::Body;
 use crate::outbound::credentials::Bearer;
 use crate::outbound::token::TokenError;
+use crate::outbound::{Body, Client};
 
 impl Prober {
     /// [`Prober::fetch`] with the credential's token, when there is a credential.
     pub(super) async fn fetch_authed(
         &self,
         wait: uuid::Uuid,
+        client: &Client,
         host: Arc<str>,
         mut request: Request<Body>,
         read_body: bool,
@@ -30,7 +31,9 @@ impl Prober {
         auth: Option<&Bearer>,
     ) -> Delivered {
         let Some(auth) = auth else {
-            return self.fetch(wait, host, request, read_body, kept).await;
+            return self
+                .fetch(wait, client, host, request, read_body, kept)
+                .await;
         };
         let (uri, headers) = (request.uri().clone(), request.headers().clone());
         let bearer = match self.bearer(auth).await {
@@ -39,7 +42,7 @@ impl Prober {
         };
         request.headers_mut().insert(AUTHORIZATION, bearer.clone());
         let delivered = self
-            .fetch(wait, host.clone(), request, read_body, kept)
+            .fetch(wait, client, host.clone(), request, read_body, kept)
             .await;
         let refused =
             matches!(&*delivered.0, Fetched::Answered(r) if r.status == StatusCode::UNAUTHORIZED);
@@ -61,7 +64,7 @@ impl Prober {
         *again.uri_mut() = uri;
         *again.headers_mut() = headers;
         again.headers_mut().insert(AUTHORIZATION, bearer);
-        self.fetch(wait, host, again, read_body, kept).await
+        self.fetch(wait, client, host, again, read_body, kept).await
     }
 
     /// The credential's `Authorization` value, or the observation a poll makes

@@ -1,7 +1,8 @@
 //! One GET of a wait's target → one [`Observation`].
 //!
 //! The prober knows nothing of storage, scheduling or serving: it takes a [`Spec`],
-//! sends one request with one shared client, and classifies the answer exactly as
+//! sends one request with one shared client (or the client of the wait's own TLS
+//! settings, shared by every wait of them), and classifies the answer exactly as
 //! docs/design.md §3.2 says:
 //!
 //! | answer | observation |
@@ -48,7 +49,7 @@ use crate::engine::{Observation, Spec, ValuePath};
 use crate::model::LastPoll;
 use crate::outbound::credentials::{Bearer, Credentials};
 use crate::outbound::token::Tokens;
-use crate::outbound::{Body, Client, KeyedSlots, Peer};
+use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients, TlsSettings};
 use read::{Answer, INLINE_BODY, header_map};
 pub use read::{Memo, judge};
 use share::{Fetched, Response, Turn};
@@ -141,6 +142,8 @@ pub struct Prober {
 struct Inner {
     /// The outbound client (see [`crate::outbound`]).
     client: Client,
+    /// The clients of the targets with TLS settings of their own.
+    tls: TlsClients,
     /// `User-Agent`, `Accept` and `--probe-identity`, under a target's own headers.
     defaults: HeaderMap,
     timeout: Duration,
@@ -194,6 +197,8 @@ pub struct Target {
     tenant: Arc<str>,
     /// The request's group, when its polls may be shared.
     group: Option<Arc<share::Group>>,
+    /// The client of the target's own TLS settings; `None`: the prober's.
+    tls: Option<Arc<TlsClient>>,
     /// When the wait last polled (or was taken up): it never reads a response
     /// begun before.
     last: share::LastPoll,
@@ -272,6 +277,7 @@ impl Prober {
         let client = Client::new(Arc::new(config.guard), &config.resolve_overrides)?;
         Ok(Prober {
             inner: Arc::new(Inner {
+                tls: TlsClients::new(client.clone()),
                 client,
                 defaults,
                 timeout: config.timeout,
@@ -394,6 +400,18 @@ impl Prober {
             None => None,
         };
         let credential = auth.as_ref().map(|c| hex::encode(c.key()));
+        let tls = match &spec.target.tls {
+            Some(own) => {
+                let unusable =
+                    |why: String| format!("the target's TLS settings cannot be used: {why}");
+                let settings = TlsSettings {
+                    roots: own.roots().map_err(unusable)?,
+                    identity: own.identity().map_err(unusable)?,
+                };
+                Some(self.inner.tls.client(&settings).map_err(unusable)?)
+            }
+            None => None,
+        };
         let group = (shareable
             && spec.target.share
             && !self.inner.share_window.is_zero()
@@ -410,9 +428,12 @@ impl Prober {
                 sent.push((":auth".into(), c.as_str()));
             }
             sent.sort();
-            self.inner
-                .shares
-                .group(share::key(&tenant, &uri.to_string(), &sent))
+            self.inner.shares.group(share::key(
+                &tenant,
+                &uri.to_string(),
+                tls.as_ref().map(|t| t.digest()),
+                &sent,
+            ))
         })
         .flatten();
         Ok(Target {
@@ -422,6 +443,7 @@ impl Prober {
             refused,
             tenant,
             group,
+            tls,
             last: share::LastPoll::now(),
             kept: std::sync::Mutex::new(None),
             came: Came::default(),
@@ -456,8 +478,10 @@ impl Prober {
                     || spec.failure_condition.is_some()
                     || matches!(&spec.state, Some(p) if !matches!(p, ValuePath::HttpStatus));
                 let request = self.request(target);
+                let client = self.client_of(target);
                 self.fetch_authed(
                     wait,
+                    client,
                     target.host.clone(),
                     request,
                     read_body,
@@ -492,6 +516,7 @@ impl Prober {
                 let rx = tx.subscribe();
                 let prober = self.clone();
                 let request = self.request(target);
+                let client = self.client_of(target).clone();
                 let host = target.host.clone();
                 let held = group.clone();
                 let group = Arc::downgrade(group);
@@ -499,7 +524,15 @@ impl Prober {
                 let auth = target.auth.clone();
                 tokio::spawn(async move {
                     let fetched = prober
-                        .fetch_authed(wait, host, request, true, &held.kept, auth.as_ref())
+                        .fetch_authed(
+                            wait,
+                            &client,
+                            host,
+                            request,
+                            true,
+                            &held.kept,
+                            auth.as_ref(),
+                        )
                         .await;
                     drop(held);
                     tx.send_replace(Some(fetched));
@@ -527,6 +560,15 @@ impl Prober {
         (fetched, if joined { LastPoll::Shared } else { came })
     }
 
+    /// The client a target's requests go through: its own TLS settings', or the
+    /// prober's.
+    fn client_of<'a>(&'a self, target: &'a Target) -> &'a Client {
+        target
+            .tls
+            .as_deref()
+            .map_or(&self.inner.client, TlsClient::client)
+    }
+
     /// The request of a target: a GET of its URI with its headers.
     fn request(&self, target: &Target) -> Request<Body> {
         let mut request = Request::new(Body::new(Bytes::new()));
@@ -545,6 +587,7 @@ impl Prober {
     async fn fetch(
         &self,
         wait: uuid::Uuid,
+        client: &Client,
         host: Arc<str>,
         mut request: Request<Body>,
         read_body: bool,
@@ -560,7 +603,7 @@ impl Prober {
         let _slot = self.inner.hosts.acquire(host.clone()).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
         let exchange = async {
-            let mut response = match self.inner.client.send(request, Peer::Target).await {
+            let mut response = match client.send(request, Peer::Target).await {
                 Ok(r) => r,
                 Err(e) => return Fetched::Failed(self.failure(wait, &log_host, e)),
             };

@@ -1,5 +1,6 @@
 //! Shared polls: the waits of one tenant that send the identical request (method,
-//! URL, every header) read one response rather than each sending its own.
+//! URL, every header, over the same TLS settings) read one response rather than
+//! each sending its own.
 //!
 //! A wait's [`Target`](super::Target) holds its request's [`Group`], interned here
 //! by the request's bytes, so every held wait of that request holds the same one.
@@ -172,14 +173,19 @@ impl Group {
     }
 }
 
-/// The key bytes of a request: the tenant, the method, the URI and the headers
-/// (names in lower case, sorted), each length-prefixed so that no two requests
-/// share one.
-pub(super) fn key(tenant: &str, uri: &str, headers: &[(String, &str)]) -> Vec<u8> {
+/// The key bytes of a request: the tenant, the method, the URI, the digest of
+/// its own TLS settings (none for the prober's) and the headers (names in lower
+/// case, sorted), each length-prefixed so that no two requests share one.
+pub(super) fn key(
+    tenant: &str,
+    uri: &str,
+    tls: Option<&crate::outbound::TlsDigest>,
+    headers: &[(String, &str)],
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         tenant.len()
             + uri.len()
-            + 16
+            + 56
             + headers
                 .iter()
                 .map(|(n, v)| n.len() + v.len() + 8)
@@ -192,6 +198,7 @@ pub(super) fn key(tenant: &str, uri: &str, headers: &[(String, &str)]) -> Vec<u8
     put(tenant.as_bytes());
     put(b"GET");
     put(uri.as_bytes());
+    put(tls.map_or(&[][..], |d| &d[..]));
     for (name, value) in headers {
         put(name.as_bytes());
         put(value.as_bytes());

@@ -19,6 +19,7 @@ use super::schema;
 
 mod auth;
 mod target;
+pub mod tls;
 
 pub use auth::{Auth, ClientAuth, OAuth2, is_credential_name};
 pub use target::Target;

@@ -1,5 +1,5 @@
-//! A wait's target: the URL, its headers and whether its polls may be shared,
-//! and how a request's `target` is read.
+//! A wait's target: the URL, its headers, whether its polls may be shared and
+//! its own TLS settings, and how a request's `target` is read.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::auth::{Auth, parse_auth};
 use super::schema;
+use super::tls::{Tls, parse_tls};
 use super::{Errors, Limits, REDACTED, opt, type_name};
 
 /// What to poll.
@@ -23,7 +24,8 @@ pub struct Target {
     #[schema(value_type = Option<schema::Headers>)]
     pub headers: BTreeMap<String, String>,
     /// Whether this wait's polls may be shared with the tenant's other waits that
-    /// send the identical request (method, URL, every header), default true;
+    /// send the identical request (method, URL, every header, the same `tls`),
+    /// default true;
     /// `false` sends a request of its own at each poll.
     #[serde(default = "share_default", skip_serializing_if = "is_share_default")]
     #[schema(value_type = Option<bool>)]
@@ -32,7 +34,14 @@ pub struct Target {
     /// poll (then `headers` cannot hold an `Authorization` of their own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<Auth>,
+    /// The target's own certificate authorities and client certificate; without
+    /// it, the platform's verifier and no client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Tls>,
 }
+
+/// The name [`Target::secrets`] seals `tls.client_key` under.
+const CLIENT_KEY: &str = ":tls.client_key";
 
 impl Target {
     /// Every secret of the target as it is sealed at rest: the header values, and
@@ -43,6 +52,9 @@ impl Target {
         if let Some(auth) = &self.auth {
             auth.seal_into(&mut sealed);
         }
+        if let Some(key) = self.tls.as_ref().and_then(|t| t.client_key.clone()) {
+            sealed.insert(CLIENT_KEY.to_string(), key);
+        }
         sealed
     }
 
@@ -50,6 +62,11 @@ impl Target {
     pub fn restore_secrets(&mut self, mut sealed: BTreeMap<String, String>) {
         if let Some(auth) = &mut self.auth {
             auth.restore_from(&sealed);
+        }
+        // A key that is not there stays `<redacted>`, which no poll can use: a
+        // wait never goes out without its client certificate.
+        if let (Some(tls), Some(key)) = (&mut self.tls, sealed.remove(CLIENT_KEY)) {
+            tls.client_key = Some(key);
         }
         sealed.retain(|name, _| !name.starts_with(':'));
         self.headers = sealed;
@@ -62,6 +79,9 @@ impl Target {
         }
         if let Some(auth) = &mut self.auth {
             auth.redact();
+        }
+        if let Some(key) = self.tls.as_mut().and_then(|t| t.client_key.as_mut()) {
+            *key = REDACTED.to_string();
         }
     }
 }
@@ -110,7 +130,7 @@ pub(super) fn parse_target(
             return None;
         }
     };
-    errs.unknown(obj, "target", &["url", "headers", "share", "auth"]);
+    errs.unknown(obj, "target", &["url", "headers", "share", "auth", "tls"]);
     let share = match opt(obj, "share") {
         None => true,
         Some(Value::Bool(b)) => *b,
@@ -218,11 +238,13 @@ pub(super) fn parse_target(
             "is set from target.auth at every poll; remove this header or target.auth",
         );
     }
+    let tls = parse_tls(opt(obj, "tls"), errs);
     url.map(|url| Target {
         url,
         headers,
         share,
         auth,
+        tls,
     })
 }
 
