@@ -247,14 +247,16 @@ async fn the_client_key_is_never_shown_nor_stored_and_survives_a_restart(store: 
     let needle = mine_key.lines().nth(1).unwrap().to_string();
     assert!(needle.len() > 40, "{mine_key}");
 
+    let rx = support::receiver::Receiver::start().await;
     let app = App::start_args(store.args()).await;
-    let (status, w) = app
-        .create(tls_spec(
-            &target.url(),
-            json!({"ca": ca.pem(), "client_cert": mine, "client_key": mine_key}),
-            json!(5),
-        ))
-        .await;
+    let mut s = tls_spec(
+        &target.url(),
+        json!({"ca": ca.pem(), "client_cert": mine, "client_key": mine_key}),
+        json!(5),
+    );
+    s["notify"] =
+        json!([{"url": rx.url("/hook"), "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}]);
+    let (status, w) = app.create(s).await;
     assert_eq!(status, 201, "{w}");
     let id = w["id"].as_str().unwrap().to_string();
     assert_eq!(
@@ -309,6 +311,15 @@ async fn the_client_key_is_never_shown_nor_stored_and_survives_a_restart(store: 
         w["spec"]["target"]["tls"]["client_key"], "<redacted>",
         "{w}"
     );
+    // The webhook's body shows the wait as a read does.
+    assert!(rx.until_got("/hook", 1, Duration::from_secs(10)).await);
+    let hook = rx.got("/hook")[0].json();
+    assert_eq!(hook["data"]["id"], id.as_str(), "{hook}");
+    assert_eq!(
+        hook["data"]["spec"]["target"]["tls"]["client_key"], "<redacted>",
+        "{hook}"
+    );
+    assert!(!hook.to_string().contains(&needle), "{hook}");
     app.stop().await.0.unwrap();
     store.drop_store().await;
 }
