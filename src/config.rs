@@ -89,7 +89,8 @@ pub struct Config {
     #[arg(long, env = "WAITD_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
 
-    /// Key that encrypts target header values at rest.
+    /// Key that encrypts target header values, client keys and webhook secrets at
+    /// rest.
     #[arg(long, env = "WAITD_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<String>,
 

@@ -1,6 +1,7 @@
-//! Target header values at rest: sealed with AES-256-GCM under the operator's key
-//! when one is configured, so a copy of the database does not hand out the
-//! credentials waitd polls with.
+//! Target header values at rest (and a target's client key, which
+//! [`Target::secrets`](crate::engine::Target::secrets) puts among them): sealed with
+//! AES-256-GCM under the operator's key when one is configured, so a copy of the
+//! database does not hand out the credentials waitd polls with.
 //!
 //! A second, read-only key lets an operator rotate: new waits are sealed under the
 //! current key, old ones still open under the previous one. Without a key, header
