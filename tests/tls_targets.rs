@@ -452,6 +452,22 @@ async fn each_bad_tls_setting_is_refused_naming_its_field_and_never_the_key() {
             assert!(!text.contains(secret), "the key is echoed: {text}");
         }
     }
+    // A key in each of its forms, with its certificate and with another's.
+    for (pkcs8, written) in [
+        (EC_PKCS8, EC_SEC1),
+        (RSA_PKCS8, RSA_PKCS1),
+        (EC_PKCS8, EC_PKCS8),
+    ] {
+        let tls = json!({"client_cert": client_cert_for(&ca, pkcs8), "client_key": written});
+        let (status, w) = app
+            .create(tls_spec("https://127.0.0.1:1/", tls, json!(1)))
+            .await;
+        assert_eq!(status, 201, "{}: {w}", written.lines().next().unwrap());
+        let (fields, text) =
+            refused(&app, json!({"client_cert": cert, "client_key": written})).await;
+        assert_eq!(fields, vec!["target.tls.client_key"], "{text}");
+        assert!(text.contains("does not belong"), "{text}");
+    }
     // A good setting, and an empty one, are accepted.
     let (status, w) = app
         .create(tls_spec(
