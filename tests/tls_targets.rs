@@ -452,6 +452,17 @@ async fn each_bad_tls_setting_is_refused_naming_its_field_and_never_the_key() {
             assert!(!text.contains(secret), "the key is echoed: {text}");
         }
     }
+    // Over http, TLS settings would mean nothing.
+    let (status, body) = app
+        .create(tls_spec(
+            "http://127.0.0.1:1/",
+            json!({"ca": ca.pem()}),
+            json!(1),
+        ))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["errors"][0]["field"], "target.tls", "{body}");
+    assert!(body.to_string().contains("https targets only"), "{body}");
     // A key in each of its forms, with its certificate and with another's.
     for (pkcs8, written) in [
         (EC_PKCS8, EC_SEC1),

@@ -238,7 +238,7 @@ pub(super) fn parse_target(
             "is set from target.auth at every poll; remove this header or target.auth",
         );
     }
-    let tls = parse_tls(opt(obj, "tls"), errs);
+    let tls = parse_tls(opt(obj, "tls"), url.as_deref(), errs);
     url.map(|url| Target {
         url,
         headers,

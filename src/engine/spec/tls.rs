@@ -85,9 +85,9 @@ impl Tls {
     }
 }
 
-/// Reads `target.tls`: `None` when it is absent, null or empty (the platform's
-/// verifier, no client certificate).
-pub(super) fn parse_tls(v: Option<&Value>, errs: &mut Errors) -> Option<Tls> {
+/// Reads `target.tls` of a target whose (valid) URL is `url`: `None` when it is
+/// absent, null or empty (the platform's verifier, no client certificate).
+pub(super) fn parse_tls(v: Option<&Value>, url: Option<&str>, errs: &mut Errors) -> Option<Tls> {
     let obj = match v {
         None | Some(Value::Null) => return None,
         Some(Value::Object(o)) => o,
@@ -154,7 +154,14 @@ pub(super) fn parse_tls(v: Option<&Value>, errs: &mut Errors) -> Option<Tls> {
     if let (Some(cert), Some(key)) = (&tls.client_cert, &tls.client_key) {
         check_identity(cert, key, errs);
     }
-    (tls != Tls::default()).then_some(tls)
+    let tls = (tls != Tls::default()).then_some(tls)?;
+    if url.is_some_and(|u| u.starts_with("http:")) {
+        errs.push(
+            "target.tls",
+            "applies to https targets only, and target.url is http://, which would send the request without TLS; write https://",
+        );
+    }
+    Some(tls)
 }
 
 /// Every certificate of `ca` must be one rustls can take as an authority.
