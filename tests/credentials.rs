@@ -241,3 +241,54 @@ async fn the_client_names_a_credential_with_a_flag() {
     assert!(run.stderr.contains("\"ci\""), "{run:?}");
     app.stop().await.0.unwrap();
 }
+
+/// A credential's `ca_file` is the trust of the waits that name it, as the
+/// cluster's `ca.crt` is for an in-cluster client; a wait naming it cannot bring
+/// a `target.tls` of its own.
+#[tokio::test]
+async fn a_credentials_ca_file_is_trusted_for_the_waits_that_name_it() {
+    use crate::tls_targets::pki;
+    let dir = TempDir::new("waitd-cred");
+    let ca = pki::authority("cluster CA");
+    let (cert, key) = pki::server_cert(&ca);
+    let target = pki::TlsTarget::start(&cert, &key, None).await;
+    target.set("on");
+    let token_file = dir.path.join("token");
+    write(&token_file, "sa-token");
+    let ca_file = dir.path.join("ca.crt");
+    write(&ca_file, &ca.pem());
+    let creds = dir.path.join("credentials.json");
+    write(
+        &creds,
+        &json!({"credentials": {
+            "in-cluster": {"kind": "bearer_file", "tenants": ["a"], "path": token_file,
+                           "ca_file": ca_file},
+            "no-ca": {"kind": "bearer_file", "tenants": ["a"], "path": token_file}
+        }})
+        .to_string(),
+    );
+    let app = app_with(&dir, &creds).await;
+    let (code, w) = create_as(&app, TOKEN_A, &named(&target.url(), "in-cluster")).await;
+    assert_eq!(code, 201, "{w}");
+    let w = ended_as(&app, TOKEN_A, w["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+
+    let (code, w) = create_as(&app, TOKEN_A, &named(&target.url(), "no-ca")).await;
+    assert_eq!(code, 201, "{w}");
+    let w = ended_as(&app, TOKEN_A, w["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "error", "{w}");
+    assert!(
+        w["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("invalid peer certificate"),
+        "{w}"
+    );
+
+    let mut both = named(&target.url(), "in-cluster");
+    both["target"]["tls"] = json!({"ca": ca.pem()});
+    let (code, problem) = create_as(&app, TOKEN_A, &both).await;
+    assert_eq!(code, 400, "{problem}");
+    assert!(problem.to_string().contains("target.tls"), "{problem}");
+    app.stop().await.0.unwrap();
+}

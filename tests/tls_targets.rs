@@ -5,7 +5,7 @@
 //! The authorities and certificates are made by each test, and the targets are
 //! rustls servers on 127.0.0.1 ([`pki`]).
 
-mod pki;
+pub(crate) mod pki;
 
 use crate::support;
 

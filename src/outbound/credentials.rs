@@ -21,6 +21,9 @@
 //!   `client_assertion_file` (`client_assertion_type` defaults to the JWT bearer
 //!   type, as Azure workload identity needs), each read at every mint. One
 //!   credential, one token, whichever tenant's wait asks.
+//! - Either kind may add `ca_file` (the authorities its waits' targets are
+//!   trusted by, instead of the platform's) and `client_cert_file` with
+//!   `client_key_file` (a client certificate), read at start-up.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -31,8 +34,10 @@ use http::HeaderValue;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::TlsSettings;
 use super::token::{Credential, MAX_TOKEN, Secret, TokenError, read_small};
 use crate::config::SettingError;
+use crate::engine::spec::tls::Tls;
 use crate::engine::spec::{ClientAuth, OAuth2, is_credential_name};
 
 /// The `client_assertion_type` of a JWT bearer assertion (RFC 7523 §2.2).
@@ -54,6 +59,15 @@ struct Held {
     /// `None`: every tenant.
     tenants: Option<Vec<String>>,
     bearer: Bearer,
+    tls: Option<Arc<TlsSettings>>,
+}
+
+/// What a credential gives the waits that name it: the token, and the TLS
+/// settings of its `ca_file`, `client_cert_file` and `client_key_file`.
+#[derive(Clone, Debug)]
+pub struct Granted {
+    pub bearer: Bearer,
+    pub tls: Option<Arc<TlsSettings>>,
 }
 
 /// Where a request's `Authorization: Bearer` comes from.
@@ -147,6 +161,9 @@ struct Entry {
     params: BTreeMap<String, String>,
     #[serde(default)]
     client_auth: ClientAuth,
+    ca_file: Option<PathBuf>,
+    client_cert_file: Option<PathBuf>,
+    client_key_file: Option<PathBuf>,
 }
 
 /// The largest credentials file read.
@@ -195,7 +212,7 @@ impl Credentials {
     /// The credential `name`, if `tenant` may use it; otherwise a sentence that
     /// names it (the same whether it is absent or another's, so a tenant learns
     /// nothing of others' credentials).
-    pub fn for_tenant(&self, tenant: &str, name: &str) -> Result<Bearer, String> {
+    pub fn for_tenant(&self, tenant: &str, name: &str) -> Result<Granted, String> {
         self.by_name
             .get(name)
             .filter(|h| {
@@ -203,7 +220,10 @@ impl Credentials {
                     .as_ref()
                     .is_none_or(|t| t.iter().any(|t| t == tenant))
             })
-            .map(|h| h.bearer.clone())
+            .map(|h| Granted {
+                bearer: h.bearer.clone(),
+                tls: h.tls.clone(),
+            })
             .ok_or_else(|| {
                 format!(
                     "the credential \"{name}\" is not one this tenant may use: the operator names each credential and its tenants in --credentials-file"
@@ -223,6 +243,7 @@ impl Held {
             );
         }
         let tenants = (!e.tenants.iter().any(|t| t == "*")).then_some(e.tenants);
+        let tls = tls_of(e.ca_file, e.client_cert_file, e.client_key_file)?;
         let key: [u8; 32] = Sha256::digest(format!("\0operator\0{name}")).into();
         let oauth_fields = e.token_url.is_some()
             || e.client_id.is_some()
@@ -297,8 +318,50 @@ impl Held {
                 ));
             }
         };
-        Ok(Held { tenants, bearer })
+        Ok(Held {
+            tenants,
+            bearer,
+            tls,
+        })
     }
+}
+
+/// The TLS settings of a credential's files, read and checked at start-up as a
+/// wait's `target.tls` is at creation.
+fn tls_of(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<Arc<TlsSettings>>, String> {
+    if ca.is_none() && cert.is_none() && key.is_none() {
+        return Ok(None);
+    }
+    if cert.is_some() != key.is_some() {
+        return Err("\"client_cert_file\" and \"client_key_file\" go together".into());
+    }
+    let read = |p: &Option<PathBuf>, field: &str| -> Result<Option<String>, String> {
+        p.as_ref()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("\"{field}\" {} cannot be read ({e})", p.display()))
+            })
+            .transpose()
+    };
+    let tls = Tls {
+        ca: read(&ca, "ca_file")?,
+        client_cert: read(&cert, "client_cert_file")?,
+        client_key: read(&key, "client_key_file")?,
+    };
+    // The sentences name the spec's fields; here they are the files.
+    let named = |why: String| {
+        why.replace("target.tls.ca", "ca_file")
+            .replace("target.tls.client_cert", "client_cert_file")
+            .replace("target.tls.client_key", "client_key_file")
+    };
+    Ok(Some(Arc::new(TlsSettings {
+        roots: tls.roots().map_err(named)?,
+        identity: tls.identity().map_err(named)?,
+    })))
 }
 
 #[cfg(test)]
@@ -357,6 +420,16 @@ mod tests {
             (
                 serde_json::json!({"creds": {}}),
                 "not a credentials document",
+            ),
+            (
+                serde_json::json!({"credentials": {"x": {"kind": "bearer_file", "tenants": ["a"], "path": "/t",
+                    "client_cert_file": "/c"}}}),
+                "go together",
+            ),
+            (
+                serde_json::json!({"credentials": {"x": {"kind": "bearer_file", "tenants": ["a"], "path": "/t",
+                    "ca_file": "/nonexistent/ca.crt"}}}),
+                "\"ca_file\" /nonexistent/ca.crt cannot be read",
             ),
         ] {
             let err = load(doc.clone())

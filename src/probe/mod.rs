@@ -384,6 +384,7 @@ impl Prober {
             .check_url(&url)
             .err()
             .map(|r| r.to_string().into_boxed_str());
+        let mut granted_tls = None;
         let auth = match &spec.target.auth {
             Some(Auth::Oauth2(o)) => Some(Bearer::Minted(
                 self.inner
@@ -391,12 +392,15 @@ impl Prober {
                     .credential(&tenant, o)
                     .map_err(|e| format!("no token for the target: {e}"))?,
             )),
-            Some(Auth::Credential(name)) => Some(
-                self.inner
+            Some(Auth::Credential(name)) => {
+                let granted = self
+                    .inner
                     .credentials
                     .for_tenant(&tenant, name)
-                    .map_err(|e| format!("no token for the target: {e}"))?,
-            ),
+                    .map_err(|e| format!("no token for the target: {e}"))?;
+                granted_tls = granted.tls;
+                Some(granted.bearer)
+            }
             None => None,
         };
         let credential = auth.as_ref().map(|c| hex::encode(c.key()));
@@ -410,7 +414,12 @@ impl Prober {
                 };
                 Some(self.inner.tls.client(&settings).map_err(unusable)?)
             }
-            None => None,
+            None => match &granted_tls {
+                Some(settings) => Some(self.inner.tls.client(settings).map_err(|why| {
+                    format!("the credential's TLS settings cannot be used: {why}")
+                })?),
+                None => None,
+            },
         };
         let group = (shareable
             && spec.target.share
