@@ -18,18 +18,25 @@ use crate::outbound::credentials::Bearer;
 use crate::outbound::token::TokenError;
 use crate::outbound::{Body, Client};
 
+/// How a target's request goes out: through which client, with which token.
+#[derive(Clone, Copy)]
+pub(super) struct Via<'a> {
+    pub client: &'a Client,
+    pub auth: Option<&'a Bearer>,
+}
+
 impl Prober {
     /// [`Prober::fetch`] with the credential's token, when there is a credential.
     pub(super) async fn fetch_authed(
         &self,
         wait: uuid::Uuid,
-        client: &Client,
+        via: Via<'_>,
         host: Arc<str>,
         mut request: Request<Body>,
         read_body: bool,
         kept: &conditional::Slot,
-        auth: Option<&Bearer>,
     ) -> Delivered {
+        let Via { client, auth } = via;
         let Some(auth) = auth else {
             return self
                 .fetch(wait, client, host, request, read_body, kept)

@@ -487,15 +487,17 @@ impl Prober {
                     || spec.failure_condition.is_some()
                     || matches!(&spec.state, Some(p) if !matches!(p, ValuePath::HttpStatus));
                 let request = self.request(target);
-                let client = self.client_of(target);
+                let via = auth::Via {
+                    client: self.client_of(target),
+                    auth: target.auth.as_ref(),
+                };
                 self.fetch_authed(
                     wait,
-                    client,
+                    via,
                     target.host.clone(),
                     request,
                     read_body,
                     &target.kept,
-                    target.auth.as_ref(),
                 )
                 .await
             }
@@ -535,12 +537,14 @@ impl Prober {
                     let fetched = prober
                         .fetch_authed(
                             wait,
-                            &client,
+                            auth::Via {
+                                client: &client,
+                                auth: auth.as_ref(),
+                            },
                             host,
                             request,
                             true,
                             &held.kept,
-                            auth.as_ref(),
                         )
                         .await;
                     drop(held);
