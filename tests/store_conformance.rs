@@ -754,7 +754,9 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
     for_each_store!(|store, backend| {
         store.create("t", &spec(), Utc::now(), None).await.unwrap();
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        let ttl = Duration::from_millis(600);
+        // Lease times are wall-clock times in the store; each step below has a
+        // second of margin for a loaded machine.
+        let ttl = Duration::from_secs(3);
         let c = store
             .claim(a, ttl, Duration::ZERO, 1)
             .await
@@ -783,10 +785,11 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
         // An older one (a progress write got there first) does not go back.
         store.checkpoint(a, ttl, &[at(3)]).await.unwrap();
         assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 5);
-        // The point: past the claim's own expiry, the checkpoints kept the lease.
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The point: past the claim's own expiry (3 s), the checkpoint at 2 s
+        // kept the lease (until 5 s).
+        tokio::time::sleep(Duration::from_secs(2)).await;
         store.checkpoint(a, ttl, &[]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(
             store
                 .claim(b, ttl, Duration::ZERO, 1)
