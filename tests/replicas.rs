@@ -1919,3 +1919,46 @@ fn the_double_polling_measure_sees_two_replicas_polling_one_path_together() {
         Duration::ZERO
     );
 }
+
+/// A wait that polls with OAuth 2.0 tokens survives its replica's `kill -9`: the
+/// survivor opens the sealed client secret and mints a token of its own (tokens
+/// live only in a replica's memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_9_the_new_owner_mints_its_own_token_from_the_sealed_secret() {
+    use support::issuer::{CLIENT_ID, Issuer};
+    let _serial = SERIAL.lock().await;
+    const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+    let db = TestDb::new().await;
+    let dir = TempDir::new("waitd-replicas");
+    let issuer = Issuer::start("sealed-client-secret").await;
+    let extra = ["--secret-key", KEY];
+    let mut a = Replica::start("a", &dir.path, &db.url, "2s", &extra).await;
+    let spec = json!({
+        "target": {"url": issuer.target_url, "auth": {"oauth2": {
+            "token_url": issuer.token_url, "client_id": CLIENT_ID,
+            "client_secret": "sealed-client-secret"}}},
+        "state": "/data/attributes/status", "want": ["on"], "timeout": "60s",
+        "poll": {"initial": "100ms", "factor": 1, "max": "100ms", "jitter": 0}
+    });
+    let created = send(client().post(a.url("/waits")).json(&spec)).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let id = created.body["id"].as_str().unwrap().to_string();
+    assert!(
+        issuer
+            .until(Duration::from_secs(10), |i| i.target_ok() >= 1)
+            .await,
+        "replica a polls with its token"
+    );
+    let mut b = Replica::start("b", &dir.path, &db.url, "2s", &extra).await;
+    // The target says "on" only to the second token: the one b mints.
+    issuer.on_after(2);
+    a.kill9();
+    let done = send(client().get(b.url(&format!("/waits/{id}?wait=30s")))).await;
+    assert_eq!(done.body["status"], "succeeded", "{:?}", done.body);
+    assert_eq!(issuer.token_requests(), 2, "b minted one token of its own");
+    assert_eq!(issuer.unauthorized(), 0);
+    assert_no_panics(&[&b]);
+    b.signal("TERM");
+    b.wait_exit(Duration::from_secs(20)).await;
+    db.drop_db().await;
+}
