@@ -431,3 +431,119 @@ async fn a_preset_takes_the_credentials_of_the_request() {
     );
     app.stop().await.0.unwrap();
 }
+
+mod generated {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    use waitd::engine::{Limits, Spec};
+
+    const SECRET_MARK: &str = "S3CRET";
+
+    /// Text past the fields' limits, with control characters and the mark.
+    fn text() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            "[a-z0-9:/._-]{1,40}".prop_map(Value::String),
+            (0usize..3000).prop_map(|n| Value::String("x".repeat(n))),
+            "\\PC{0,20}[\\x00-\\x1f\\x7f\\u{85}]\\PC{0,5}".prop_map(Value::String),
+            Just(Value::Null),
+            any::<i64>().prop_map(Value::from),
+            Just(json!(["a"])),
+            Just(json!({"a": {"b": [1]}})),
+        ]
+    }
+
+    fn secret() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            "[ -~]{0,30}".prop_map(|s| Value::String(format!("{SECRET_MARK}{s}"))),
+            (0usize..2000).prop_map(|n| Value::String(format!("{SECRET_MARK}{}", "y".repeat(n)))),
+            "[\\x00-\\x1f]{1,3}".prop_map(|s| Value::String(format!("{SECRET_MARK}{s}"))),
+            text(),
+        ]
+    }
+
+    fn params() -> impl Strategy<Value = Value> {
+        prop::collection::btree_map(
+            prop_oneof![
+                "[a-z_.-]{1,10}",
+                Just("grant_type".to_string()),
+                Just("client_secret".to_string()),
+                "\\PC{0,70}",
+            ],
+            text(),
+            0..12,
+        )
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
+    }
+
+    fn auth() -> impl Strategy<Value = Value> {
+        let oauth2 = (
+            prop_oneof![
+                Just(json!("https://login.example.com/token")),
+                text(),
+                "(http|https|ftp)://[a-z0-9.@:-]{0,20}/?".prop_map(Value::String),
+            ],
+            text(),
+            secret(),
+            prop::option::of(text()),
+            prop::option::of(text()),
+            prop::option::of(params()),
+            prop::option::of(prop_oneof![
+                Just(json!("body")),
+                Just(json!("basic")),
+                text()
+            ]),
+        )
+            .prop_map(|(url, id, secret, scope, audience, params, how)| {
+                let mut o = json!({"token_url": url, "client_id": id, "client_secret": secret});
+                for (k, v) in [
+                    ("scope", scope),
+                    ("audience", audience),
+                    ("params", params),
+                    ("client_auth", how),
+                ] {
+                    if let Some(v) = v {
+                        o[k] = v;
+                    }
+                }
+                json!({"oauth2": o})
+            });
+        prop_oneof![
+            4 => oauth2,
+            1 => text().prop_map(|c| json!({"credential": c})),
+            1 => text(),
+            1 => (text(), secret()).prop_map(|(c, s)| json!({"credential": c, "oauth2": {"client_secret": s}})),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any `target.auth` is judged to an end: refused with field errors that
+        /// never hold the secret, or accepted within the limits and shown back
+        /// with the secret redacted.
+        #[test]
+        fn any_auth_is_judged_and_its_secret_never_echoed(auth in auth()) {
+            let request = json!({
+                "target": {"url": "https://api.example.com/x", "auth": auth},
+                "state": "/s", "want": ["on"]
+            });
+            match Spec::from_request(&request, &Limits::default()) {
+                Ok(spec) => {
+                    let shown = serde_json::to_string(&spec.redacted()).unwrap();
+                    prop_assert!(!shown.contains(SECRET_MARK), "{}", shown);
+                    if let Some(waitd::engine::spec::Auth::Oauth2(o)) = &spec.target.auth {
+                        prop_assert!(o.client_secret.len() <= 1024);
+                        prop_assert!(o.client_id.len() <= 256);
+                        prop_assert!(o.params.len() <= 8);
+                        prop_assert!(!o.client_secret.chars().any(char::is_control));
+                    }
+                }
+                Err(errors) => {
+                    prop_assert!(!errors.is_empty());
+                    let said = format!("{errors:?}");
+                    prop_assert!(!said.contains(SECRET_MARK), "{}", said);
+                }
+            }
+        }
+    }
+}
