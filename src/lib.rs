@@ -178,6 +178,7 @@ impl App {
         let signals = worker::Signals::default();
         let (live, inbox) = worker::live::channel();
         let worker = (!config.no_worker).then(|| {
+            share_pauses(&prober, &store, &bus, stopped(stop_rx.clone()));
             let client = prober.client().clone();
             let mut w = worker_for(&config, &store, prober, &bus, &metrics);
             w.signals = signals.clone();
@@ -304,6 +305,38 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, boo
         })
         .await?;
     Ok((store, sealed))
+}
+
+/// Host pauses go both ways between the replicas: those `prober` sets are
+/// announced through the store (Postgres; a SQLite store has no other replica),
+/// and those the others announce, which the bus brings, pause the host here too.
+fn share_pauses(
+    prober: &probe::Prober,
+    store: &store::Store,
+    bus: &bus::Bus,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let mut set_here = prober.announce_pauses();
+    let mut heard = bus.subscribe_pauses();
+    let (prober, store) = (prober.clone(), store.clone());
+    tokio::spawn(async move {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                Some(p) = set_here.recv() => {
+                    if let Err(e) = store.announce_pause(&p).await {
+                        tracing::warn!(error = %e, host = %p.host, "could not tell the other replicas of a host pause");
+                    }
+                }
+                m = heard.recv() => match m {
+                    Ok(p) => prober.heard_pause(&p),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    });
 }
 
 fn worker_for(

@@ -561,3 +561,71 @@ async fn only_the_polling_replica_shows_how_the_last_poll_came() {
     polling.stop().await.0.unwrap();
     db.drop_db().await;
 }
+
+/// The sum of a metric's samples in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A host that asks one replica for quiet gets it from every replica: the pause
+/// goes to the others through Postgres, and the waits they hold on that host send
+/// nothing until it ends.
+#[tokio::test]
+async fn a_host_pause_reaches_the_other_replicas() {
+    let db = TestDb::new().await;
+    // `a` holds at most ten waits, so `b` holds the rest.
+    let a = App::start_with(&db, &["--capacity", "10"]).await;
+    let b = App::start(&db).await;
+    let up = Upstream::start().await;
+    let mut calm = Vec::new();
+    for i in 0..20 {
+        let path = format!("/calm/{i}");
+        let mut s = every_second(&up.script(&path, vec![Reply::status("deploying")]));
+        s["poll"] = json!({"initial": "100ms", "factor": 1, "max": "100ms", "jitter": 0});
+        create_as(&a, None, &s).await;
+        calm.push(path);
+    }
+    let owners = poll_for(Duration::from_secs(10), || async {
+        let n = db_count(
+            &db,
+            "SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'",
+        )
+        .await;
+        (n == 2).then_some(())
+    })
+    .await;
+    assert!(owners.is_some(), "both replicas hold waits on the host");
+    let hits = |up: &Upstream| calm.iter().map(|p| up.hits(p)).sum::<usize>();
+    let before = hits(&up);
+    assert!(
+        up.hit(&calm[0], 2, Duration::from_secs(10)).await,
+        "the calm paths are polled"
+    );
+
+    let limited = up.script(
+        "/limited",
+        vec![Reply::json(429, json!({})).header("retry-after", "20")],
+    );
+    create_as(&b, None, &every_second(&limited)).await;
+    assert!(up.hit("/limited", 1, Duration::from_secs(10)).await);
+    // Both replicas keep the host quiet within a second or two of the answer.
+    let both = poll_for(Duration::from_secs(3), || async {
+        let (ma, mb) = (a.metrics().await, b.metrics().await);
+        let paused = |m: &str| metric(m, "waitd_host_paused_seconds_total") > 10.0;
+        (paused(&ma) && paused(&mb)).then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "a replica did not hear of the pause");
+    let from = hits(&up);
+    assert!(from > before, "polled before the pause");
+    // 20 waits at 100 ms would send about 60 requests in these 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = hits(&up) - from;
+    assert!(sent <= 2, "{sent} requests to a paused host in 3 s");
+    b.stop().await.0.unwrap();
+    a.stop().await.0.unwrap();
+    db.drop_db().await;
+}

@@ -13,6 +13,7 @@
 //! thousand notices, not a million.
 
 pub mod notice;
+mod pause;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use notice::{Notice, NoticeKind};
+pub use pause::HostPause;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum BusMsg {
@@ -39,6 +41,8 @@ pub struct Bus {
     tx: broadcast::Sender<BusMsg>,
     /// One channel per wait that somebody follows.
     waits: Arc<Mutex<HashMap<Uuid, broadcast::Sender<BusMsg>>>>,
+    /// Hosts another replica paused.
+    pauses: broadcast::Sender<HostPause>,
 }
 
 /// A subscription to one wait's notices; leaves the bus when dropped.
@@ -79,7 +83,18 @@ impl Bus {
         Bus {
             tx,
             waits: Default::default(),
+            pauses: broadcast::channel(256).0,
         }
+    }
+
+    /// A host another replica paused (its LISTEN adapter heard it).
+    pub fn publish_pause(&self, pause: HostPause) {
+        let _ = self.pauses.send(pause);
+    }
+
+    /// Hosts other replicas pause, as they are heard.
+    pub fn subscribe_pauses(&self) -> broadcast::Receiver<HostPause> {
+        self.pauses.subscribe()
     }
 
     /// Every message (the worker pool, the event feed).

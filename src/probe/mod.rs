@@ -160,6 +160,9 @@ struct Inner {
     max_host_pause: Duration,
     /// The tokens of the credentials held waits name.
     tokens: Arc<Tokens>,
+    /// Where the pauses this replica sets go, for the other replicas
+    /// ([`Prober::announce_pauses`]).
+    announced: std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::bus::HostPause>>,
     /// The credentials the operator holds.
     credentials: Arc<Credentials>,
 }
@@ -289,6 +292,7 @@ impl Prober {
                 pauses: pause::Pauses::default(),
                 max_host_pause: config.max_host_pause.min(MAX_RETRY_AFTER),
                 tokens: Arc::default(),
+                announced: std::sync::OnceLock::new(),
                 credentials: config.credentials.clone(),
             }),
         })
@@ -633,6 +637,9 @@ impl Prober {
                     .counts
                     .paused_ms
                     .fetch_add(added.as_millis() as u64, Relaxed);
+                if !added.is_zero() {
+                    self.announce(&host, now + quiet);
+                }
             }
             if response.status() == StatusCode::NOT_MODIFIED {
                 return match &previous {
@@ -698,6 +705,41 @@ impl Prober {
     /// How many distinct requests the held waits send (their shared polls).
     pub fn requests_held(&self) -> usize {
         self.inner.shares.held()
+    }
+
+    /// The pauses this prober sets from now on, to tell the other replicas of
+    /// (only the first call gets them). A pause is dropped rather than waited for
+    /// when 256 are not sent yet: a later answer of that host pauses it again.
+    pub fn announce_pauses(&self) -> tokio::sync::mpsc::Receiver<crate::bus::HostPause> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let _ = self.inner.announced.set(tx);
+        rx
+    }
+
+    fn announce(&self, host: &Arc<str>, until: SystemTime) {
+        if let Some(tx) = self.inner.announced.get() {
+            let _ = tx.try_send(crate::bus::HostPause {
+                host: host.clone(),
+                until,
+            });
+        }
+    }
+
+    /// A pause another replica set: this one keeps its host quiet as long, at
+    /// most `--max-host-pause` from now (and never shortens a pause it has).
+    pub fn heard_pause(&self, pause: &crate::bus::HostPause) {
+        let now = SystemTime::now();
+        if let Ok(left) = pause.until.duration_since(now) {
+            let added =
+                self.inner
+                    .pauses
+                    .pause(&pause.host, now, left.min(self.inner.max_host_pause));
+            self.inner
+                .shares
+                .counts
+                .paused_ms
+                .fetch_add(added.as_millis() as u64, Relaxed);
+        }
     }
 
     /// The tokens of the credentials held waits name, with their counts.

@@ -286,6 +286,15 @@ impl Store {
         }
     }
 
+    /// Tells the other replicas that a host asked for quiet (Postgres; a SQLite
+    /// store has no other replica).
+    pub async fn announce_pause(&self, pause: &crate::bus::HostPause) -> Result<(), StoreError> {
+        match &self.db {
+            Dialect::Postgres(d) => d.announce_pause(pause).await,
+            Dialect::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// The kind of store and where it is, never a password.
     pub fn describe(&self) -> String {
         match &self.db {

@@ -27,6 +27,8 @@ macro_rules! work_channel {
 /// The channel that tells replicas there is work to claim (waits created or
 /// released).
 pub const WORK_CHANNEL: &str = work_channel!();
+/// The channel on which replicas tell each other of a host that asked for quiet.
+pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
 // After `work_channel!`, which `waits` uses.
 mod events;
@@ -64,6 +66,17 @@ fn labels_json(labels: &BTreeMap<String, String>) -> Value {
     serde_json::to_value(labels).unwrap_or_else(|_| json!({}))
 }
 impl PgDialect {
+    /// Tells the other replicas (their LISTEN adapters) that a host asked for
+    /// quiet.
+    pub async fn announce_pause(&self, pause: &crate::bus::HostPause) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(PAUSE_CHANNEL)
+            .bind(pause.encode())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Connects (lazily: a database that is down now is retried on use).
     /// `max_connections` bounds this replica's share of the server.
     pub fn connect(url: &str, max_connections: u32) -> Result<PgDialect, StoreError> {
