@@ -158,6 +158,11 @@ pub struct Config {
     #[arg(long, env = "WAITD_MAX_HOST_PAUSE", default_value = "1h", value_parser = parse_duration)]
     pub max_host_pause: Duration,
 
+    /// Requests a second to one target host across the replicas (each takes its
+    /// share of the replicas alive); 0: no limit beyond --per-host-concurrency.
+    #[arg(long, env = "WAITD_HOST_RATE", default_value_t = 0.0)]
+    pub host_rate: f64,
+
     /// Database connections this replica may open.
     #[arg(long, env = "WAITD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,

@@ -143,6 +143,7 @@ impl App {
             identity: config.probe_identity.clone(),
             share_window: config.share_window,
             max_host_pause: config.max_host_pause,
+            host_rate: config.host_rate,
             credentials: credentials.clone(),
         })?;
 
@@ -179,6 +180,17 @@ impl App {
         let (live, inbox) = worker::live::channel();
         let worker = (!config.no_worker).then(|| {
             share_pauses(&prober, &store, &bus, stopped(stop_rx.clone()));
+            if prober.has_host_rate() {
+                tokio::spawn(count_replicas(
+                    prober.clone(),
+                    store.clone(),
+                    (config.lease_ttl / 3).clamp(
+                        std::time::Duration::from_secs(1),
+                        std::time::Duration::from_secs(10),
+                    ),
+                    stopped(stop_rx.clone()),
+                ));
+            }
             let client = prober.client().clone();
             let mut w = worker_for(&config, &store, prober, &bus, &metrics);
             w.signals = signals.clone();
@@ -305,6 +317,29 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, boo
         })
         .await?;
     Ok((store, sealed))
+}
+
+/// Keeps `--host-rate`'s share current: the replicas alive, counted in the
+/// store every `every`.
+async fn count_replicas(
+    prober: probe::Prober,
+    store: store::Store,
+    every: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        match store.replicas_alive().await {
+            Ok(n) => prober.set_replicas(u32::try_from(n).unwrap_or(u32::MAX)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not count the replicas alive for --host-rate")
+            }
+        }
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
 }
 
 /// Host pauses go both ways between the replicas: those `prober` sets are

@@ -102,6 +102,10 @@ pub struct ProbeRequests {
     /// Milliseconds of host pauses set (a pause that lengthens another counts
     /// what it adds).
     pub paused_ms: AtomicU64,
+    /// Milliseconds requests waited for their host's turn under `--host-rate`.
+    pub rate_waited_ms: AtomicU64,
+    /// The replicas `--host-rate` is shared by, as last counted (0: no rate).
+    pub rate_replicas: AtomicI64,
 }
 
 /// What a webhook attempt came to: delivered (2xx), retry (to be tried again),
@@ -247,6 +251,12 @@ impl Metrics {
                 out,
                 "# HELP waitd_host_paused_seconds_total Seconds of pause target hosts asked for (429/503 Retry-After, a rate limit with none remaining), during which this replica sends them nothing.\n# TYPE waitd_host_paused_seconds_total counter\nwaitd_host_paused_seconds_total {}",
                 p.paused_ms.load(Relaxed) as f64 / 1000.0
+            );
+            let _ = writeln!(
+                out,
+                "# HELP waitd_host_rate_waited_seconds_total Seconds requests waited for their host's turn under --host-rate.\n# TYPE waitd_host_rate_waited_seconds_total counter\nwaitd_host_rate_waited_seconds_total {}\n# HELP waitd_host_rate_replicas The replicas alive that share --host-rate, as last counted (0: no --host-rate).\n# TYPE waitd_host_rate_replicas gauge\nwaitd_host_rate_replicas {}",
+                p.rate_waited_ms.load(Relaxed) as f64 / 1000.0,
+                p.rate_replicas.load(Relaxed)
             );
         }
         if let Some(t) = self.tokens.get() {

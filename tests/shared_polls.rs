@@ -629,3 +629,52 @@ async fn a_host_pause_reaches_the_other_replicas() {
     a.stop().await.0.unwrap();
     db.drop_db().await;
 }
+
+/// `--host-rate`: two replicas with a rate of 10 a second to one host send about
+/// 10 a second between them, however many waits they hold on it.
+#[tokio::test]
+async fn a_host_rate_is_shared_by_the_replicas_alive() {
+    let db = TestDb::new().await;
+    let a = App::start_with(&db, &["--capacity", "10", "--host-rate", "10"]).await;
+    let b = App::start_with(&db, &["--host-rate", "10"]).await;
+    let up = Upstream::start().await;
+    let mut paths = Vec::new();
+    for i in 0..20 {
+        let path = format!("/rated/{i}");
+        let mut s = every_second(&up.script(&path, vec![Reply::status("deploying")]));
+        s["poll"] = json!({"initial": "50ms", "factor": 1, "max": "50ms", "jitter": 0});
+        create_as(&a, None, &s).await;
+        paths.push(path);
+    }
+    // Both replicas hold waits and count each other.
+    let counted = poll_for(Duration::from_secs(15), || async {
+        let (ma, mb) = (a.metrics().await, b.metrics().await);
+        let two = |m: &str| metric(m, "waitd_host_rate_replicas") == 2.0;
+        (two(&ma) && two(&mb)).then_some(())
+    })
+    .await;
+    assert!(counted.is_some(), "the replicas did not count each other");
+    let owners = db_count(
+        &db,
+        "SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'",
+    )
+    .await;
+    assert_eq!(owners, 2, "both replicas hold waits on the host");
+    // Turns each replica took alone (10 a second) before they counted each other
+    // are used up within a second: at most one a held wait.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let hits = |up: &Upstream| paths.iter().map(|p| up.hits(p)).sum::<usize>();
+    let from = hits(&up);
+    let started = Instant::now();
+    // 20 waits at 50 ms would send 400 requests a second without the rate.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let per_second = (hits(&up) - from) as f64 / started.elapsed().as_secs_f64();
+    println!("two replicas, --host-rate 10, 20 waits at 50 ms: {per_second:.1} requests/s");
+    assert!(
+        (5.0..=12.0).contains(&per_second),
+        "{per_second:.1} requests a second to a host limited to 10"
+    );
+    b.stop().await.0.unwrap();
+    a.stop().await.0.unwrap();
+    db.drop_db().await;
+}

@@ -14,6 +14,7 @@
 //!   tenants it lists (`--credentials-file`).
 //! - [`token`]: bearer tokens minted by the OAuth 2.0 client-credentials grant
 //!   for the waits that ask for them, shared by waits of one tenant and credential.
+//! - [`rate`]: `--host-rate`, requests to one host spaced by the replicas' share.
 //! - [`KeyedSlots`]: the bound on how many at once per key (a host, a tenant's
 //!   receiver, a tenant), which the API's stream caps use as well.
 //!
@@ -24,6 +25,7 @@ mod client;
 pub mod credentials;
 mod error;
 pub mod guard;
+pub mod rate;
 mod slots;
 mod tls;
 pub mod token;

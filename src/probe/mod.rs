@@ -48,6 +48,7 @@ use crate::engine::spec::Auth;
 use crate::engine::{Observation, Spec, ValuePath};
 use crate::model::LastPoll;
 use crate::outbound::credentials::{Bearer, Credentials};
+use crate::outbound::rate::HostRate;
 use crate::outbound::token::Tokens;
 use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients, TlsSettings};
 use read::{Answer, INLINE_BODY, header_map};
@@ -85,6 +86,9 @@ pub struct ProbeConfig {
     /// The longest a host that asks for quiet is paused (`--max-host-pause`,
     /// default and most 1h).
     pub max_host_pause: Duration,
+    /// Requests a second to one host across the replicas (`--host-rate`); zero:
+    /// no limit.
+    pub host_rate: f64,
     /// The credentials the operator holds (`--credentials-file`), which a
     /// target's `auth.credential` names.
     pub credentials: Arc<Credentials>,
@@ -104,6 +108,7 @@ impl Default for ProbeConfig {
             identity: None,
             share_window: Duration::from_secs(1),
             max_host_pause: MAX_RETRY_AFTER,
+            host_rate: 0.0,
             credentials: Arc::default(),
         }
     }
@@ -163,6 +168,8 @@ struct Inner {
     /// Where the pauses this replica sets go, for the other replicas
     /// ([`Prober::announce_pauses`]).
     announced: std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::bus::HostPause>>,
+    /// `--host-rate`, when it is set.
+    rate: Option<HostRate>,
     /// The credentials the operator holds.
     credentials: Arc<Credentials>,
 }
@@ -293,6 +300,7 @@ impl Prober {
                 max_host_pause: config.max_host_pause.min(MAX_RETRY_AFTER),
                 tokens: Arc::default(),
                 announced: std::sync::OnceLock::new(),
+                rate: HostRate::new(config.host_rate),
                 credentials: config.credentials.clone(),
             }),
         })
@@ -617,6 +625,18 @@ impl Prober {
         if let Some(k) = &previous {
             k.condition(request.headers_mut());
         }
+        if let Some(rate) = &self.inner.rate {
+            let now = tokio::time::Instant::now();
+            let at = rate.reserve(&host, now);
+            if at > now {
+                self.inner
+                    .shares
+                    .counts
+                    .rate_waited_ms
+                    .fetch_add((at - now).as_millis() as u64, Relaxed);
+                tokio::time::sleep_until(at).await;
+            }
+        }
         let _slot = self.inner.hosts.acquire(host.clone()).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
         let exchange = async {
@@ -740,6 +760,24 @@ impl Prober {
                 .paused_ms
                 .fetch_add(added.as_millis() as u64, Relaxed);
         }
+    }
+
+    /// How many replicas share `--host-rate` (this one's share is the rate
+    /// divided by it).
+    pub fn set_replicas(&self, n: u32) {
+        if let Some(rate) = &self.inner.rate {
+            rate.set_replicas(n);
+            self.inner
+                .shares
+                .counts
+                .rate_replicas
+                .store(i64::from(n.max(1)), Relaxed);
+        }
+    }
+
+    /// Whether `--host-rate` is set.
+    pub fn has_host_rate(&self) -> bool {
+        self.inner.rate.is_some()
     }
 
     /// The tokens of the credentials held waits name, with their counts.

@@ -183,6 +183,12 @@ impl Store {
         sql!(self.write_all_checkpoints(owner, &rows))
     }
 
+    /// How many replicas hold a lease now (this one included, once it has
+    /// claimed).
+    pub async fn replicas_alive(&self) -> Result<i64, StoreError> {
+        sql!(self.replicas_alive())
+    }
+
     /// Renews the owner's lease only: one row, however many waits it holds.
     pub async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
         sql!(self.renew_lease(owner, ttl))

@@ -78,6 +78,14 @@ impl PgDialect {
     }
 
     /// The replica's one lease row, extended.
+    pub(in crate::store) async fn replicas_alive(&self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM replicas WHERE lease_until > now()")
+                .fetch_one(&self.lease_pool)
+                .await?,
+        )
+    }
+
     pub(in crate::store) async fn renew_lease(
         &self,
         owner: Uuid,

@@ -52,6 +52,15 @@ impl SqliteDialect {
     }
 
     /// The replica's one lease row, extended (inserted if it has none).
+    pub(in crate::store) async fn replicas_alive(&self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM replicas WHERE lease_until > ?")
+                .bind(ms(Utc::now()))
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
     pub(in crate::store) async fn renew_lease(
         &self,
         owner: Uuid,
