@@ -25,6 +25,9 @@ use support::{App, TempDir, TestDb};
 // (13), the noisy neighbour: a phase of its own, in a file of its own.
 #[path = "load/noisy.rs"]
 mod noisy;
+// (15), shared polls: a phase in a file of its own.
+#[path = "load/shared.rs"]
+mod shared;
 
 #[path = "load/cel_budget.rs"]
 mod cel_budget;
@@ -165,9 +168,9 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 12] = [
+const PHASES: [&str; 13] = [
     "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel", "webhooks",
-    "scale", "noisy",
+    "scale", "noisy", "shared",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -713,6 +716,8 @@ struct Run {
     scale: Option<Scale>,
     /// (13) one tenant's figures, alone and while another attacks.
     noisy: noisy::Noisy,
+    /// (15) waits sharing their polls.
+    shared: shared::Shared,
 }
 
 /// (12) The scale phase's figures.
@@ -841,6 +846,7 @@ async fn one_run(a: &Args) -> Run {
         hooks: Hooks::NONE,
         scale: None,
         noisy: noisy::Noisy::NONE,
+        shared: shared::Shared::NONE,
     };
     if a.runs("cel") {
         run.cel_micro = cel_micro();
@@ -984,6 +990,10 @@ async fn one_run(a: &Args) -> Run {
     }
     if a.runs("scale") {
         run.scale = Some(scale(a).await);
+    }
+    if a.runs("shared") {
+        let (waits, urls) = if a.smoke { (200, 10) } else { (10_000, 100) };
+        run.shared = shared::run(waits, urls, a.concurrency, a.seconds.max(5)).await;
     }
     if a.runs("noisy") {
         run.noisy = noisy::run(&noisy::Config {
@@ -2152,6 +2162,11 @@ fn main() {
             let (waitd_cpu, pg_cpu) = (m(&|r| r.fanout.cpu_per_delivery), m(&|r| r.fanout.pg_cpu_per_event));
             println!("| 9 | {} followers of /events, {:.0} events/s each: CPU per event per follower, waitd + Postgres | {:.1} µs + {:.1} µs (Postgres {:.0} µs per event, once for all) | ≪ 110 µs |", a.followers, m(&|r| r.fanout.events_per_s), waitd_cpu, pg_cpu / a.followers as f64, pg_cpu);
             println!("| 9b | create latency p50 / p99: alone, then while {} more followers connect and replay at once (all open after {:.1} s) | {:.1} / {:.1} ms, then {:.1} / {:.1} ms | |", a.followers, m(&|r| r.fanout.storm_open), m(&|r| r.fanout.create_p50), m(&|r| r.fanout.create_p99), m(&|r| r.fanout.storm_p50), m(&|r| r.fanout.storm_p99));
+        }
+        if a.runs("shared") {
+            println!("| 15 | 10,000 waits over 100 URLs at 1 s (--smoke: 200 over 10), one replica: requests a second the target sees / polls a second | {:.1} / {:.0} | ≤ 105 requests/s |", m(&|r| r.shared.requests), m(&|r| r.shared.polls));
+            println!("| 15b | CPU of a poll with shared requests, against a request of the limit loop (the process, waitd and target) | {:.1} µs against {:.1} µs | |", m(&|r| r.shared.cpu_per_poll), m(&|r| r.cpu_per_request));
+            println!("| 15c | RSS of the process at the end | {:.0} MiB | |", m(&|r| r.shared.rss_mib));
         }
         if a.runs("noisy") {
             let runs: Vec<&noisy::Noisy> = runs.iter().map(|r| &r.noisy).collect();
