@@ -166,6 +166,36 @@ async fn a_changed_tokens_file_takes_a_removed_token_out_and_ends_its_streams() 
     assert_eq!(status_with(&app.client, &waits, READ).await, 200);
     let ended = follow(&app, READ).await;
     let kept = follow(&app, FULL).await;
+    // A read held until a wait ends, with the token about to go.
+    let upstream = support::Upstream::start().await;
+    let url = upstream.script("/held", vec![support::Reply::status("deploying")]);
+    let created = app
+        .client
+        .post(app.url("/waits"))
+        .bearer_auth(FULL)
+        .json(&support::spec(&url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let id = created.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let held = tokio::spawn({
+        let (c, url) = (
+            app.client.clone(),
+            app.url(&format!("/waits/{id}?wait=60s")),
+        );
+        async move {
+            let r = c.get(url).bearer_auth(READ).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        }
+    });
+    assert!(
+        upstream.hit("/held", 1, Duration::from_secs(10)).await,
+        "the held wait is polled"
+    );
 
     std::fs::write(&file, format!("a:{FULL}\n")).unwrap();
     let done = r#"waitd_token_reloads_total{outcome="done"} "#;
@@ -182,6 +212,12 @@ async fn a_changed_tokens_file_takes_a_removed_token_out_and_ends_its_streams() 
         .await
         .expect("the removed token's stream ended within 3 s")
         .unwrap();
+    let (status, text) = tokio::time::timeout(Duration::from_secs(3), held)
+        .await
+        .expect("the removed token's held read was answered within 3 s")
+        .unwrap();
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("removed"), "{text}");
 
     // A file that cannot be read as tokens: the tokens in force stay.
     std::fs::write(&file, "not a token entry\n").unwrap();

@@ -42,7 +42,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
 /// The layer: 401 without a valid token (when tokens are configured), 429 past the
 /// token's rate, 403 for a read-only token on a route that changes something, else
 /// the request goes on with its [`Tenant`]. An event stream opened with a token
-/// ends when a reload removes the token (or changes its tenant or access).
+/// ends when a reload removes the token (or changes its tenant or access), and a
+/// request held until a wait ends (`?wait=`) is answered `401` then.
 pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let caller = match caller_of(&s, req.headers()) {
         Ok(c) => c,
@@ -56,7 +57,21 @@ pub async fn authenticate(State(s): State<AppState>, mut req: Request, next: Nex
         return read_only().into_response();
     }
     req.extensions_mut().insert(Tenant(grant.tenant.clone()));
-    let res = next.run(req).await;
+    let held = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "wait" || p.starts_with("wait=")));
+    let res = if held {
+        tokio::select! {
+            res = next.run(req) => res,
+            () = s.tokens.revoked(token.clone(), grant.clone()) => ApiError::unauthorized(
+                "the API token of this request was removed (or changed) while the request was held; send a token in force",
+            )
+            .into_response(),
+        }
+    } else {
+        next.run(req).await
+    };
     if is_event_stream(&res) {
         end_when(res, s.tokens.revoked(token, grant))
     } else {
