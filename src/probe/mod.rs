@@ -29,11 +29,13 @@
 
 mod auth;
 mod conditional;
+mod hosts;
+mod observe;
 mod pause;
 mod read;
 mod share;
+mod target;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU8;
@@ -44,14 +46,12 @@ use bytes::Bytes;
 use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue, USER_AGENT as UA};
 use http::{Method, Request, StatusCode, Uri};
 
-use crate::engine::spec::Auth;
 use crate::engine::{Observation, Spec, ValuePath};
 use crate::model::LastPoll;
 use crate::outbound::credentials::{Bearer, Credentials};
 use crate::outbound::rate::HostRate;
 use crate::outbound::token::Tokens;
-use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients, TlsSettings};
-use read::{Answer, INLINE_BODY, header_map};
+use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients};
 pub use read::{Memo, judge};
 use share::{Fetched, Response, Turn};
 
@@ -347,131 +347,6 @@ impl Prober {
         self.make_target(spec, tenant, true)
     }
 
-    fn make_target(
-        &self,
-        spec: &Spec,
-        tenant: Arc<str>,
-        shareable: bool,
-    ) -> Result<Target, String> {
-        let url = target_url(spec)?;
-        let uri: Uri = url
-            .as_str()
-            .parse()
-            .map_err(|e| format!("the target URL is not a valid request URI ({e})"))?;
-        let host: Arc<str> = format!(
-            "{}:{}",
-            url.host_str().unwrap_or_default(),
-            url.port_or_known_default().unwrap_or(0)
-        )
-        .into();
-        let mut headers = HeaderMap::new();
-        for (name, value) in &spec.target.headers {
-            let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
-                return Err(format!(
-                    "the target header name \"{name}\" is not a valid header name"
-                ));
-            };
-            let Ok(mut value) = HeaderValue::from_str(value) else {
-                // Never echo the value: it may be a secret.
-                return Err(format!(
-                    "the value of the target header {name} is not a valid header value (printable ASCII only)"
-                ));
-            };
-            value.set_sensitive(true);
-            headers.insert(name, value);
-        }
-        // The defaults go under the target's own headers of the same name.
-        let headers = (!headers.is_empty()).then(|| {
-            for (name, value) in &self.inner.defaults {
-                if !headers.contains_key(name) {
-                    headers.insert(name.clone(), value.clone());
-                }
-            }
-            Box::new(headers)
-        });
-        // Address literals never reach the resolver, so they are judged here; names
-        // are judged by the resolver, on the addresses it returns.
-        let refused = self
-            .guard()
-            .check_url(&url)
-            .err()
-            .map(|r| r.to_string().into_boxed_str());
-        let mut granted_tls = None;
-        let auth = match &spec.target.auth {
-            Some(Auth::Oauth2(o)) => Some(Bearer::Minted(
-                self.inner
-                    .tokens
-                    .credential(&tenant, o)
-                    .map_err(|e| format!("no token for the target: {e}"))?,
-            )),
-            Some(Auth::Credential(name)) => {
-                let granted = self
-                    .inner
-                    .credentials
-                    .for_tenant(&tenant, name)
-                    .map_err(|e| format!("no token for the target: {e}"))?;
-                granted_tls = granted.tls;
-                Some(granted.bearer)
-            }
-            None => None,
-        };
-        let credential = auth.as_ref().map(|c| hex::encode(c.key()));
-        let tls = match &spec.target.tls {
-            Some(own) => {
-                let unusable =
-                    |why: String| format!("the target's TLS settings cannot be used: {why}");
-                let settings = TlsSettings {
-                    roots: own.roots().map_err(unusable)?,
-                    identity: own.identity().map_err(unusable)?,
-                };
-                Some(self.inner.tls.client(&settings).map_err(unusable)?)
-            }
-            None => match &granted_tls {
-                Some(settings) => Some(self.inner.tls.client(settings).map_err(|why| {
-                    format!("the credential's TLS settings cannot be used: {why}")
-                })?),
-                None => None,
-            },
-        };
-        let group = (shareable
-            && spec.target.share
-            && !self.inner.share_window.is_zero()
-            && refused.is_none())
-        .then(|| {
-            let mut sent: Vec<(String, &str)> = spec
-                .target
-                .headers
-                .iter()
-                .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
-                .collect();
-            // The same credential (of the same tenant) sends the same token.
-            if let Some(c) = &credential {
-                sent.push((":auth".into(), c.as_str()));
-            }
-            sent.sort();
-            self.inner.shares.group(share::key(
-                &tenant,
-                &uri.to_string(),
-                tls.as_ref().map(|t| t.digest()),
-                &sent,
-            ))
-        })
-        .flatten();
-        Ok(Target {
-            uri,
-            host,
-            headers,
-            refused,
-            tenant,
-            group,
-            tls,
-            last: share::LastPoll::now(),
-            kept: std::sync::Mutex::new(None),
-            came: Came::default(),
-            auth,
-        })
-    }
-
     /// [`Prober::probe`] of a target made already ([`Prober::target`]), with what
     /// the wait's conditions decided on the last response ([`Memo`]), updated.
     pub async fn probe_memo(
@@ -727,59 +602,6 @@ impl Prober {
         self.inner.shares.held()
     }
 
-    /// The pauses this prober sets from now on, to tell the other replicas of
-    /// (only the first call gets them). A pause is dropped rather than waited for
-    /// when 256 are not sent yet: a later answer of that host pauses it again.
-    pub fn announce_pauses(&self) -> tokio::sync::mpsc::Receiver<crate::bus::HostPause> {
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
-        let _ = self.inner.announced.set(tx);
-        rx
-    }
-
-    fn announce(&self, host: &Arc<str>, until: SystemTime) {
-        if let Some(tx) = self.inner.announced.get() {
-            let _ = tx.try_send(crate::bus::HostPause {
-                host: host.clone(),
-                until,
-            });
-        }
-    }
-
-    /// A pause another replica set: this one keeps its host quiet as long, at
-    /// most `--max-host-pause` from now (and never shortens a pause it has).
-    pub fn heard_pause(&self, pause: &crate::bus::HostPause) {
-        let now = SystemTime::now();
-        if let Ok(left) = pause.until.duration_since(now) {
-            let added =
-                self.inner
-                    .pauses
-                    .pause(&pause.host, now, left.min(self.inner.max_host_pause));
-            self.inner
-                .shares
-                .counts
-                .paused_ms
-                .fetch_add(added.as_millis() as u64, Relaxed);
-        }
-    }
-
-    /// How many replicas share `--host-rate` (this one's share is the rate
-    /// divided by it).
-    pub fn set_replicas(&self, n: u32) {
-        if let Some(rate) = &self.inner.rate {
-            rate.set_replicas(n);
-            self.inner
-                .shares
-                .counts
-                .rate_replicas
-                .store(i64::from(n.max(1)), Relaxed);
-        }
-    }
-
-    /// Whether `--host-rate` is set.
-    pub fn has_host_rate(&self) -> bool {
-        self.inner.rate.is_some()
-    }
-
     /// The tokens of the credentials held waits name, with their counts.
     pub fn tokens(&self) -> Arc<Tokens> {
         self.inner.tokens.clone()
@@ -788,119 +610,6 @@ impl Prober {
     /// How many hosts the per-host limit tracks now: those with a probe in flight.
     pub fn hosts_tracked(&self) -> usize {
         self.inner.hosts.keys()
-    }
-
-    /// What one wait makes of a response: its own observation, judged by its own
-    /// conditions (and memo).
-    async fn read(
-        &self,
-        _wait: uuid::Uuid,
-        target: &Target,
-        spec: &Spec,
-        memo: &mut Option<Memo>,
-        fetched: &Fetched,
-    ) -> Observation {
-        let response = match fetched {
-            Fetched::Failed(obs) => return obs.clone(),
-            Fetched::NotModified => return abandoned(),
-            Fetched::Answered(r) => r,
-        };
-        let status = response.status;
-        let judged = spec.success_condition.is_some() || spec.failure_condition.is_some();
-        let base = match classify_status(status.as_u16()) {
-            StatusClass::NotFound => Observation::NotFound {
-                status: status.as_u16(),
-            },
-            StatusClass::Transient => Observation::Transient {
-                error: format!("the target answered {}", status_text(status)),
-                retry_after: retry_after(&response.headers, SystemTime::now()),
-            },
-            StatusClass::Permanent => {
-                let error = if status.is_redirection() {
-                    format!(
-                        "the target answered {}; waitd does not follow redirects, so point the wait at the final URL (the Location header names it)",
-                        status_text(status)
-                    )
-                } else {
-                    format!("the target answered {}", status_text(status))
-                };
-                Observation::Permanent { error }
-            }
-            // A status-only wait: the 2xx code is the state, whatever the body says
-            // (JSON or not), so the body is not read for it.
-            StatusClass::Success if matches!(spec.state, Some(ValuePath::HttpStatus)) => {
-                Observation::State {
-                    values: vec![status.as_u16().to_string()],
-                    detail: None,
-                }
-            }
-            StatusClass::Success if spec.state.is_none() => Observation::Answered {
-                status: status.as_u16(),
-            },
-            // The state is in the body.
-            StatusClass::Success => Observation::Missing {
-                reason: String::new(),
-            },
-        };
-        let needs_body = matches!(&base, Observation::Missing { .. });
-        if !judged && !needs_body {
-            return base;
-        }
-        // Conditions see every response's headers and body, whatever its status.
-        let conditions = spec.conditions();
-        let headers = judged.then(|| {
-            if conditions.iter().any(|c| c.reads_headers()) {
-                header_map(&response.headers)
-            } else {
-                BTreeMap::new()
-            }
-        });
-        let body = match &response.body {
-            Some(Ok(body)) => body.clone(),
-            Some(Err(obs)) => return obs.clone(),
-            None => return abandoned(),
-        };
-        let status = status.as_u16();
-        let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
-        let hit = memo.filter(|m| Some(m.key) == key);
-        let answer = Answer {
-            status,
-            headers,
-            body,
-            base,
-            needs_body,
-            key,
-            hit,
-        };
-        // What a stranger's answer costs to read grows with its size and with the
-        // wait's expressions: that goes to the CPU pool, in the tenant's turn; a
-        // small body read at a JSON Pointer stays here (a few microseconds).
-        let heavy = answer.body.len() > INLINE_BODY
-            || (judged && hit.is_none())
-            || (needs_body && matches!(spec.state, Some(ValuePath::Query { .. })));
-        let (obs, read_memo) = if heavy {
-            let spec = spec.clone();
-            match crate::cpu::pool()
-                .run(crate::cpu::Lane::Long, &target.tenant, move || {
-                    answer.read(&spec)
-                })
-                .await
-            {
-                Ok(read) => read,
-                Err(lost) => (
-                    Observation::Permanent {
-                        error: format!("the response could not be read: {lost}"),
-                    },
-                    None,
-                ),
-            }
-        } else {
-            answer.read(spec)
-        };
-        if judged {
-            *memo = read_memo;
-        }
-        obs
     }
 
     /// A request that came to nothing: a refusal by the SSRF guard is logged as

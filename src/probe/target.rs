@@ -1,0 +1,141 @@
+//! A wait's target made once for the many polls of it: the request URI, its host's
+//! place in the per-host limit, its headers, the guard's verdict, the group of
+//! identical requests it shares polls with, its own TLS client and its token.
+
+use std::sync::Arc;
+
+use http::Uri;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::{Came, Prober, Target, share, target_url};
+use crate::engine::Spec;
+use crate::engine::spec::Auth;
+use crate::outbound::TlsSettings;
+use crate::outbound::credentials::Bearer;
+
+impl Prober {
+    pub(super) fn make_target(
+        &self,
+        spec: &Spec,
+        tenant: Arc<str>,
+        shareable: bool,
+    ) -> Result<Target, String> {
+        let url = target_url(spec)?;
+        let uri: Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e| format!("the target URL is not a valid request URI ({e})"))?;
+        let host: Arc<str> = format!(
+            "{}:{}",
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default().unwrap_or(0)
+        )
+        .into();
+        let mut headers = HeaderMap::new();
+        for (name, value) in &spec.target.headers {
+            let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+                return Err(format!(
+                    "the target header name \"{name}\" is not a valid header name"
+                ));
+            };
+            let Ok(mut value) = HeaderValue::from_str(value) else {
+                // Never echo the value: it may be a secret.
+                return Err(format!(
+                    "the value of the target header {name} is not a valid header value (printable ASCII only)"
+                ));
+            };
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        // The defaults go under the target's own headers of the same name.
+        let headers = (!headers.is_empty()).then(|| {
+            for (name, value) in &self.inner.defaults {
+                if !headers.contains_key(name) {
+                    headers.insert(name.clone(), value.clone());
+                }
+            }
+            Box::new(headers)
+        });
+        // Address literals never reach the resolver, so they are judged here; names
+        // are judged by the resolver, on the addresses it returns.
+        let refused = self
+            .guard()
+            .check_url(&url)
+            .err()
+            .map(|r| r.to_string().into_boxed_str());
+        let mut granted_tls = None;
+        let auth = match &spec.target.auth {
+            Some(Auth::Oauth2(o)) => Some(Bearer::Minted(
+                self.inner
+                    .tokens
+                    .credential(&tenant, o)
+                    .map_err(|e| format!("no token for the target: {e}"))?,
+            )),
+            Some(Auth::Credential(name)) => {
+                let granted = self
+                    .inner
+                    .credentials
+                    .for_tenant(&tenant, name)
+                    .map_err(|e| format!("no token for the target: {e}"))?;
+                granted_tls = granted.tls;
+                Some(granted.bearer)
+            }
+            None => None,
+        };
+        let credential = auth.as_ref().map(|c| hex::encode(c.key()));
+        let tls = match &spec.target.tls {
+            Some(own) => {
+                let unusable =
+                    |why: String| format!("the target's TLS settings cannot be used: {why}");
+                let settings = TlsSettings {
+                    roots: own.roots().map_err(unusable)?,
+                    identity: own.identity().map_err(unusable)?,
+                };
+                Some(self.inner.tls.client(&settings).map_err(unusable)?)
+            }
+            None => match &granted_tls {
+                Some(settings) => Some(self.inner.tls.client(settings).map_err(|why| {
+                    format!("the credential's TLS settings cannot be used: {why}")
+                })?),
+                None => None,
+            },
+        };
+        let group = (shareable
+            && spec.target.share
+            && !self.inner.share_window.is_zero()
+            && refused.is_none())
+        .then(|| {
+            let mut sent: Vec<(String, &str)> = spec
+                .target
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
+                .collect();
+            // The same credential (of the same tenant) sends the same token.
+            if let Some(c) = &credential {
+                sent.push((":auth".into(), c.as_str()));
+            }
+            sent.sort();
+            self.inner.shares.group(share::key(
+                &tenant,
+                &uri.to_string(),
+                tls.as_ref().map(|t| t.digest()),
+                &sent,
+            ))
+        })
+        .flatten();
+        Ok(Target {
+            uri,
+            host,
+            headers,
+            refused,
+            tenant,
+            group,
+            tls,
+            last: share::LastPoll::now(),
+            kept: std::sync::Mutex::new(None),
+            came: Came::default(),
+            auth,
+        })
+    }
+}
