@@ -170,6 +170,7 @@ impl App {
         tokio::spawn(groups::watch::run(
             store.clone(),
             bus.clone(),
+            metrics.clone(),
             stopped(stop_rx.clone()),
         ));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());

@@ -57,7 +57,11 @@ use crate::model::{DropReason, Status};
 #[derive(Default, Debug)]
 pub struct Metrics {
     pub polls: [AtomicU64; Observation::KINDS.len()],
+    /// Ends by status, of every wait this replica ended: groups and the members
+    /// a group ended included.
     pub ended: [AtomicU64; 5],
+    /// Of those, the ends of groups.
+    pub groups_ended: [AtomicU64; 5],
     pub probe_latency: Histogram,
     pub schedule_lag: Histogram,
     pub db_writes: AtomicU64,
@@ -131,6 +135,13 @@ impl Metrics {
         }
     }
 
+    /// A group's end, counted besides [`Metrics::ended`].
+    pub fn group_ended(&self, status: Status) {
+        if let Some(i) = Status::ENDS.iter().position(|s| *s == status) {
+            self.groups_ended[i].fetch_add(1, Relaxed);
+        }
+    }
+
     pub fn write(&self) {
         self.db_writes.fetch_add(1, Relaxed);
     }
@@ -172,7 +183,7 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP waitd_waits_ended_total Waits ended by this replica, by status.\n# TYPE waitd_waits_ended_total counter"
+            "# HELP waitd_waits_ended_total Waits ended by this replica, by status: groups, and the members a group ended, included.\n# TYPE waitd_waits_ended_total counter"
         );
         for (i, s) in Status::ENDS.iter().enumerate() {
             let _ = writeln!(
@@ -183,7 +194,18 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP waitd_waits_created_total Waits created through this replica.\n# TYPE waitd_waits_created_total counter\nwaitd_waits_created_total {}",
+            "# HELP waitd_groups_ended_total Groups this replica decided, by status (counted in waitd_waits_ended_total too).\n# TYPE waitd_groups_ended_total counter"
+        );
+        for (i, s) in Status::ENDS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "waitd_groups_ended_total{{status=\"{s}\"}} {}",
+                self.groups_ended[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP waitd_waits_created_total Waits created through this replica: a group and each member it made count.\n# TYPE waitd_waits_created_total counter\nwaitd_waits_created_total {}",
             self.created.load(Relaxed)
         );
         let _ = writeln!(

@@ -29,6 +29,7 @@ mod deploy;
 mod engine_props;
 mod engine_seeds;
 mod fuzz_spec;
+mod group_deadlines;
 mod groups;
 mod hostile_tenants;
 mod jsonpath_props;

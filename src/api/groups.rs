@@ -129,9 +129,15 @@ pub(super) async fn create(
     let id = created.wait.id;
     let mut wait = created.wait;
     if !created.existing {
+        // The group and each member it made are waits created.
+        let made = req
+            .members
+            .iter()
+            .filter(|m| matches!(m, MemberRequest::Spec { .. }))
+            .count();
         s.metrics
             .created
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1 + made as u64, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %id, members = req.members.len(), "group created");
         // A member given by id may have ended already: decide before answering.
         if req
@@ -139,7 +145,7 @@ pub(super) async fn create(
             .iter()
             .any(|m| matches!(m, MemberRequest::Id { .. }))
         {
-            if let Err(e) = crate::groups::watch::settle(&s.store, id).await {
+            if let Err(e) = crate::groups::watch::settle(&s.store, &s.metrics, id).await {
                 tracing::warn!(group_id = %id, error = %e, "could not decide a new group; the sweep will");
             }
             if let Some(again) = s.store.get(&tenant, id).await? {

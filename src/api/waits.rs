@@ -418,9 +418,16 @@ pub async fn cancel_wait(
         .cancel(&tenant, id, Utc::now())
         .await?
         .ok_or_else(|| no_such_wait(id))?;
+    let mut wait = canceled.wait;
+    s.store
+        .annotate_groups(std::slice::from_mut(&mut wait))
+        .await?;
     if canceled.ended {
         s.metrics.ended(Status::Canceled);
+        if wait.grouping.mode.is_some() {
+            s.metrics.group_ended(Status::Canceled);
+        }
         tracing::info!(wait_id = %id, "wait canceled");
     }
-    Ok(json_response(StatusCode::OK, &canceled.wait))
+    Ok(json_response(StatusCode::OK, &wait))
 }

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -21,11 +22,12 @@ use uuid::Uuid;
 
 use super::{decide, progress};
 use crate::bus::{Bus, BusMsg};
+use crate::metrics::Metrics;
 use crate::model::Status;
-use crate::store::groups::{GroupEnd, member_cancel_reason};
+use crate::store::groups::{GroupEnd, member_cancel_reason, member_deadline_reason};
 use crate::store::{Store, StoreError};
 
-/// Members canceled at once: each holds one database connection at a time.
+/// Members ended at once: each holds one database connection at a time.
 const CANCELING: usize = 8;
 /// Groups read and written together: one read of their rows, one of their
 /// members, one transaction for their ends and one for their progress.
@@ -35,20 +37,29 @@ const SWEEP: i64 = 1000;
 /// Every this many seconds a sweep looks at every open group, not only at those
 /// past their deadline.
 const FULL_SWEEP_EVERY: u64 = 10;
+/// A member still running this long after the deadline of a group that keeps
+/// its members running is ended `timed_out` here: the group's deadline caps
+/// its own, and a member given by id that its replica held when the group was
+/// created polls on under the deadline it had (a new claim takes the cap). The
+/// grace leaves a member's last poll at the deadline to its own replica.
+pub const CAPPED_GRACE: Duration = Duration::from_secs(2);
+/// Each second's sweep looks again at the groups that keep their members
+/// running whose deadline passed this recently; the full sweep at all of them.
+const RECENT: Duration = Duration::from_secs(60);
 
-/// Looks at one group again: decides it, or records how far it is; cancels the
+/// Looks at one group again: decides it, or records how far it is; ends the
 /// running members of a decided group. Safe to run on several replicas at once.
-pub async fn settle(store: &Store, id: Uuid) -> Result<(), StoreError> {
-    settle_all(store, &[id]).await
+pub async fn settle(store: &Store, metrics: &Metrics, id: Uuid) -> Result<(), StoreError> {
+    settle_all(store, metrics, &[id]).await
 }
 
 /// [`settle`] for many groups at once: a burst of member ends costs a few
 /// statements per batch of groups, not a few per group.
-pub async fn settle_all(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
+pub async fn settle_all(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<(), StoreError> {
     // A batch that fails leaves the others to go on; the sweep retries it.
     let mut first = Ok(());
     for chunk in ids.chunks(BATCH) {
-        if let Err(e) = settle_batch(store, chunk).await
+        if let Err(e) = settle_batch(store, metrics, chunk).await
             && first.is_ok()
         {
             first = Err(e);
@@ -57,7 +68,7 @@ pub async fn settle_all(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
     first
 }
 
-async fn settle_batch(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
+async fn settle_batch(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<(), StoreError> {
     let groups = store.groups(ids).await?;
     let now = Utc::now();
     let mut ends = Vec::new();
@@ -84,13 +95,16 @@ async fn settle_batch(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
             state,
         });
     }
-    store.groups_progress(&moved, now).await?;
+    // The decisions first: a group's end does not wait for others' progress.
     let ended: HashSet<Uuid> = store.end_groups(&ends, now).await?.into_iter().collect();
     for e in &ends {
         if ended.contains(&e.group.id) {
+            metrics.ended(e.status);
+            metrics.group_ended(e.status);
             tracing::info!(group_id = %e.group.id, status = %e.status, "group decided");
         }
     }
+    store.groups_progress(&moved, now).await?;
     // Another replica, or a cancel, ended these first: their end stands.
     let lost: Vec<Uuid> = ends
         .iter()
@@ -103,8 +117,9 @@ async fn settle_batch(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
         .into_iter()
         .map(|g| (g.id, g.status))
         .collect();
-    let mut cancels = Vec::new();
-    for g in groups.iter().filter(|g| !g.keep_running) {
+    let capped_at = chrono::Duration::from_std(CAPPED_GRACE).unwrap_or_default();
+    let mut member_ends = Vec::new();
+    for g in &groups {
         let status = if ended.contains(&g.id) {
             ends.iter()
                 .find(|e| e.group.id == g.id)
@@ -115,15 +130,25 @@ async fn settle_batch(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
         if !status.is_end() {
             continue;
         }
-        let reason = member_cancel_reason(g.id, status);
+        let (end, reason) = if !g.keep_running {
+            (Status::Canceled, member_cancel_reason(g.id, status))
+        } else if now >= g.deadline + capped_at {
+            (Status::TimedOut, member_deadline_reason(g.id))
+        } else {
+            continue;
+        };
         for m in g.members.iter().filter(|m| m.status == Status::Running) {
-            cancels.push((g.tenant.as_str(), m.id, reason.clone()));
+            member_ends.push((g.tenant.as_str(), m.id, end, reason.clone()));
         }
     }
-    futures_util::stream::iter(cancels)
-        .for_each_concurrent(CANCELING, |(tenant, id, reason)| async move {
-            if let Err(e) = store.end_member(tenant, id, now, &reason).await {
-                tracing::warn!(wait_id = %id, error = %e, "could not cancel a group's member; the next sweep tries again");
+    futures_util::stream::iter(member_ends)
+        .for_each_concurrent(CANCELING, |(tenant, id, end, reason)| async move {
+            match store.end_member(tenant, id, now, end, &reason).await {
+                Ok(true) => metrics.ended(end),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(wait_id = %id, error = %e, "could not end a group's member; the next sweep tries again")
+                }
             }
         })
         .await;
@@ -131,7 +156,7 @@ async fn settle_batch(store: &Store, ids: &[Uuid]) -> Result<(), StoreError> {
 }
 
 /// Decides groups as their members end, until `stop`.
-pub async fn run(store: Store, bus: Bus, stop: impl Future<Output = ()>) {
+pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Future<Output = ()>) {
     let mut rx = bus.subscribe();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -176,20 +201,30 @@ pub async fn run(store: Store, bus: Bus, stop: impl Future<Output = ()>) {
                 Err(TryRecvError::Empty | TryRecvError::Closed) => break,
             }
         }
-        if let Err(e) = round(&store, &ended, sweep).await {
+        if let Err(e) = round(&store, &metrics, &ended, sweep).await {
             tracing::warn!(error = %e, "could not decide groups; the next sweep tries again");
         }
     }
 }
 
-async fn round(store: &Store, ended: &[Uuid], sweep: Option<bool>) -> Result<(), StoreError> {
+async fn round(
+    store: &Store,
+    metrics: &Metrics,
+    ended: &[Uuid],
+    sweep: Option<bool>,
+) -> Result<(), StoreError> {
     let mut due = BTreeSet::new();
     for chunk in ended.chunks(500) {
         due.extend(store.groups_touching(chunk).await?);
     }
     if let Some(all) = sweep {
-        due.extend(store.groups_to_settle(Utc::now(), all, SWEEP).await?);
+        let recent = chrono::Duration::from_std(RECENT).unwrap_or_default();
+        due.extend(
+            store
+                .groups_to_settle(Utc::now(), all, recent, SWEEP)
+                .await?,
+        );
     }
     let due: Vec<Uuid> = due.into_iter().collect();
-    settle_all(store, &due).await
+    settle_all(store, metrics, &due).await
 }

@@ -117,6 +117,8 @@ pub(crate) struct NewGroup<'a> {
     pub keep_running: bool,
     pub state: String,
     pub members: Vec<(Uuid, bool)>,
+    /// The members given by id, whose deadlines the group's caps.
+    pub by_id: Vec<Uuid>,
 }
 
 /// A group from its row and its member rows (in position order).
@@ -173,6 +175,12 @@ pub fn member_cancel_reason(group: Uuid, status: Status) -> String {
         Status::Canceled => format!("canceled with its group {group}, which was canceled"),
         s => format!("canceled because its group {group} ended {s}"),
     }
+}
+
+/// The sentence a member records when its group's deadline, which caps its own,
+/// ends it.
+pub fn member_deadline_reason(group: Uuid) -> String {
+    format!("the deadline of its group {group}, which caps its own, passed")
 }
 
 impl Store {
@@ -268,6 +276,7 @@ impl Store {
             keep_running: req.keep_running,
             state: format!("0 of {} succeeded", members.len()),
             members: members.clone(),
+            by_id,
         };
         let inserted = sql!(self.insert_group(tenant, now, &group, idempotency));
         match inserted {
@@ -324,6 +333,7 @@ impl Store {
                     tenant,
                     *id,
                     now,
+                    Status::Canceled,
                     "canceled: the group it was created for could not be stored",
                 )
                 .await;
@@ -506,17 +516,19 @@ impl Store {
         sql!(self.group_progress(group.id, &group.tenant, state, now, &event))
     }
 
-    /// Cancels a running member with `reason`; true when this call ended it.
+    /// Ends a running member `canceled` (or, past its group's deadline, which caps
+    /// its own, `timed_out`) with `reason`; true when this call ended it.
     pub async fn end_member(
         &self,
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
+        status: Status,
         reason: &str,
     ) -> Result<bool, StoreError> {
-        let canceled = |state: Option<String>| {
+        let ended = |state: Option<String>| {
             EventBody::end(
-                Status::Canceled,
+                status,
                 Ending {
                     reason: reason.to_string(),
                     state,
@@ -526,19 +538,22 @@ impl Store {
             )
             .to_parts()
         };
-        sql!(self.cancel(tenant, id, now, reason, &canceled))
+        sql!(self.cancel(tenant, id, now, reason, status.as_str(), &ended))
     }
 
-    /// Groups to look at again: running ones past their deadline, and with `all`,
+    /// Groups to look at again: running ones past their deadline, and ended ones
+    /// that keep their members running whose deadline (which caps their members')
+    /// passed within `recent` and that still have running members; with `all`,
     /// every running group and every ended one that still has running members to
-    /// cancel; at most `limit`.
+    /// cancel or to end at its deadline; at most `limit`.
     pub async fn groups_to_settle(
         &self,
         now: DateTime<Utc>,
         all: bool,
+        recent: chrono::Duration,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
-        sql!(self.groups_to_settle(now, all, limit))
+        sql!(self.groups_to_settle(now, all, recent, limit))
     }
 
     /// Fills in how each wait stands in a group: a group's mode and members, a

@@ -58,8 +58,10 @@ impl Store {
             serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
         spec.target
             .restore_secrets(self.cipher.open(&row.headers.0)?);
-        let engine: EngineState = serde_json::from_value(row.engine.0.clone())
+        let mut engine: EngineState = serde_json::from_value(row.engine.0.clone())
             .map_err(|e| format!("engine state: {e}"))?;
+        // A group's deadline may have capped the wait's since its engine began.
+        engine.deadline = engine.deadline.min(row.deadline.0);
         Ok((spec, engine))
     }
 

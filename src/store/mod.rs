@@ -450,7 +450,14 @@ impl Store {
             )
             .to_parts()
         };
-        let ended = sql!(self.cancel(tenant, id, now, CANCEL_REASON, &canceled))?;
+        let ended = sql!(self.cancel(
+            tenant,
+            id,
+            now,
+            CANCEL_REASON,
+            Status::Canceled.as_str(),
+            &canceled
+        ))?;
         Ok(self
             .get(tenant, id)
             .await?

@@ -113,6 +113,8 @@ pub(crate) struct ClaimRow {
     tenant: String,
     engine: Json,
     next_poll_at: Option<Time>,
+    // The engine's deadline, or an earlier one a group's deadline capped it to.
+    deadline: Time,
     spec: Json,
     headers: Json,
 }

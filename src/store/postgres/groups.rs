@@ -82,6 +82,19 @@ impl PgDialect {
         .bind(g.members.iter().map(|m| m.1).collect::<Vec<bool>>())
         .execute(&mut *tx)
         .await?;
+        if !g.by_id.is_empty() {
+            // The group's deadline caps its members': a claim takes the earlier of
+            // this column and the engine's own (and the next poll is no later).
+            sqlx::query(
+                "UPDATE waits SET deadline = LEAST(deadline, $2),
+                        next_poll_at = LEAST(next_poll_at, $2), claim_at = LEAST(claim_at, $2)
+                 WHERE id = ANY($1) AND status = 'running' AND deadline > $2",
+            )
+            .bind(&g.by_id)
+            .bind(nw.engine.deadline)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         self.committed.notify_one();
         Ok(true)
@@ -316,12 +329,16 @@ impl PgDialect {
         &self,
         now: DateTime<Utc>,
         all: bool,
+        recent: chrono::Duration,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
         let rows: Vec<(Uuid,)> = sqlx::query_as(
             "SELECT g.group_id FROM wait_groups g JOIN waits w ON w.id = g.group_id
              WHERE (w.status = 'running' AND ($2 OR w.deadline <= $1))
-                OR ($2 AND w.status <> 'running' AND NOT g.keep_running AND EXISTS (
+                OR (w.status <> 'running'
+                    AND CASE WHEN g.keep_running THEN w.deadline <= $1 AND ($2 OR w.deadline > $4)
+                             ELSE $2 END
+                    AND EXISTS (
                     SELECT 1 FROM group_members m JOIN waits x ON x.id = m.member_id
                     WHERE m.group_id = g.group_id AND x.status = 'running'))
              ORDER BY g.group_id LIMIT $3",
@@ -329,6 +346,7 @@ impl PgDialect {
         .bind(now)
         .bind(all)
         .bind(limit)
+        .bind(now - recent)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|r| r.0).collect())

@@ -129,11 +129,12 @@ impl PgDialect {
         id: Uuid,
         now: DateTime<Utc>,
         reason: &str,
+        status: &str,
         event: &(dyn Fn(Option<String>) -> (&'static str, Value) + Sync),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = 'canceled', reason = $4, finished_at = $3,
+            "UPDATE waits SET status = $5, reason = $4, finished_at = $3,
                     updated_at = $3, next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = $1 AND tenant = $2 AND status = 'running'
              RETURNING seq, state",
@@ -142,6 +143,7 @@ impl PgDialect {
         .bind(tenant)
         .bind(now)
         .bind(reason)
+        .bind(status)
         .fetch_optional(&mut *tx)
         .await?;
         let Some((seq, state)) = row else {

@@ -81,6 +81,19 @@ impl SqliteDialect {
             .execute(&mut *tx)
             .await?;
         }
+        for member in &g.by_id {
+            // The group's deadline caps its members': a claim takes the earlier of
+            // this column and the engine's own (and the next poll is no later).
+            let cap = ms(nw.engine.deadline);
+            sqlx::query(
+                "UPDATE waits SET deadline = ?2, next_poll_at = MIN(next_poll_at, ?2)
+                 WHERE id = ?1 AND status = 'running' AND deadline > ?2",
+            )
+            .bind(member)
+            .bind(cap)
+            .execute(&mut *tx)
+            .await?;
+        }
         let notice = append_events(
             &mut tx,
             nw.id,
@@ -217,20 +230,24 @@ impl SqliteDialect {
         &self,
         now: DateTime<Utc>,
         all: bool,
+        recent: chrono::Duration,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
         let rows: Vec<(Uuid,)> = sqlx::query_as(
             "SELECT g.group_id FROM wait_groups g JOIN waits w ON w.id = g.group_id
-             WHERE (w.status = 'running' AND (? OR w.deadline <= ?))
-                OR (? AND w.status <> 'running' AND NOT g.keep_running AND EXISTS (
+             WHERE (w.status = 'running' AND (?1 OR w.deadline <= ?2))
+                OR (w.status <> 'running'
+                    AND CASE WHEN g.keep_running THEN w.deadline <= ?2 AND (?1 OR w.deadline > ?4)
+                             ELSE ?1 END
+                    AND EXISTS (
                     SELECT 1 FROM group_members m JOIN waits x ON x.id = m.member_id
                     WHERE m.group_id = g.group_id AND x.status = 'running'))
-             ORDER BY g.group_id LIMIT ?",
+             ORDER BY g.group_id LIMIT ?3",
         )
         .bind(all)
         .bind(ms(now))
-        .bind(all)
         .bind(limit)
+        .bind(ms(now - recent))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|r| r.0).collect())

@@ -37,7 +37,7 @@ impl SqliteDialect {
                             AND (owner IS NULL
                                  OR owner IN (SELECT id FROM replicas WHERE lease_until < ?3 AND id <> ?1))
                           ORDER BY next_poll_at LIMIT ?4)
-             RETURNING id, epoch, claims, tenant, engine, next_poll_at,
+             RETURNING id, epoch, claims, tenant, engine, next_poll_at, deadline,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
                        (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers",
         )

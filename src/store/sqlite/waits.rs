@@ -155,15 +155,17 @@ impl SqliteDialect {
         id: Uuid,
         now: DateTime<Utc>,
         reason: &str,
+        status: &str,
         event: &(dyn Fn(Option<String>) -> (&'static str, Value) + Sync),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = 'canceled', reason = ?, finished_at = ?, updated_at = ?, next_poll_at = NULL,
+            "UPDATE waits SET status = ?, reason = ?, finished_at = ?, updated_at = ?, next_poll_at = NULL,
                     owner = NULL, seq = seq + 1
              WHERE id = ? AND tenant = ? AND status = 'running'
              RETURNING seq, state",
         )
+        .bind(status)
         .bind(reason)
         .bind(ms(now))
         .bind(ms(now))
