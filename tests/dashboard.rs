@@ -15,6 +15,8 @@ mod support;
 
 #[path = "dashboard/forms.rs"]
 mod forms;
+#[path = "dashboard/groups.rs"]
+mod groups;
 
 use std::os::unix::process::CommandExt;
 use std::panic::AssertUnwindSafe;

@@ -560,12 +560,15 @@ async function fetchNewest(ids, gen) {
 /** Applies one event; true when it changed a row that is on screen. */
 function applyOne(ev) {
   detail.applyEvent(ev);
-  if (!list.has(ev.wait_id)) return false; // not loaded: ignored
+  detail.memberEvent(ev);
+  // A member's end shows on the rows of its groups, loaded or not itself.
+  const groups = list.memberEvent(ev);
+  if (!list.has(ev.wait_id)) return groups; // not loaded: ignored
   const w = list.get(ev.wait_id);
   if (!applyEvent(w, ev)) return false;
   list.changed(w.id);
   if (S.filters.status && w.status !== S.filters.status) list.remove(w.id);
-  return list.isShown(w.id);
+  return list.isShown(w.id) || groups;
 }
 
 // ---------------------------------------------------------------------------

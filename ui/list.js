@@ -10,8 +10,8 @@
 // per batch of events, which compacts the order array once and re-renders the window.
 
 import {
-  el, clear, statusBadge, setBadge, shortId, targetText, waitHref, fmtAge, fmtLeft, fmtDateTime,
-  fmtNumber, fmtCoarse, labelsText, TIME_ZONE, ms,
+  el, clear, statusBadge, setBadge, statusKey, shortId, targetText, waitHref, fmtAge, fmtLeft,
+  fmtDateTime, fmtNumber, fmtCoarse, labelsText, TIME_ZONE, ms, STATUS_GLYPH, TERMINAL,
 } from './common.js';
 
 /** Row height in px; the CSS reads it from --row-h, which the list sets from here. */
@@ -32,6 +32,7 @@ export class WaitList {
     this.waits = new Map(); // id -> Wait (the loaded waits)
     this.order = []; // ids, newest first
     this.removed = new Set(); // ids leaving the view at the next flush()
+    this.groupsOf = new Map(); // member id -> Set of the loaded groups that name it
     this.rendered = new Map(); // id -> row element currently in the DOM
     this.pool = []; // detached rows to reuse
     this.selected = null;
@@ -70,6 +71,7 @@ export class WaitList {
   /** Forgets every wait (a filter change, a new token). */
   reset() {
     this.waits.clear();
+    this.groupsOf.clear();
     this.order = [];
     this.removed.clear();
     for (const row of this.rendered.values()) this.recycle(row);
@@ -83,6 +85,7 @@ export class WaitList {
     for (const w of items) {
       if (this.waits.has(w.id)) continue;
       this.waits.set(w.id, w);
+      this.indexGroup(w);
       this.order.push(w.id);
     }
     this.render();
@@ -92,7 +95,10 @@ export class WaitList {
   prepend(items) {
     const fresh = items.filter((w) => !this.waits.has(w.id));
     if (!fresh.length) return;
-    for (const w of fresh) this.waits.set(w.id, w);
+    for (const w of fresh) {
+      this.waits.set(w.id, w);
+      this.indexGroup(w);
+    }
     this.order = fresh.map((w) => w.id).concat(this.order);
     if (this.viewport.scrollTop > 0) this.viewport.scrollTop += fresh.length * ROW_H;
     this.structural = true;
@@ -103,7 +109,10 @@ export class WaitList {
     const fresh = items.filter((w) => !this.waits.has(w.id));
     const at = this.order.indexOf(anchorId);
     if (!fresh.length || at < 0) return;
-    for (const w of fresh) this.waits.set(w.id, w);
+    for (const w of fresh) {
+      this.waits.set(w.id, w);
+      this.indexGroup(w);
+    }
     this.order.splice(at, 0, ...fresh.map((w) => w.id));
     if (at < this.firstVisible()) this.viewport.scrollTop += fresh.length * ROW_H;
     this.structural = true;
@@ -128,6 +137,48 @@ export class WaitList {
     }
     this.changed(item.id);
     return true;
+  }
+
+  /** Notes which members a loaded group names, so their ends reach its row. */
+  indexGroup(w) {
+    if (!Array.isArray(w.members)) return;
+    for (const m of w.members) {
+      if (!m || typeof m.id !== 'string') continue;
+      let groups = this.groupsOf.get(m.id);
+      if (!groups) this.groupsOf.set(m.id, (groups = new Set()));
+      groups.add(w.id);
+    }
+  }
+
+  unindexGroup(w) {
+    if (!w || !Array.isArray(w.members)) return;
+    for (const m of w.members) {
+      const groups = m && this.groupsOf.get(m.id);
+      if (!groups) continue;
+      groups.delete(w.id);
+      if (!groups.size) this.groupsOf.delete(m.id);
+    }
+  }
+
+  /**
+   * An event of any wait: when it ends a member of loaded groups, their member
+   * lists say so (a group's own events say only how far it is). Returns whether a
+   * row on screen changed. O(groups naming it).
+   */
+  memberEvent(ev) {
+    if (!TERMINAL.has(ev.kind)) return false;
+    const groups = this.groupsOf.get(ev.wait_id);
+    if (!groups) return false;
+    let shown = false;
+    for (const gid of groups) {
+      const g = this.waits.get(gid);
+      const m = g && g.members.find((x) => x.id === ev.wait_id);
+      if (!m || TERMINAL.has(m.status)) continue; // a member ends once
+      m.status = ev.kind;
+      this.changed(gid);
+      shown = this.isShown(gid) || shown;
+    }
+    return shown;
   }
 
   /** Whether the wait's row is in the DOM (on screen or just around it). */
@@ -157,6 +208,7 @@ export class WaitList {
         const id = this.order[i];
         if (this.removed.has(id)) {
           if (i < first) above++;
+          this.unindexGroup(this.waits.get(id));
           this.waits.delete(id);
         } else keep.push(id);
       }
@@ -257,7 +309,12 @@ export class WaitList {
       { class: 'row', data: { testid: 'wait-row' }, attrs: { role: 'row', tabindex: '0' } },
       (c.status = el('div', { class: 'cell c-status', attrs: { role: 'cell' } }, (c.badge = statusBadge('running')))),
       (c.idCell = el('div', { class: 'cell c-id mono', attrs: { role: 'cell' } }, (c.link = el('a', { class: 'id-link' })))),
-      (c.target = el('div', { class: 'cell c-target mono', data: { testid: 'wait-target' }, attrs: { role: 'cell' } })),
+      (c.target = el('div', { class: 'cell c-target mono', attrs: { role: 'cell' } },
+        (c.targetText = el('span', { class: 'target-text', data: { testid: 'wait-target' } })),
+        // A group: one mark a member, in order, its status as glyph and colour.
+        (c.members = el('span', { class: 'member-marks', data: { testid: 'row-members' }, props: { hidden: true } })),
+        // A member: a link to its group.
+        (c.group = el('a', { class: 'group-link', data: { testid: 'row-group' }, props: { hidden: true } })))),
       (c.state = el('div', { class: 'cell c-state mono', data: { testid: 'wait-state' }, attrs: { role: 'cell' } })),
       (c.labels = el('div', { class: 'cell c-labels', data: { testid: 'wait-labels' }, attrs: { role: 'cell' } })),
       (c.age = el('div', { class: 'cell c-age num', attrs: { role: 'cell' } })),
@@ -281,10 +338,19 @@ export class WaitList {
       else c.link.removeAttribute('href');
       c.link.textContent = shortId(w.id);
       c.link.title = w.id;
-      c.target.textContent = targetText(w);
+      c.targetText.textContent = targetText(w);
       c.target.title = (w.spec && w.spec.target && w.spec.target.url) || '';
       this.fillLabels(c.labels, w.labels);
+      const group = typeof w.group === 'string' ? waitHref(w.group) : null;
+      c.group.hidden = !group;
+      if (group) {
+        c.group.setAttribute('href', group);
+        c.group.textContent = '↳ group';
+        c.group.title = `a member of group ${w.group}`;
+        c.group.dataset.group = w.group;
+      } else c.group.removeAttribute('href');
     }
+    this.fillMembers(c, w);
     row.classList.toggle('selected', w.id === this.selected);
     if (row.dataset.status !== w.status) {
       row.dataset.status = w.status;
@@ -305,6 +371,30 @@ export class WaitList {
     c.retries.classList.toggle('has-error', !!w.last_error && w.status === 'running');
     c.age.title = `created ${fmtDateTime(w.created_at)} (${TIME_ZONE})`;
     this.fillTimes(row, w, now);
+  }
+
+  /** A group's members as marks, rebuilt only when one of them changed. */
+  fillMembers(c, w) {
+    const members = Array.isArray(w.members) ? w.members : null;
+    const key = members ? members.map((m) => `${m.id}:${m.status}`).join(',') : '';
+    if (c.members._key === key) return;
+    c.members._key = key;
+    clear(c.members);
+    c.members.hidden = !members;
+    if (!members) return;
+    const ended = members.filter((m) => m.status !== 'running').length;
+    c.target.title = `${w.mode} of ${members.length} waits, ${ended} ended:\n${members
+      .map((m) => `${m.id} ${m.status}${m.required === false ? ' (optional)' : ''}`)
+      .join('\n')}`;
+    for (const m of members) {
+      const status = String(m.status);
+      c.members.appendChild(el('span', {
+        class: `member-mark st-${statusKey(status)}`,
+        data: { testid: 'row-member', memberId: String(m.id), status },
+        text: STATUS_GLYPH[status] || '?',
+        attrs: { title: `${m.id} ${status}` },
+      }));
+    }
   }
 
   fillLabels(cell, labels) {

@@ -12,7 +12,7 @@
 
 import {
   el, clear, append, statusBadge, setBadge, fmtDateTime, fmtTime, fmtLeft, fmtDuration,
-  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms, waitHref,
+  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms, waitLink,
 } from './common.js';
 import { api, authHeaders, readProblem, reportUnauthorized, ApiError } from './api.js';
 import { EventStream } from './sse.js';
@@ -160,6 +160,19 @@ export class DetailPanel {
       // The counters (polls, retries) are not in events: read them again shortly.
       if (this.wait.status === 'running' || TERMINAL.has(ev.kind)) this.scheduleRefetch(600);
     }
+  }
+
+  /**
+   * An event of any wait (from the list's stream): the end of a member of the
+   * group shown here changes its member list at once.
+   */
+  memberEvent(ev) {
+    const w = this.wait;
+    if (!w || !Array.isArray(w.members) || !TERMINAL.has(ev.kind)) return;
+    const m = w.members.find((x) => x.id === ev.wait_id);
+    if (!m || TERMINAL.has(m.status)) return;
+    m.status = ev.kind;
+    this.queueRender();
   }
 
   /** Renders once after a batch of events (a replayed history is one batch). */
@@ -326,11 +339,15 @@ export class DetailPanel {
       // A group: its members as they stand, each linking to its own page.
       ['members', w.mode === 'any' ? 'Any of' : 'All of', Array.isArray(w.members), JSON.stringify(w.members || []),
         () => el('ul', { class: 'members', data: { testid: 'group-members' } }, (w.members || []).map((m) => el('li', {},
-          el('a', { class: 'mono', attrs: { href: waitHref(m.id) }, text: m.id }), ' ',
+          waitLink(m.id, String(m.id), 'mono'), ' ',
           statusBadge(m.status, { data: { testid: 'member-status', status: m.status } }),
           m.required === false ? el('span', { class: 'muted small', text: ' optional' }) : null)))],
       // A member: the group it belongs to.
-      ['group', 'Group', !!w.group, w.group, () => el('a', { class: 'mono', data: { testid: 'member-group' }, attrs: { href: waitHref(w.group) }, text: String(w.group) })],
+      ['group', 'Group', !!w.group, w.group, () => {
+        const a = waitLink(w.group, String(w.group), 'mono');
+        a.dataset.testid = 'member-group';
+        return a;
+      }],
       ['labels', 'Labels', true, JSON.stringify(labels), () => (labels.length
         ? el('span', { class: 'chips' }, labels.map(([k, v]) => [el('span', { class: 'chip' }, el('span', { class: 'chip-k', text: k }), el('span', { class: 'chip-sep', text: ':' }), el('span', { class: 'chip-v', text: v })), ' ']))
         : el('span', { class: 'muted', text: 'none' }))],
