@@ -9,6 +9,15 @@
 //! nothing, since every other replica heard the same notice, and a sweep looks at
 //! every open group again (each second for those past their deadline, every ten
 //! seconds for all, and after the bus says notices may have been missed).
+//!
+//! The time from a member's end to its group's end is spent in three places: the
+//! notice reaching the bus (the sequencer numbers the end, LISTEN brings it), the
+//! round it joins (reads of the groups and their members, the rule), and the
+//! write of the end. So a round only reads and decides: a task of its own hears
+//! the bus meanwhile (a slow round never makes it drop notices, which would cost
+//! a sweep of every open group), the ends are written by up to [`WRITING`] tasks
+//! while the next round reads, and the progress of the groups still open by one
+//! writer ([`super::states`]) off that path.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -17,21 +26,27 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::StreamExt;
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{Notify, Semaphore, broadcast};
 use uuid::Uuid;
 
-use super::{decide, progress};
+use super::states;
+use super::{Decision, decide, progress};
 use crate::bus::{Bus, BusMsg};
 use crate::metrics::Metrics;
 use crate::model::Status;
-use crate::store::groups::{GroupEnd, member_cancel_reason, member_deadline_reason};
+use crate::store::groups::{Group, GroupEnd, member_cancel_reason, member_deadline_reason};
 use crate::store::{Store, StoreError};
 
-/// Members ended at once: each holds one database connection at a time.
-const CANCELING: usize = 8;
+/// Members one batch of ends ends at once: each holds one database connection
+/// at a time.
+const CANCELING: usize = 4;
 /// Groups read and written together: one read of their rows, one of their
 /// members, one transaction for their ends and one for their progress.
 const BATCH: usize = 500;
+/// Batches of ends a replica writes at once, while its next round reads (with
+/// [`CANCELING`], at most 8 of the replica's database connections).
+const WRITING: usize = 2;
 /// Groups looked at in one sweep.
 const SWEEP: i64 = 1000;
 /// Every this many seconds a sweep looks at every open group, not only at those
@@ -49,17 +64,25 @@ const RECENT: Duration = Duration::from_secs(60);
 
 /// Looks at one group again: decides it, or records how far it is; ends the
 /// running members of a decided group. Safe to run on several replicas at once.
-pub async fn settle(store: &Store, metrics: &Metrics, id: Uuid) -> Result<(), StoreError> {
-    settle_all(store, metrics, &[id]).await
+pub async fn settle(store: &Store, metrics: &Arc<Metrics>, id: Uuid) -> Result<(), StoreError> {
+    settle_all(store, metrics, &[id], None).await
 }
 
 /// [`settle`] for many groups at once: a burst of member ends costs a few
-/// statements per batch of groups, not a few per group.
-pub async fn settle_all(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<(), StoreError> {
+/// statements per batch of groups, not a few per group. With `deferred`, only
+/// the reads and the rule run before this returns: the progress of the groups
+/// still open goes to the queue's writer, and the ends (of groups, and of the
+/// members a decision ends) to tasks of their own.
+pub async fn settle_all(
+    store: &Store,
+    metrics: &Arc<Metrics>,
+    ids: &[Uuid],
+    deferred: Option<&Deferred>,
+) -> Result<(), StoreError> {
     // A batch that fails leaves the others to go on; the sweep retries it.
     let mut first = Ok(());
     for chunk in ids.chunks(BATCH) {
-        if let Err(e) = settle_batch(store, metrics, chunk).await
+        if let Err(e) = settle_batch(store, metrics, chunk, deferred).await
             && first.is_ok()
         {
             first = Err(e);
@@ -68,34 +91,95 @@ pub async fn settle_all(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Resul
     first
 }
 
-async fn settle_batch(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<(), StoreError> {
+/// Where a round of the watcher leaves the writes its decisions call for.
+#[derive(Clone)]
+pub struct Deferred {
+    states: states::Queue,
+    /// Batches of ends being written at once.
+    writing: Arc<Semaphore>,
+}
+
+/// A batch of groups as read, with the decisions the rule made of them.
+struct Decided {
+    groups: Vec<Group>,
+    /// (index in `groups`, decision, state).
+    ends: Vec<(usize, Decision, String)>,
+}
+
+async fn settle_batch(
+    store: &Store,
+    metrics: &Arc<Metrics>,
+    ids: &[Uuid],
+    deferred: Option<&Deferred>,
+) -> Result<(), StoreError> {
     let groups = store.groups(ids).await?;
     let now = Utc::now();
     let mut ends = Vec::new();
     let mut moved = Vec::new();
-    let mut states = Vec::with_capacity(groups.len());
-    for g in &groups {
-        states.push(progress(&g.members));
-    }
-    let mut decisions = Vec::new();
-    for (g, state) in groups.iter().zip(&states) {
+    for (i, g) in groups.iter().enumerate() {
         if g.status != Status::Running {
             continue;
         }
+        let state = progress(&g.members);
         match decide(g.mode, &g.members, g.deadline, now) {
-            Some(d) => decisions.push((g, d, state)),
-            None => moved.push((g, state.clone())),
+            Some(d) => ends.push((i, d, state)),
+            None => moved.push((i, state)),
         }
     }
-    for (g, d, state) in &decisions {
-        ends.push(GroupEnd {
-            group: g,
-            status: d.status,
-            reason: &d.reason,
-            state,
-        });
+    let Some(deferred) = deferred else {
+        let progress: Vec<(&Group, String)> =
+            moved.into_iter().map(|(i, s)| (&groups[i], s)).collect();
+        let written = write_ends(
+            store,
+            metrics,
+            Decided {
+                groups: groups.clone(),
+                ends,
+            },
+        )
+        .await;
+        store.groups_progress(&progress, Utc::now()).await?;
+        return written;
+    };
+    // Rounds run one at a time, so the progress queued here is never older than
+    // what an earlier round queued.
+    deferred
+        .states
+        .push(moved.into_iter().map(|(i, s)| (groups[i].clone(), s)));
+    let decided = Decided { groups, ends };
+    if decided.ends.is_empty() && decided.groups.iter().all(|g| g.status == Status::Running) {
+        return Ok(());
     }
-    // The decisions first: a group's end does not wait for others' progress.
+    // Several batches of ends may be written at once: each end is conditional
+    // on its group still running, so a group two of them decide ends once.
+    let permit = deferred.writing.clone().acquire_owned().await;
+    let (store, metrics) = (store.clone(), metrics.clone());
+    tokio::spawn(async move {
+        let _permit = permit;
+        if let Err(e) = write_ends(&store, &metrics, decided).await {
+            tracing::warn!(error = %e, "could not end groups; the next sweep tries again");
+        }
+    });
+    Ok(())
+}
+
+/// Writes the ends of the decided groups, then ends the running members of
+/// every ended group of the batch (canceled; or, past the deadline of a group
+/// that keeps them running, timed out).
+async fn write_ends(store: &Store, metrics: &Metrics, d: Decided) -> Result<(), StoreError> {
+    // Stamped when written: a group ends when its end is written, not read.
+    let now = Utc::now();
+    let groups = &d.groups;
+    let ends: Vec<GroupEnd<'_>> = d
+        .ends
+        .iter()
+        .map(|(i, decision, state)| GroupEnd {
+            group: &groups[*i],
+            status: decision.status,
+            reason: &decision.reason,
+            state,
+        })
+        .collect();
     let ended: HashSet<Uuid> = store.end_groups(&ends, now).await?.into_iter().collect();
     for e in &ends {
         if ended.contains(&e.group.id) {
@@ -104,7 +188,6 @@ async fn settle_batch(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<
             tracing::info!(group_id = %e.group.id, status = %e.status, "group decided");
         }
     }
-    store.groups_progress(&moved, now).await?;
     // Another replica, or a cancel, ended these first: their end stands.
     let lost: Vec<Uuid> = ends
         .iter()
@@ -119,7 +202,7 @@ async fn settle_batch(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<
         .collect();
     let capped_at = chrono::Duration::from_std(CAPPED_GRACE).unwrap_or_default();
     let mut member_ends = Vec::new();
-    for g in &groups {
+    for g in groups {
         let status = if ended.contains(&g.id) {
             ends.iter()
                 .find(|e| e.group.id == g.id)
@@ -155,64 +238,106 @@ async fn settle_batch(store: &Store, metrics: &Metrics, ids: &[Uuid]) -> Result<
     Ok(())
 }
 
+/// What the bus said since the last round: the waits that ended, and whether
+/// notices may have been missed.
+#[derive(Default)]
+struct Heard {
+    ended: Vec<Uuid>,
+    /// When the earliest of those ends was written, as its notice says.
+    earliest: Option<chrono::DateTime<Utc>>,
+    resync: bool,
+    closed: bool,
+}
+
+/// Listens to the bus without pause, so that a long round does not make the bus
+/// drop notices for it (which would cost a sweep of every open group): what it
+/// hears waits in `heard` for the next round.
+async fn listen(
+    mut rx: broadcast::Receiver<BusMsg>,
+    heard: Arc<std::sync::Mutex<Heard>>,
+    wake: Arc<Notify>,
+) {
+    loop {
+        let m = rx.recv().await;
+        {
+            let mut h = heard.lock().unwrap_or_else(|e| e.into_inner());
+            match m {
+                Ok(BusMsg::Notice(n)) if n.is_terminal() => {
+                    h.ended.push(n.wait_id);
+                    if let Some(at) = n.events.as_ref().and_then(|e| e.last()).map(|e| e.at) {
+                        h.earliest = Some(h.earliest.map_or(at, |t| t.min(at)));
+                    }
+                }
+                Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => h.resync = true,
+                Ok(_) => continue,
+                Err(RecvError::Closed) => h.closed = true,
+            }
+            if h.closed {
+                wake.notify_one();
+                return;
+            }
+        }
+        wake.notify_one();
+    }
+}
+
 /// Decides groups as their members end, until `stop`.
 pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Future<Output = ()>) {
-    let mut rx = bus.subscribe();
+    let heard = Arc::new(std::sync::Mutex::new(Heard::default()));
+    let wake = Arc::new(Notify::new());
+    let listener = tokio::spawn(listen(bus.subscribe(), heard.clone(), wake.clone()));
+    let deferred = Deferred {
+        states: states::Queue::default(),
+        writing: Arc::new(Semaphore::new(WRITING)),
+    };
+    let writer = tokio::spawn(deferred.states.clone().write(store.clone()));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks: u64 = 0;
     tokio::pin!(stop);
     loop {
-        let mut ended: Vec<Uuid> = Vec::new();
         let mut sweep: Option<bool> = None;
-        let mut heard = |m: Result<BusMsg, RecvError>, sweep: &mut Option<bool>| match m {
-            Ok(BusMsg::Notice(n)) if n.is_terminal() => {
-                ended.push(n.wait_id);
-                true
-            }
-            Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => {
-                *sweep = Some(true);
-                true
-            }
-            Ok(_) => true,
-            Err(RecvError::Closed) => false,
-        };
         tokio::select! {
-            _ = &mut stop => return,
+            _ = &mut stop => break,
             _ = tick.tick() => {
                 ticks += 1;
                 sweep = Some(ticks % FULL_SWEEP_EVERY == 1);
             }
-            m = rx.recv() => {
-                if !heard(m, &mut sweep) {
-                    return;
-                }
-            }
+            _ = wake.notified() => {}
         }
-        // Whatever else is waiting joins this round: a burst of ends is looked up at once.
-        loop {
-            match rx.try_recv() {
-                Ok(m) => {
-                    heard(Ok(m), &mut sweep);
-                }
-                Err(TryRecvError::Lagged(n)) => {
-                    heard(Err(RecvError::Lagged(n)), &mut sweep);
-                }
-                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
-            }
+        // Whatever else was heard meanwhile joins this round: a burst of ends is
+        // looked up at once.
+        let h = std::mem::take(&mut *heard.lock().unwrap_or_else(|e| e.into_inner()));
+        if h.closed {
+            break;
         }
-        if let Err(e) = round(&store, &metrics, &ended, sweep).await {
+        if h.resync {
+            sweep = Some(true);
+        }
+        if let Some(at) = h.earliest {
+            // How long the bus took to bring word of an end (debugging the lag).
+            tracing::debug!(
+                ends = h.ended.len(),
+                ms = (Utc::now() - at).num_milliseconds(),
+                "ends heard"
+            );
+        }
+        if let Err(e) = round(&store, &metrics, &deferred, &h.ended, sweep).await {
             tracing::warn!(error = %e, "could not decide groups; the next sweep tries again");
         }
     }
+    listener.abort();
+    writer.abort();
 }
 
 async fn round(
     store: &Store,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
+    deferred: &Deferred,
     ended: &[Uuid],
     sweep: Option<bool>,
 ) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
     let mut due = BTreeSet::new();
     for chunk in ended.chunks(500) {
         due.extend(store.groups_touching(chunk).await?);
@@ -226,5 +351,16 @@ async fn round(
         );
     }
     let due: Vec<Uuid> = due.into_iter().collect();
-    settle_all(store, metrics, &due).await
+    let looked_up = started.elapsed();
+    let r = settle_all(store, metrics, &due, Some(deferred)).await;
+    if !due.is_empty() {
+        tracing::debug!(
+            ended = ended.len(),
+            groups = due.len(),
+            lookup_ms = looked_up.as_millis() as u64,
+            ms = started.elapsed().as_millis() as u64,
+            "groups settled"
+        );
+    }
+    r
 }

@@ -1,0 +1,78 @@
+//! Writing how far open groups are (`2 of 3 succeeded`) off the path of their
+//! decisions.
+//!
+//! A round of the watcher decides the groups it can and hands the progress of
+//! the others to one writer task, which writes the newest state of each group in
+//! batches, one batch at a time (so a group's state never goes back), while the
+//! next round decides. A progress write is conditional on the group still
+//! running, so one that lands after the group's end changes nothing; one that
+//! fails is written again by the next sweep, which finds the state differs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::Utc;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::store::Store;
+use crate::store::groups::Group;
+
+/// Groups whose progress one write carries.
+const BATCH: usize = 500;
+
+/// The progress waiting to be written: for each group, the group as it was read
+/// when it was first queued (its stored state is the event's `from`) and its
+/// newest state.
+#[derive(Clone, Default)]
+pub struct Queue {
+    pending: Arc<Mutex<HashMap<Uuid, (Group, String)>>>,
+    wake: Arc<Notify>,
+}
+
+impl Queue {
+    /// Queues the newest state of each group; the writer takes it soon.
+    pub fn push(&self, moved: impl IntoIterator<Item = (Group, String)>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut any = false;
+        for (g, state) in moved {
+            any = true;
+            match pending.get_mut(&g.id) {
+                // Not written yet: the stored state is still the one first read.
+                Some(queued) => queued.1 = state,
+                None => {
+                    pending.insert(g.id, (g, state));
+                }
+            }
+        }
+        drop(pending);
+        if any {
+            self.wake.notify_one();
+        }
+    }
+
+    fn take(&self) -> Vec<(Group, String)> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.drain().map(|(_, v)| v).collect()
+    }
+
+    /// Writes what is queued, one batch at a time, for as long as it runs.
+    pub async fn write(self, store: Store) {
+        loop {
+            self.wake.notified().await;
+            loop {
+                let batch = self.take();
+                if batch.is_empty() {
+                    break;
+                }
+                for chunk in batch.chunks(BATCH) {
+                    let writes: Vec<(&Group, String)> =
+                        chunk.iter().map(|(g, s)| (g, s.clone())).collect();
+                    if let Err(e) = store.groups_progress(&writes, Utc::now()).await {
+                        tracing::warn!(error = %e, groups = writes.len(), "could not record groups' progress; the next sweep tries again");
+                    }
+                }
+            }
+        }
+    }
+}
