@@ -30,6 +30,7 @@ mod engine_props;
 mod engine_seeds;
 mod fuzz_spec;
 mod group_deadlines;
+mod group_props;
 mod groups;
 mod hostile_tenants;
 mod jsonpath_props;
