@@ -47,6 +47,9 @@ const BATCH: usize = 500;
 /// Batches of ends a replica writes at once, while its next round reads (with
 /// [`CANCELING`], at most 8 of the replica's database connections).
 const WRITING: usize = 2;
+/// Ends heard and not yet looked at that a replica keeps; past it, the next round
+/// is a sweep.
+const MAX_HEARD: usize = 100_000;
 /// Groups looked at in one sweep.
 const SWEEP: i64 = 1000;
 /// Every this many seconds a sweep looks at every open group, not only at those
@@ -262,6 +265,10 @@ async fn listen(
         {
             let mut h = heard.lock().unwrap_or_else(|e| e.into_inner());
             match m {
+                // Past the bound, a sweep finds what the ends heard would have.
+                Ok(BusMsg::Notice(n)) if n.is_terminal() && h.ended.len() >= MAX_HEARD => {
+                    h.resync = true
+                }
                 Ok(BusMsg::Notice(n)) if n.is_terminal() => {
                     h.ended.push(n.wait_id);
                     if let Some(at) = n.events.as_ref().and_then(|e| e.last()).map(|e| e.at) {
@@ -315,7 +322,8 @@ pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Futur
             sweep = Some(true);
         }
         if let Some(at) = h.earliest {
-            // How long the bus took to bring word of an end (debugging the lag).
+            // How long after the earliest of these ends the round begins: the bus's
+            // lag and the previous round's time (for debugging the group-end lag).
             tracing::debug!(
                 ends = h.ended.len(),
                 ms = (Utc::now() - at).num_milliseconds(),
