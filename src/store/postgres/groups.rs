@@ -231,6 +231,11 @@ impl PgDialect {
     /// [`Self::end_group`] for many groups in one transaction: each row's update
     /// is conditional on its group still running, so a group another replica
     /// ended keeps that end. The ids of the groups this call ended.
+    ///
+    /// The rows are locked in id order first, as [`Self::groups_progress`] locks
+    /// them: batches that share groups (two rounds' ends, a round's ends and the
+    /// progress writer's batch, two replicas') wait for each other rather than
+    /// deadlock.
     pub(in crate::store) async fn end_groups(
         &self,
         ends: &[GroupWrite<'_>],
@@ -238,11 +243,13 @@ impl PgDialect {
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<(Uuid, i32)> = sqlx::query_as(
-            "UPDATE waits w SET status = d.status, reason = d.reason, state = d.state,
+            "WITH locked AS MATERIALIZED (
+                 SELECT id FROM waits WHERE id = ANY($1) ORDER BY id FOR UPDATE)
+             UPDATE waits w SET status = d.status, reason = d.reason, state = d.state,
                     finished_at = $6, updated_at = $6, next_poll_at = NULL, owner = NULL, seq = w.seq + 1
              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[])
-                  AS d(id, tenant, status, reason, state)
-             WHERE w.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
+                  AS d(id, tenant, status, reason, state), locked l
+             WHERE w.id = d.id AND l.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
              RETURNING w.id, w.seq",
         )
         .bind(ends.iter().map(|e| e.id).collect::<Vec<_>>())
@@ -265,9 +272,11 @@ impl PgDialect {
     ) -> Result<Vec<Uuid>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<(Uuid, i32)> = sqlx::query_as(
-            "UPDATE waits w SET state = d.state, updated_at = $4, seq = w.seq + 1
-             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS d(id, tenant, state)
-             WHERE w.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
+            "WITH locked AS MATERIALIZED (
+                 SELECT id FROM waits WHERE id = ANY($1) ORDER BY id FOR UPDATE)
+             UPDATE waits w SET state = d.state, updated_at = $4, seq = w.seq + 1
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS d(id, tenant, state), locked l
+             WHERE w.id = d.id AND l.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
                AND w.state IS DISTINCT FROM d.state
              RETURNING w.id, w.seq",
         )
