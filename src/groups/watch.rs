@@ -15,7 +15,8 @@
 //! round it joins (reads of the groups and their members, the rule), and the
 //! write of the end. So a round only reads and decides: a task of its own hears
 //! the bus meanwhile (a slow round never makes it drop notices, which would cost
-//! a sweep of every open group), the ends are written by up to [`WRITING`] tasks
+//! a sweep of every open group; it hears the ends this replica writes as they
+//! commit, ahead of their notices), the ends are written by up to [`WRITING`] tasks
 //! while the next round reads, and the progress of the groups still open by one
 //! writer ([`super::states`]) off that path.
 
@@ -254,17 +255,49 @@ struct Heard {
 
 /// Listens to the bus without pause, so that a long round does not make the bus
 /// drop notices for it (which would cost a sweep of every open group): what it
-/// hears waits in `heard` for the next round.
+/// hears waits in `heard` for the next round. It also hears of the ends this
+/// replica's own writes make as they commit ([`Store::local_ends`]), ahead of
+/// their notices, and skips the notice of an end it heard so.
 async fn listen(
     mut rx: broadcast::Receiver<BusMsg>,
+    mut local: broadcast::Receiver<Arc<[Uuid]>>,
     heard: Arc<std::sync::Mutex<Heard>>,
     wake: Arc<Notify>,
 ) {
+    let mut early: HashSet<Uuid> = HashSet::new();
+    let mut local_open = true;
     loop {
-        let m = rx.recv().await;
+        let m = tokio::select! {
+            m = rx.recv() => m,
+            ids = local.recv(), if local_open => {
+                match ids {
+                    Ok(ids) => {
+                        let mut h = heard.lock().unwrap_or_else(|e| e.into_inner());
+                        if h.ended.len() + ids.len() > MAX_HEARD {
+                            h.resync = true;
+                        } else {
+                            h.ended.extend(ids.iter().copied());
+                        }
+                        if early.len() + ids.len() > MAX_HEARD {
+                            early.clear();
+                        }
+                        early.extend(ids.iter().copied());
+                    }
+                    // The notices bring what was missed.
+                    Err(RecvError::Lagged(_)) => continue,
+                    Err(RecvError::Closed) => {
+                        local_open = false;
+                        continue;
+                    }
+                }
+                wake.notify_one();
+                continue;
+            }
+        };
         {
             let mut h = heard.lock().unwrap_or_else(|e| e.into_inner());
             match m {
+                Ok(BusMsg::Notice(n)) if n.is_terminal() && early.remove(&n.wait_id) => continue,
                 // Past the bound, a sweep finds what the ends heard would have.
                 Ok(BusMsg::Notice(n)) if n.is_terminal() && h.ended.len() >= MAX_HEARD => {
                     h.resync = true
@@ -292,7 +325,12 @@ async fn listen(
 pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Future<Output = ()>) {
     let heard = Arc::new(std::sync::Mutex::new(Heard::default()));
     let wake = Arc::new(Notify::new());
-    let listener = tokio::spawn(listen(bus.subscribe(), heard.clone(), wake.clone()));
+    let listener = tokio::spawn(listen(
+        bus.subscribe(),
+        store.local_ends(),
+        heard.clone(),
+        wake.clone(),
+    ));
     let deferred = Deferred {
         states: states::Queue::default(),
         writing: Arc::new(Semaphore::new(WRITING)),

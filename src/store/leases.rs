@@ -2,6 +2,7 @@
 //! completed, progress, renewals of the replica's lease, checkpoints and releases.
 //! Every write here is fenced by owner and epoch.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -136,7 +137,19 @@ impl Store {
             .iter()
             .map(Progress::row)
             .collect::<Result<Vec<_>, _>>()?;
-        sql!(self.record(owner, now, &rows))
+        let written = sql!(self.record(owner, now, &rows))?;
+        if self.postgres().is_some() && self.ends.receiver_count() > 0 {
+            let ended: Arc<[Uuid]> = progress
+                .iter()
+                .zip(&written)
+                .filter(|(p, w)| **w && p.end.is_some())
+                .map(|(p, _)| p.id)
+                .collect();
+            if !ended.is_empty() {
+                let _ = self.ends.send(ended);
+            }
+        }
+        Ok(written)
     }
 
     /// Renews the owner's lease (one row a replica, however many waits it holds)

@@ -234,6 +234,9 @@ pub mod groups;
 mod leases;
 pub use groups::{Group, GroupRefused};
 
+/// Batches of ended ids [`Store::local_ends`] keeps for a slow receiver.
+const LOCAL_ENDS: usize = 1024;
+
 /// The store. Cloning is shallow.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -241,6 +244,10 @@ pub struct Store {
     cipher: Arc<secrets::Cipher>,
     /// Per tenant: running waits when last counted, and when.
     counts: Arc<Mutex<TenantCounts>>,
+    /// On Postgres, the waits this process's progress writes ended, as each
+    /// write commits (before the sequencer announces them): see
+    /// [`Store::local_ends`].
+    ends: tokio::sync::broadcast::Sender<Arc<[Uuid]>>,
 }
 
 impl Store {
@@ -268,7 +275,18 @@ impl Store {
             db,
             cipher: Default::default(),
             counts: Default::default(),
+            ends: tokio::sync::broadcast::channel(LOCAL_ENDS).0,
         })
+    }
+
+    /// The ids of the waits each of this process's progress writes ended, as the
+    /// write commits, on Postgres (SQLite publishes every notice on the bus at
+    /// commit already). Early word for this replica's group watcher: the same
+    /// ends reach every replica as notices once the sequencer numbers them, which
+    /// in a burst of ends takes a sequencer run or two. A receiver that falls
+    /// behind misses some; the notices still come.
+    pub fn local_ends(&self) -> tokio::sync::broadcast::Receiver<Arc<[Uuid]>> {
+        self.ends.subscribe()
     }
 
     /// Seals target header values at rest under `cipher`'s key.
