@@ -36,7 +36,7 @@ use super::{Decision, decide, progress};
 use crate::bus::{Bus, BusMsg};
 use crate::metrics::Metrics;
 use crate::model::Status;
-use crate::store::groups::{Group, GroupEnd, member_cancel_reason, member_deadline_reason};
+use crate::store::groups::{Group, GroupEnd};
 use crate::store::{Store, StoreError};
 
 /// Members one batch of ends ends at once: each holds one database connection
@@ -65,6 +65,20 @@ pub const CAPPED_GRACE: Duration = Duration::from_secs(2);
 /// Each second's sweep looks again at the groups that keep their members
 /// running whose deadline passed this recently; the full sweep at all of them.
 const RECENT: Duration = Duration::from_secs(60);
+
+/// The sentence a canceled member records.
+pub fn member_cancel_reason(group: Uuid, status: Status) -> String {
+    match status {
+        Status::Canceled => format!("canceled with its group {group}, which was canceled"),
+        s => format!("canceled because its group {group} ended {s}"),
+    }
+}
+
+/// The sentence a member records when its group's deadline, which caps its own,
+/// ends it.
+pub fn member_deadline_reason(group: Uuid) -> String {
+    format!("the deadline of its group {group}, which caps its own, passed")
+}
 
 /// Looks at one group again: decides it, or records how far it is; ends the
 /// running members of a decided group. Safe to run on several replicas at once.

@@ -169,20 +169,6 @@ fn state_event(group: &Group, state: &str) -> (&'static str, Value) {
     .to_parts()
 }
 
-/// The sentence a canceled member records.
-pub fn member_cancel_reason(group: Uuid, status: Status) -> String {
-    match status {
-        Status::Canceled => format!("canceled with its group {group}, which was canceled"),
-        s => format!("canceled because its group {group} ended {s}"),
-    }
-}
-
-/// The sentence a member records when its group's deadline, which caps its own,
-/// ends it.
-pub fn member_deadline_reason(group: Uuid) -> String {
-    format!("the deadline of its group {group}, which caps its own, passed")
-}
-
 impl Store {
     /// Creates a group: its new members (each a wait, counted against the
     /// tenant's limit), then the group row with its membership in one
