@@ -16,6 +16,12 @@ use tokio::time::Instant;
 /// The most hosts whose next moment is kept; past it, moments gone by are let go.
 const MAX_HOSTS: usize = 10_000;
 
+/// The longest time between two requests to one host.
+const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// The least rate that is not none: one request to a host in about 17 minutes.
+pub const MIN_RATE: f64 = 0.001;
+
 /// The next free moment of each host.
 #[derive(Debug)]
 pub struct HostRate {
@@ -27,12 +33,22 @@ pub struct HostRate {
 
 impl HostRate {
     /// `rate` requests a second to one host; none when it is zero (unlimited).
-    pub fn new(rate: f64) -> Option<HostRate> {
-        (rate > 0.0 && rate.is_finite()).then(|| HostRate {
+    /// A rate that is negative, not finite or under [`MIN_RATE`] is refused with
+    /// a sentence.
+    pub fn new(rate: f64) -> Result<Option<HostRate>, String> {
+        if rate == 0.0 {
+            return Ok(None);
+        }
+        if !rate.is_finite() || rate < MIN_RATE {
+            return Err(format!(
+                "--host-rate is requests a second to one host: 0 for no limit, or at least {MIN_RATE}"
+            ));
+        }
+        Ok(Some(HostRate {
             rate,
             replicas: AtomicU32::new(1),
             next: Mutex::default(),
-        })
+        }))
     }
 
     /// How many replicas share the rate (at least 1).
@@ -40,9 +56,13 @@ impl HostRate {
         self.replicas.store(n.max(1), Relaxed);
     }
 
-    /// The time between two requests to one host from this replica.
+    /// The time between two requests to one host from this replica, at most an
+    /// hour.
     pub fn interval(&self) -> Duration {
-        Duration::from_secs_f64(f64::from(self.replicas.load(Relaxed)) / self.rate)
+        let secs = f64::from(self.replicas.load(Relaxed)) / self.rate;
+        Duration::try_from_secs_f64(secs)
+            .unwrap_or(MAX_INTERVAL)
+            .min(MAX_INTERVAL)
     }
 
     /// Takes the next free moment of `host` (now, if it is free) and returns it.
@@ -64,7 +84,7 @@ mod tests {
 
     #[test]
     fn requests_to_one_host_are_spaced_by_the_replicas_share_of_the_rate() {
-        let r = HostRate::new(10.0).unwrap();
+        let r = HostRate::new(10.0).unwrap().unwrap();
         let (h, g): (Arc<str>, Arc<str>) = ("a:443".into(), "b:443".into());
         let t0 = Instant::now();
         assert_eq!(r.reserve(&h, t0), t0);
@@ -76,7 +96,15 @@ mod tests {
         // Moments gone by are not owed.
         let later = t0 + Duration::from_secs(5);
         assert_eq!(r.reserve(&h, later), later);
-        assert!(HostRate::new(0.0).is_none());
-        assert!(HostRate::new(f64::NAN).is_none());
+        assert!(HostRate::new(0.0).unwrap().is_none());
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1e-20] {
+            assert!(HostRate::new(bad).is_err(), "{bad}");
+        }
+        // The least rate and a million replicas still space requests without
+        // overflowing a time.
+        let slow = HostRate::new(MIN_RATE).unwrap().unwrap();
+        slow.set_replicas(u32::MAX);
+        let t = slow.reserve(&h, later);
+        assert!(slow.reserve(&h, t) > t);
     }
 }

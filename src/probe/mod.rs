@@ -300,7 +300,7 @@ impl Prober {
                 max_host_pause: config.max_host_pause.min(MAX_RETRY_AFTER),
                 tokens: Arc::default(),
                 announced: std::sync::OnceLock::new(),
-                rate: HostRate::new(config.host_rate),
+                rate: HostRate::new(config.host_rate).map_err(crate::config::SettingError)?,
                 credentials: config.credentials.clone(),
             }),
         })
