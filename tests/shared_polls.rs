@@ -599,11 +599,14 @@ async fn a_host_pause_reaches_the_other_replicas() {
     .await;
     assert!(owners.is_some(), "both replicas hold waits on the host");
     let hits = |up: &Upstream| calm.iter().map(|p| up.hits(p)).sum::<usize>();
+    // The calm paths are being polled (about 200 requests a second) before the pause.
     let before = hits(&up);
-    assert!(
-        up.hit(&calm[0], 2, Duration::from_secs(10)).await,
-        "the calm paths are polled"
-    );
+    let polled = poll_for(Duration::from_secs(10), || {
+        let now = hits(&up);
+        async move { (now >= before + 20).then_some(()) }
+    })
+    .await;
+    assert!(polled.is_some(), "the calm paths are polled");
 
     let limited = up.script(
         "/limited",
@@ -620,8 +623,7 @@ async fn a_host_pause_reaches_the_other_replicas() {
     .await;
     assert!(both.is_some(), "a replica did not hear of the pause");
     let from = hits(&up);
-    assert!(from > before, "polled before the pause");
-    // 20 waits at 100 ms would send about 60 requests in these 3 s.
+    // 20 waits at 100 ms would send about 600 requests in these 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let sent = hits(&up) - from;
     assert!(sent <= 2, "{sent} requests to a paused host in 3 s");
