@@ -81,6 +81,13 @@ pub struct Config {
     #[arg(long, env = "WAITD_CREDENTIALS_FILE")]
     pub credentials_file: Option<std::path::PathBuf>,
 
+    /// The OpenTelemetry collector's OTLP/HTTP address (`http://HOST:4318`):
+    /// spans of API requests, polls, webhook attempts and token mints go to its
+    /// `/v1/traces` (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` names that URL itself).
+    /// Unset: no spans are made.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// Serve without tokens on a non-loopback address.
     #[arg(long, env = "WAITD_ALLOW_ANONYMOUS")]
     pub allow_anonymous: bool,

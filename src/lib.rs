@@ -26,6 +26,7 @@ pub mod retention;
 pub mod server;
 pub mod store;
 pub mod tokens;
+pub mod traces;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -101,6 +102,7 @@ pub struct App {
     worker: Option<JoinHandle<()>>,
     events: events::Events,
     connections: server::Limits,
+    traces: traces::Traces,
 }
 
 impl App {
@@ -132,6 +134,10 @@ impl App {
         let credentials = Arc::new(outbound::credentials::Credentials::load(
             config.credentials_file.as_deref(),
         )?);
+        let traces = match traces::endpoint(config.otlp_endpoint.as_deref())? {
+            Some(url) => traces::Traces::export_to(&url)?,
+            None => traces::Traces::off(),
+        };
         let bus = bus::Bus::new();
         let (store, sealed) = open_store(&config, bus.clone()).await?;
         let prober = probe::Prober::new(probe::ProbeConfig {
@@ -145,6 +151,7 @@ impl App {
             max_host_pause: config.max_host_pause,
             host_rate: config.host_rate,
             credentials: credentials.clone(),
+            traces: traces.clone(),
         })?;
 
         let fd_limit = server::raise_fd_limit();
@@ -164,6 +171,9 @@ impl App {
             let _ = rx.wait_for(|s| *s).await;
         };
         let metrics = Arc::new(metrics::Metrics::default());
+        if let Some(counts) = traces.counts() {
+            let _ = metrics.spans.set(counts);
+        }
         // The sequencer and the LISTEN adapter (Postgres), and the feed.
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
         // Groups are decided on every replica, as their members end.
@@ -256,6 +266,7 @@ impl App {
                     .max(1),
             ),
             body_timeout: config.body_timeout,
+            traces: traces.clone(),
             cors_origins: Arc::new(cors_origins),
             deliveries_wake,
             live,
@@ -273,6 +284,7 @@ impl App {
             worker,
             events,
             connections,
+            traces,
         })
     }
 
@@ -285,6 +297,7 @@ impl App {
         }
         self.events.stopped().await;
         self.store.close().await;
+        self.traces.stop().await;
     }
 }
 

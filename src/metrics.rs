@@ -89,6 +89,8 @@ pub struct Metrics {
     pub probe_requests: std::sync::OnceLock<std::sync::Arc<ProbeRequests>>,
     /// The prober's OAuth 2.0 tokens, once the worker pool runs.
     pub tokens: std::sync::OnceLock<std::sync::Arc<crate::outbound::token::Tokens>>,
+    /// What became of the spans, when traces are exported.
+    pub spans: std::sync::OnceLock<std::sync::Arc<crate::traces::SpanCounts>>,
 }
 
 /// What the prober counts of the requests it sends: cheap atomics it touches at
@@ -293,6 +295,16 @@ impl Metrics {
                 "# HELP waitd_oauth_tokens_refused_total Tokens a target answered 401 to, each minted again and the poll asked again.\n# TYPE waitd_oauth_tokens_refused_total counter\nwaitd_oauth_tokens_refused_total {}\n# HELP waitd_oauth_credentials Credentials (tenant, token endpoint, client) the waits this replica holds use.\n# TYPE waitd_oauth_credentials gauge\nwaitd_oauth_credentials {}",
                 t.counts.rejected.load(Relaxed),
                 t.held()
+            );
+        }
+        if let Some(s) = self.spans.get() {
+            let _ = writeln!(
+                out,
+                "# HELP waitd_trace_spans_total Spans that ended, by what became of them: taken by the collector, dropped because {} were already queued, or sent and not taken.\n# TYPE waitd_trace_spans_total counter\nwaitd_trace_spans_total{{outcome=\"exported\"}} {}\nwaitd_trace_spans_total{{outcome=\"dropped\"}} {}\nwaitd_trace_spans_total{{outcome=\"failed\"}} {}",
+                crate::traces::QUEUE,
+                s.exported.load(Relaxed),
+                s.dropped.load(Relaxed),
+                s.failed.load(Relaxed)
             );
         }
         self.webhook_latency.render(

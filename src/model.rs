@@ -233,6 +233,18 @@ pub enum LastPoll {
     Paused,
 }
 
+impl LastPoll {
+    /// The name the API gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LastPoll::Sent => "sent",
+            LastPoll::Shared => "shared",
+            LastPoll::NotModified => "not_modified",
+            LastPoll::Paused => "paused",
+        }
+    }
+}
+
 /// How a wait stands in a group: a group shows its `mode` and `members`, a
 /// member the `group` it belongs to. Absent on a wait that is neither.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

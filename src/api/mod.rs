@@ -19,6 +19,7 @@ mod ops;
 mod presets;
 mod sse;
 pub mod streams;
+mod traced;
 mod ui;
 mod waits;
 
@@ -45,6 +46,7 @@ use crate::store::Store;
 pub use auth::{RateLimiter, Tenant};
 pub use error::{ApiError, ApiResult};
 pub use extract::MAX_BODY;
+pub use traced::RequestTrace;
 pub use waits::blocked_status;
 
 /// What every handler shares. Cloning is shallow.
@@ -73,6 +75,8 @@ pub struct AppState {
     pub streams: Arc<streams::StreamLimits>,
     /// How long a client has to send a request body.
     pub body_timeout: Duration,
+    /// Spans of requests, when traces are exported.
+    pub traces: crate::traces::Traces,
     /// Origins whose pages may call the API (CORS); none when empty.
     pub cors_origins: Arc<Vec<HeaderValue>>,
     /// Permits to read history for a stream: at most this many such reads at once,
@@ -134,28 +138,35 @@ pub fn router(state: AppState) -> Router {
         Some(cors) => app.layer(cors),
         None => app,
     };
-    app.layer(axum::middleware::from_fn(uri_limit))
+    let app = app
+        .layer(axum::middleware::from_fn(uri_limit))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::internal().into_response()
-        }))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|req: &Request| {
-                    let route = req
-                        .extensions()
-                        .get::<axum::extract::MatchedPath>()
-                        .map(|m| m.as_str().to_owned())
-                        .unwrap_or_default();
-                    // The path only: queries and headers may carry secrets.
-                    tracing::info_span!("request", method = %req.method(), route)
-                })
-                // A 503 while stopping or while the store is away is not a fault of
-                // this request; real internal errors are logged where they happen.
-                .on_failure(
-                    tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
-                ),
-        )
-        .with_state(state)
+        }));
+    let app = if state.traces.is_on() {
+        app.layer(axum::middleware::from_fn_with_state(
+            state.traces.clone(),
+            traced::trace_request,
+        ))
+    } else {
+        app
+    };
+    app.layer(
+        TraceLayer::new_for_http()
+            .make_span_with(|req: &Request| {
+                let route = req
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map(|m| m.as_str().to_owned())
+                    .unwrap_or_default();
+                // The path only: queries and headers may carry secrets.
+                tracing::info_span!("request", method = %req.method(), route)
+            })
+            // A 503 while stopping or while the store is away is not a fault of
+            // this request; real internal errors are logged where they happen.
+            .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+    )
+    .with_state(state)
 }
 
 /// CORS for dashboards on other origins: exactly the origins the operator named,

@@ -28,6 +28,7 @@ use super::error::{Error, Peer, error_chain};
 use super::guard::{Guard, GuardedResolver};
 use super::tls::TlsSettings;
 use crate::config::SettingError;
+use crate::traces::Traces;
 
 /// The `User-Agent` of every outbound request.
 pub const USER_AGENT: &str = concat!("waitd/", env!("CARGO_PKG_VERSION"));
@@ -49,6 +50,8 @@ pub struct Client {
     http: HttpClient<Connector, Body>,
     guard: Arc<Guard>,
     resolver: GuardedResolver,
+    /// Each request is a client span when traces are on ([`crate::traces`]).
+    traces: Traces,
 }
 
 impl std::fmt::Debug for Client {
@@ -83,11 +86,21 @@ impl Client {
     /// one per distinct setting.
     pub fn with_tls(&self, tls: &TlsSettings) -> Result<Client, String> {
         let config = tls_config(Some(tls))?;
-        Ok(Client::build(
-            self.guard.clone(),
-            self.resolver.clone(),
-            config,
-        ))
+        Ok(
+            Client::build(self.guard.clone(), self.resolver.clone(), config)
+                .with_traces(self.traces.clone()),
+        )
+    }
+
+    /// This client, its requests traced by `traces`.
+    pub fn with_traces(mut self, traces: Traces) -> Client {
+        self.traces = traces;
+        self
+    }
+
+    /// The traces its requests are spans of.
+    pub fn traces(&self) -> &Traces {
+        &self.traces
     }
 
     fn build(guard: Arc<Guard>, resolver: GuardedResolver, tls: rustls::ClientConfig) -> Client {
@@ -107,6 +120,7 @@ impl Client {
             http,
             guard,
             resolver,
+            traces: Traces::off(),
         }
     }
 
@@ -120,13 +134,26 @@ impl Client {
     /// the resolver); a name is judged on the addresses it resolves to.
     pub async fn send(
         &self,
-        request: Request<Body>,
+        mut request: Request<Body>,
         peer: Peer,
     ) -> Result<Response<Incoming>, Error> {
-        self.http
+        let Some(span) = self.traces.outbound(&mut request, peer.as_str()) else {
+            return self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| Error::of(peer, &e));
+        };
+        let answer = self
+            .http
             .request(request)
             .await
-            .map_err(|e| Error::of(peer, &e))
+            .map_err(|e| Error::of(peer, &e));
+        match &answer {
+            Ok(r) => crate::traces::answered(&span, Ok(r.status())),
+            Err(e) => crate::traces::answered(&span, Err(e)),
+        }
+        answer
     }
 }
 

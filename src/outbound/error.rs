@@ -20,13 +20,20 @@ pub enum Peer {
     TokenEndpoint,
 }
 
-impl fmt::Display for Peer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Peer {
+    /// "target", "receiver" or "token endpoint".
+    pub fn as_str(self) -> &'static str {
+        match self {
             Peer::Target => "target",
             Peer::Receiver => "receiver",
             Peer::TokenEndpoint => "token endpoint",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

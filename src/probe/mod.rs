@@ -92,6 +92,8 @@ pub struct ProbeConfig {
     /// The credentials the operator holds (`--credentials-file`), which a
     /// target's `auth.credential` names.
     pub credentials: Arc<Credentials>,
+    /// Every request is a client span when traces are on.
+    pub traces: crate::traces::Traces,
 }
 
 /// The header that names the replica a probe comes from, when it is configured.
@@ -110,6 +112,7 @@ impl Default for ProbeConfig {
             max_host_pause: MAX_RETRY_AFTER,
             host_rate: 0.0,
             credentials: Arc::default(),
+            traces: crate::traces::Traces::off(),
         }
     }
 }
@@ -284,7 +287,8 @@ impl Prober {
             })?;
             defaults.insert(HeaderName::from_static(IDENTITY_HEADER), value);
         }
-        let client = Client::new(Arc::new(config.guard), &config.resolve_overrides)?;
+        let client = Client::new(Arc::new(config.guard), &config.resolve_overrides)?
+            .with_traces(config.traces.clone());
         Ok(Prober {
             inner: Arc::new(Inner {
                 tls: TlsClients::new(client.clone()),
@@ -420,7 +424,8 @@ impl Prober {
                 let group = Arc::downgrade(group);
                 let window = self.inner.share_window;
                 let auth = target.auth.clone();
-                tokio::spawn(async move {
+                let traced = self.inner.client.traces().is_on();
+                let send = async move {
                     let fetched = prober
                         .fetch_authed(
                             wait,
@@ -445,7 +450,14 @@ impl Prober {
                     if let Some(g) = group.upgrade() {
                         g.forget(began);
                     }
-                });
+                };
+                // The request is the span of the poll that sends it.
+                if traced {
+                    use opentelemetry::context::FutureExt as _;
+                    tokio::spawn(send.with_current_context());
+                } else {
+                    tokio::spawn(send);
+                }
                 (rx, false)
             }
         };
@@ -519,6 +531,9 @@ impl Prober {
                 Ok(r) => r,
                 Err(e) => return Fetched::Failed(self.failure(wait, &log_host, e)),
             };
+            if client.traces().is_on() {
+                crate::traces::status_seen(response.status());
+            }
             let now = SystemTime::now();
             if let Some((quiet, _)) = pause::asked(
                 response.status(),
