@@ -85,6 +85,7 @@ pub(super) async fn create(
     hold: Option<Hold>,
     key: Option<String>,
     body: Value,
+    trace: Option<String>,
 ) -> ApiResult<Response> {
     let (presets, limits) = (s.presets.clone(), s.limits.clone());
     let (body, parsed) = crate::cpu::pool()
@@ -115,7 +116,14 @@ pub(super) async fn create(
     let idem = key.as_deref().zip(hash.as_deref());
     let created = s
         .store
-        .create_group(&tenant, &req, Utc::now(), idem, Some(s.max_active_waits))
+        .create_group(
+            &tenant,
+            &req,
+            Utc::now(),
+            idem,
+            Some(s.max_active_waits),
+            trace.as_deref(),
+        )
         .await
         .map_err(|e| match e {
             GroupRefused::Store(e) => ApiError::from(e),

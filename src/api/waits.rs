@@ -263,12 +263,14 @@ pub async fn create_wait(
     Tenant(tenant): Tenant,
     ApiQuery(q): ApiQuery<HoldQuery>,
     headers: HeaderMap,
+    trace: Option<axum::Extension<super::RequestTrace>>,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let hold = q.hold()?;
     let key = idempotency_key(&headers)?;
+    let trace = trace.and_then(|t| t.traceparent());
     if crate::groups::is_group(&body) {
-        return super::groups::create(s, tenant, hold, key, body).await;
+        return super::groups::create(s, tenant, hold, key, body, trace).await;
     }
     // Parsing a request's paths and expressions costs what its text decides: it is
     // done on the CPU pool, in the tenant's turn.
@@ -294,7 +296,14 @@ pub async fn create_wait(
     let idem = key.as_deref().zip(hash.as_deref());
     let created = s
         .store
-        .create_within(&tenant, &spec, Utc::now(), idem, Some(s.max_active_waits))
+        .create_within(
+            &tenant,
+            &spec,
+            Utc::now(),
+            idem,
+            Some(s.max_active_waits),
+            trace.as_deref(),
+        )
         .await?;
     if !created.existing {
         s.metrics

@@ -154,7 +154,21 @@ impl Running {
                 .await;
             return None;
         }
-        let sent = send(client, self.cfg.timeout, &due).await;
+        let span = client.traces().webhook(
+            due.trace.as_deref(),
+            due.wait_id,
+            due.delivery.id,
+            due.delivery.attempts_total.saturating_add(1),
+        );
+        let sent = match &span {
+            Some(cx) => {
+                use opentelemetry::context::FutureExt as _;
+                send(client, self.cfg.timeout, &due)
+                    .with_context(cx.clone())
+                    .await
+            }
+            None => send(client, self.cfg.timeout, &due).await,
+        };
         let now = Utc::now();
         let (status, next) = match sent.status {
             DeliveryStatus::Pending => {
@@ -175,6 +189,14 @@ impl Running {
             DeliveryStatus::Pending => "retry",
             s => s.as_str(),
         });
+        if let Some(cx) = &span {
+            crate::traces::attempted(
+                cx,
+                status.as_str(),
+                sent.attempt.status_code,
+                sent.attempt.error.as_deref(),
+            );
+        }
         if status == DeliveryStatus::Delivered {
             let age = (now - due.event.at).to_std().unwrap_or_default();
             self.metrics.webhook_latency.observe(age);

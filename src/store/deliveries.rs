@@ -124,6 +124,7 @@ pub(crate) struct DueRow {
     d_stopped_at: Option<Time>,
     d_event_at: Time,
     d_event_data: Json,
+    d_trace: Option<String>,
     ..d: DeliveryRow,
     ..wait: WaitRow,
 }
@@ -146,6 +147,8 @@ pub struct Due {
     pub event: Event,
     /// The wait as it stands now.
     pub wait: Wait,
+    /// The `traceparent` of the wait's trace, which the attempt joins.
+    pub trace: Option<String>,
 }
 
 /// What one attempt changed, written fenced by owner and epoch.
@@ -309,7 +312,7 @@ pub(crate) fn limits_of(row: Option<LimitsRow>) -> DeliveryLimits {
 /// The columns of a due row: the delivery's, the secret, the event, the wait.
 pub(crate) fn due_columns() -> String {
     format!(
-        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, {}",
+        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, s.trace AS d_trace, {}",
         super::WAIT_COLUMNS
     )
 }
@@ -358,6 +361,7 @@ impl Store {
             let tries = row.d.d_tries;
             let wait_id = row.d.d_wait_id;
             let stopped = row.d_stopped_at.is_some();
+            let trace = row.d_trace.clone();
             due.push(Due {
                 delivery: row.d.into_delivery()?,
                 tenant,
@@ -368,6 +372,7 @@ impl Store {
                 stopped,
                 event,
                 wait: row.wait.into_wait()?,
+                trace,
             });
         }
         // A group's webhook shows its mode and members, a member's its group.

@@ -180,6 +180,7 @@ impl Store {
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
         max_active: Option<i64>,
+        trace: Option<&str>,
     ) -> Result<Created, GroupRefused> {
         if let Some((key, hash)) = idempotency
             && let Some(found) = self.find_idempotent(tenant, key, hash).await?
@@ -219,7 +220,7 @@ impl Store {
                 MemberRequest::Id { id, .. } => *id,
                 MemberRequest::Spec { spec, .. } => {
                     match self
-                        .create_within(tenant, spec, now, None, max_active)
+                        .create_within(tenant, spec, now, None, max_active, trace)
                         .await
                     {
                         Ok(c) => {
@@ -255,6 +256,7 @@ impl Store {
             .to_parts(),
             notify: deliveries::NotifyRow::of(&req.shell.notify, &self.cipher)?,
             engine,
+            trace: trace.map(str::to_owned),
         };
         let group = NewGroup {
             wait: &nw,

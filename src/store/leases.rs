@@ -37,6 +37,7 @@ impl Store {
                     next_poll_at: row.next_poll_at.map_or(engine.deadline, |t| t.0),
                     spec,
                     engine,
+                    trace: row.trace.as_deref().map(Box::from),
                 }),
                 Err(why) => {
                     tracing::error!(wait_id = %row.id, error = %why, "cannot decode a claimed wait; ending it in error");

@@ -31,6 +31,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0010_delivery_bounds.sql",
     "0011_retention.sql",
     "0012_groups.sql",
+    "0013_traces.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -43,6 +44,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0007_replica_leases.sql",
     "0008_retention.sql",
     "0009_groups.sql",
+    "0010_traces.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

@@ -57,6 +57,8 @@ pub struct Claimed {
     pub spec: Spec,
     pub engine: EngineState,
     pub next_poll_at: DateTime<Utc>,
+    /// The `traceparent` its polls join.
+    pub trace: Option<Box<str>>,
 }
 
 /// A wait whose poll began this many times in a row without completing (each
@@ -352,14 +354,15 @@ impl Store {
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
     ) -> Result<Created, StoreError> {
-        self.create_within(tenant, spec, now, idempotency, None)
+        self.create_within(tenant, spec, now, idempotency, None, None)
             .await
     }
 
     /// [`Store::create`], refusing with [`StoreError::TooManyActive`] when the tenant
     /// already has `max_active` running waits. The count and the insert are atomic
     /// (concurrent creates cannot overshoot), and an idempotent replay is answered
-    /// before the limit is looked at.
+    /// before the limit is looked at. `trace` is the `traceparent` the wait's
+    /// polls and webhook attempts join.
     pub async fn create_within(
         &self,
         tenant: &str,
@@ -367,6 +370,7 @@ impl Store {
         now: DateTime<Utc>,
         idempotency: Option<(&str, &str)>,
         max_active: Option<i64>,
+        trace: Option<&str>,
     ) -> Result<Created, StoreError> {
         if let Some((key, hash)) = idempotency
             && let Some(found) = self.find_idempotent(tenant, key, hash).await?
@@ -376,7 +380,7 @@ impl Store {
                 existing: true,
             });
         }
-        let nw = NewWait::prepare(spec, now, &self.cipher)?;
+        let nw = NewWait::prepare(spec, now, &self.cipher, trace)?;
         let admission = match max_active {
             Some(max) if !self.far_under_limit(tenant, max) => Admission::Count { max },
             _ => Admission::Free,

@@ -117,6 +117,7 @@ pub(crate) struct ClaimRow {
     deadline: Time,
     spec: Json,
     headers: Json,
+    trace: Option<String>,
 }
 }
 
@@ -135,6 +136,8 @@ pub(crate) struct NewWait {
     pub created: (&'static str, Value),
     /// Its webhooks, secrets sealed.
     pub notify: Vec<deliveries::NotifyRow>,
+    /// The `traceparent` its polls and webhook attempts join.
+    pub trace: Option<String>,
 }
 
 /// What one progress entry writes, computed once for every backend.
@@ -221,6 +224,7 @@ impl NewWait {
         spec: &Spec,
         now: DateTime<Utc>,
         cipher: &secrets::Cipher,
+        trace: Option<&str>,
     ) -> Result<NewWait, StoreError> {
         let (engine, first_poll) = EngineState::start(spec, now);
         let created = EventBody::Created {
@@ -241,6 +245,7 @@ impl NewWait {
             created: created.to_parts(),
             notify: deliveries::NotifyRow::of(&spec.notify, cipher)?,
             engine,
+            trace: trace.map(str::to_owned),
         })
     }
 

@@ -137,6 +137,8 @@ struct Held {
     written_at: Instant,
     /// What the wait's conditions decided on its last response.
     memo: Option<crate::probe::Memo>,
+    /// The `traceparent` its polls join, kept only while traces are on.
+    trace: Option<Box<str>>,
 }
 
 impl Held {
@@ -469,6 +471,7 @@ impl Loop {
             phase: Phase::Claimed,
             dirty: false,
             memo: None,
+            trace: c.trace.filter(|_| self.w.prober.client().traces().is_on()),
         };
         self.held.insert(c.id, Box::new(held));
         if c.claims >= MAX_CLAIMS {

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{Loop, Msg, Phase};
 use crate::engine::{self, Context, Decision, Observation};
-use crate::model::EventBody;
+use crate::model::{EventBody, LastPoll};
 use crate::store::{Ended, Progress, WaitEpoch};
 
 /// A probe still in flight at its wait's deadline is cut this long after it, so
@@ -33,6 +33,12 @@ impl Loop {
         // after it is cut, and the engine ends the wait `timed_out`.
         let cut = self.clock.instant_at(h.engine.deadline) + DEADLINE_GRACE;
         let clock = self.clock;
+        let span = self.w.prober.client().traces().poll(
+            h.trace.as_deref(),
+            id,
+            h.engine.polls.saturating_add(1),
+        );
+        let polled = span.as_ref().and(target.as_ref().ok()).cloned();
         tokio::spawn(async move {
             let probe = async {
                 // The prober itself bounds the probes in flight per target host.
@@ -43,13 +49,21 @@ impl Loop {
                 }
             };
             let started = Instant::now();
-            let obs = match tokio::time::timeout_at(cut, probe).await {
-                Ok(obs) => obs,
-                Err(_) => Observation::Transient {
-                    error: "the target had not answered by the wait's deadline".into(),
-                    retry_after: None,
-                },
+            let answered = match &span {
+                Some(cx) => {
+                    use opentelemetry::context::FutureExt as _;
+                    tokio::time::timeout_at(cut, probe.with_context(cx.clone())).await
+                }
+                None => tokio::time::timeout_at(cut, probe).await,
             };
+            let obs = answered.unwrap_or_else(|_| Observation::Transient {
+                error: "the target had not answered by the wait's deadline".into(),
+                retry_after: None,
+            });
+            if let Some(cx) = &span {
+                let came = polled.and_then(|t| t.last_poll()).map(LastPoll::as_str);
+                crate::traces::polled(cx, &obs, came);
+            }
             w.metrics.probe_latency.observe(started.elapsed());
             w.metrics.poll(&obs);
             let _ = tx.send(Msg::Probed {

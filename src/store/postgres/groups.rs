@@ -33,12 +33,15 @@ impl PgDialect {
         .bind(&nw.engine_json)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $2, $3)")
-            .bind(nw.id)
-            .bind(&nw.spec)
-            .bind(&nw.headers)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO wait_specs (wait_id, spec, headers, trace) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(nw.id)
+        .bind(&nw.spec)
+        .bind(&nw.headers)
+        .bind(&nw.trace)
+        .execute(&mut *tx)
+        .await?;
         if let Some((key, hash)) = idempotency
             && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
         {

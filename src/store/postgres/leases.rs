@@ -43,7 +43,7 @@ impl PgDialect {
              UPDATE waits w SET owner = $1, epoch = w.epoch + 1, claim_at = w.next_poll_at
              FROM due, wait_specs s
              WHERE w.id = due.id AND s.wait_id = w.id
-             RETURNING w.id, w.epoch, w.claims, w.tenant, w.engine, w.next_poll_at, w.deadline, s.spec, s.headers",
+             RETURNING w.id, w.epoch, w.claims, w.tenant, w.engine, w.next_poll_at, w.deadline, s.spec, s.headers, s.trace",
         )
         .bind(owner)
         .bind(ttl)

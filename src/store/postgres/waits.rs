@@ -194,15 +194,15 @@ fn insert_wait<'q>(
     const PLAIN: &str = concat!("WITH w AS (
              INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
-         s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9))
+         s AS (INSERT INTO wait_specs (wait_id, spec, headers, trace) VALUES ($1, $8, $9, $12))
          INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
          SELECT $1, 1, $2, $10, $3, $11 FROM pg_notify('", work_channel!(), "', 'created')");
     const WITH_NOTIFY: &str = concat!("WITH w AS (
              INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
-         s AS (INSERT INTO wait_specs (wait_id, spec, headers) VALUES ($1, $8, $9)),
+         s AS (INSERT INTO wait_specs (wait_id, spec, headers, trace) VALUES ($1, $8, $9, $12)),
          n AS (INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret)
-               SELECT $1, e, u, k, x::jsonb FROM unnest($12::int[], $13::text[], $14::int[], $15::text[]) AS t(e, u, k, x))
+               SELECT $1, e, u, k, x::jsonb FROM unnest($13::int[], $14::text[], $15::int[], $16::text[]) AS t(e, u, k, x))
          INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
          SELECT $1, 1, $2, $10, $3, $11 FROM pg_notify('", work_channel!(), "', 'created')");
     let q = sqlx::query(if nw.notify.is_empty() {
@@ -220,7 +220,8 @@ fn insert_wait<'q>(
     .bind(&nw.spec)
     .bind(&nw.headers)
     .bind(nw.created.0)
-    .bind(&nw.created.1);
+    .bind(&nw.created.1)
+    .bind(&nw.trace);
     if nw.notify.is_empty() {
         return q;
     }

@@ -39,7 +39,8 @@ impl SqliteDialect {
                           ORDER BY next_poll_at LIMIT ?4)
              RETURNING id, epoch, claims, tenant, engine, next_poll_at, deadline,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
-                       (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers",
+                       (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers,
+                       (SELECT trace FROM wait_specs WHERE wait_id = waits.id) AS trace",
         )
         .bind(owner)
         .bind(ms(now) + lookahead.as_millis() as i64)

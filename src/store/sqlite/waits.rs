@@ -63,10 +63,11 @@ impl SqliteDialect {
         .bind(nw.engine_json.to_string())
         .execute(&mut *tx)
         .await?;
-        sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers) VALUES (?, ?, ?)")
+        sqlx::query("INSERT INTO wait_specs (wait_id, spec, headers, trace) VALUES (?, ?, ?, ?)")
             .bind(nw.id)
             .bind(nw.spec.to_string())
             .bind(nw.headers.to_string())
+            .bind(&nw.trace)
             .execute(&mut *tx)
             .await?;
         if let Some((key, hash)) = idempotency
