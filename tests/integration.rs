@@ -47,5 +47,6 @@ mod store_conformance;
 mod timestamps;
 mod tls_targets;
 mod tokens;
+mod traces;
 mod webhook_store;
 mod webhooks;

@@ -9,6 +9,7 @@
 //! Each binary uses some of it, hence the module-wide `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod collector;
 pub mod follower;
 pub mod hostile_cel;
 pub mod in_process;
