@@ -257,6 +257,7 @@ impl Store {
             notify: deliveries::NotifyRow::of(&req.shell.notify, &self.cipher)?,
             engine,
             trace: trace.map(str::to_owned),
+            placement: None,
         };
         let group = NewGroup {
             wait: &nw,

@@ -217,6 +217,13 @@ impl Store {
         sql!(self.release(owner, &rows))
     }
 
+    /// Ends the replica's lease now, after its last release: it no longer counts
+    /// among the replicas alive, so the others claim every wait it gave back,
+    /// whatever their placement.
+    pub async fn retire(&self, owner: Uuid) -> Result<(), StoreError> {
+        sql!(self.retire(owner))
+    }
+
     /// Periodic housekeeping, called on every lease renewal: forgets replicas gone
     /// for a day that own nothing.
     pub async fn maintain(&self) -> Result<(), StoreError> {

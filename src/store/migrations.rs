@@ -32,6 +32,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0011_retention.sql",
     "0012_groups.sql",
     "0013_traces.sql",
+    "0014_placement.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":

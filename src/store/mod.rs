@@ -380,7 +380,8 @@ impl Store {
                 existing: true,
             });
         }
-        let nw = NewWait::prepare(spec, now, &self.cipher, trace)?;
+        let mut nw = NewWait::prepare(spec, now, &self.cipher, trace)?;
+        nw.placement = Some(rows::placement(tenant, &spec.target.url));
         let admission = match max_active {
             Some(max) if !self.far_under_limit(tenant, max) => Admission::Count { max },
             _ => Admission::Free,

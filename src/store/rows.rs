@@ -138,6 +138,26 @@ pub(crate) struct NewWait {
     pub notify: Vec<deliveries::NotifyRow>,
     /// The `traceparent` its polls and webhook attempts join.
     pub trace: Option<String>,
+    /// Where it is held among the replicas ([`placement`]); `None` for a group.
+    pub placement: Option<i64>,
+}
+
+/// The placement of a wait of `tenant` polling `url`: a number the same for
+/// every wait of the tenant on that URL, so the replicas claim all of them on
+/// one replica (design §6.2) and their polls are shared. Only placement: which
+/// waits share a request is decided byte for byte where they are held, so two
+/// requests that differ in a header share a placement and nothing else. No
+/// header value goes into it.
+pub(crate) fn placement(tenant: &str, url: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update((tenant.len() as u64).to_le_bytes());
+    h.update(tenant.as_bytes());
+    h.update(url.as_bytes());
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    (u64::from_le_bytes(b) >> 1) as i64
 }
 
 /// What one progress entry writes, computed once for every backend.
@@ -246,6 +266,7 @@ impl NewWait {
             notify: deliveries::NotifyRow::of(&spec.notify, cipher)?,
             engine,
             trace: trace.map(str::to_owned),
+            placement: None,
         })
     }
 

@@ -374,6 +374,11 @@ impl Loop {
         w.metrics.write();
         match w.store.release(w.owner, &checkpoints).await {
             Ok(n) => {
+                // Gone from the replicas alive: the others claim every wait
+                // released, whatever its placement (§6.2).
+                if let Err(e) = w.store.retire(w.owner).await {
+                    tracing::debug!(error = %e, "could not end this replica's lease");
+                }
                 tracing::info!(released = n, "leases released");
                 w.signals.send(|| Signal::Released(n));
             }

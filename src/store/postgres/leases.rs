@@ -9,12 +9,22 @@ use uuid::Uuid;
 use super::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
 use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
 
+/// How long past its due time a wait waits for the replica its placement gives
+/// it before any replica claims it.
+pub(in crate::store) const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
+
 impl PgDialect {
     /// Claims up to `limit` running waits that are due within `lookahead` and unowned
     /// or owned by a replica whose lease has run out. The same statement gives
     /// `owner` a lease row if it has none yet, so a wait is never owned by a replica
     /// without one; it does not extend an existing lease (only renewals do, so a
     /// dead replica's lease runs out at most one TTL after its last renewal).
+    ///
+    /// Of several replicas alive, each claims the waits whose placement falls to
+    /// it (placement modulo the replicas alive, against its rank among them by
+    /// id), so the waits of one tenant on one URL are held together and share
+    /// their polls; a wait without a placement, or overdue by [`PLACEMENT_GRACE`]
+    /// (its replica is full, or has just died), goes to any.
     pub(in crate::store) async fn claim(
         &self,
         owner: Uuid,
@@ -26,9 +36,16 @@ impl PgDialect {
             "WITH me AS (
                  INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
                  ON CONFLICT (id) DO NOTHING),
+             alive AS MATERIALIZED (
+                 SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank,
+                        coalesce(bool_or(id = $1), false) AS listed
+                 FROM replicas WHERE lease_until >= now()),
              unowned AS MATERIALIZED (
                  SELECT id FROM waits
                  WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
+                   AND (placement IS NULL OR claim_at < now() - $5
+                        OR (SELECT n < 2 OR NOT listed FROM alive)
+                        OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
                  ORDER BY claim_at
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
@@ -36,6 +53,9 @@ impl PgDialect {
                  SELECT id FROM waits
                  WHERE status = 'running' AND claim_at <= now() + $3
                    AND owner IN (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1)
+                   AND (placement IS NULL OR claim_at < now() - $5
+                        OR (SELECT n < 2 OR NOT listed FROM alive)
+                        OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
                  ORDER BY claim_at
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
@@ -49,6 +69,7 @@ impl PgDialect {
         .bind(ttl)
         .bind(lookahead)
         .bind(limit)
+        .bind(PLACEMENT_GRACE)
         .fetch_all(&self.lease_pool)
         .await?)
     }
@@ -97,6 +118,20 @@ impl PgDialect {
         )
         .bind(owner)
         .bind(ttl)
+        .execute(&self.lease_pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Ends `owner`'s lease now and tells the other replicas there is work: what it
+    /// released is theirs, whatever its placement.
+    pub(in crate::store) async fn retire(&self, owner: Uuid) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH r AS (UPDATE replicas SET lease_until = now() WHERE id = $1)
+             SELECT pg_notify($2, 'retired')",
+        )
+        .bind(owner)
+        .bind(WORK_CHANNEL)
         .execute(&self.lease_pool)
         .await?;
         Ok(())

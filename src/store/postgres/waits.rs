@@ -192,17 +192,17 @@ fn insert_wait<'q>(
     // channel ([`WORK_CHANNEL`]) goes out with the insert's commit: the claimers hear
     // of a wait as soon as it can be claimed, whatever the sequencer is doing.
     const PLAIN: &str = concat!("WITH w AS (
-             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
-             VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
+             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq, placement)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1, $13)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers, trace) VALUES ($1, $8, $9, $12))
          INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
          SELECT $1, 1, $2, $10, $3, $11 FROM pg_notify('", work_channel!(), "', 'created')");
     const WITH_NOTIFY: &str = concat!("WITH w AS (
-             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
-             VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1)),
+             INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq, placement)
+             VALUES ($1, $2, 'running', $3, $3, $4, $5, $5, $6, $7, 1, $13)),
          s AS (INSERT INTO wait_specs (wait_id, spec, headers, trace) VALUES ($1, $8, $9, $12)),
          n AS (INSERT INTO wait_notify (wait_id, endpoint, url, kinds, secret)
-               SELECT $1, e, u, k, x::jsonb FROM unnest($13::int[], $14::text[], $15::int[], $16::text[]) AS t(e, u, k, x))
+               SELECT $1, e, u, k, x::jsonb FROM unnest($14::int[], $15::text[], $16::int[], $17::text[]) AS t(e, u, k, x))
          INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
          SELECT $1, 1, $2, $10, $3, $11 FROM pg_notify('", work_channel!(), "', 'created')");
     let q = sqlx::query(if nw.notify.is_empty() {
@@ -221,7 +221,8 @@ fn insert_wait<'q>(
     .bind(&nw.headers)
     .bind(nw.created.0)
     .bind(&nw.created.1)
-    .bind(&nw.trace);
+    .bind(&nw.trace)
+    .bind(nw.placement);
     if nw.notify.is_empty() {
         return q;
     }

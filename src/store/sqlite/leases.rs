@@ -78,6 +78,16 @@ impl SqliteDialect {
         Ok(())
     }
 
+    /// Ends `owner`'s lease now.
+    pub(in crate::store) async fn retire(&self, owner: Uuid) -> Result<(), StoreError> {
+        sqlx::query("UPDATE replicas SET lease_until = ? WHERE id = ?")
+            .bind(ms(Utc::now()))
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// The checkpoints that carry a state (the others only name a wait).
     pub(in crate::store) async fn write_all_checkpoints(
         &self,
