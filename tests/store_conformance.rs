@@ -392,20 +392,31 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
         for _ in 0..40 {
             store.create("t", &spec(), Utc::now(), None).await.unwrap();
         }
+        // The waits share one placement: one claimer's to take, until they are
+        // overdue (§6.2) and the others race it for what is left.
+        let claimed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let until = std::time::Instant::now() + Duration::from_secs(20);
         let mut tasks = Vec::new();
         for _ in 0..4 {
             let s = store.clone();
+            let claimed = claimed.clone();
             tasks.push(tokio::spawn(async move {
+                use std::sync::atomic::Ordering::SeqCst;
                 let me = Uuid::now_v7();
                 let mut mine = Vec::new();
-                for _ in 0..5 {
-                    mine.extend(
-                        s.claim(me, Duration::from_secs(30), Duration::ZERO, 4)
-                            .await
-                            .unwrap()
-                            .into_iter()
-                            .map(|c| c.id),
-                    );
+                while claimed.load(SeqCst) < 40 && std::time::Instant::now() < until {
+                    let got: Vec<Uuid> = s
+                        .claim(me, Duration::from_secs(30), Duration::ZERO, 4)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|c| c.id)
+                        .collect();
+                    claimed.fetch_add(got.len(), SeqCst);
+                    if got.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    mine.extend(got);
                 }
                 mine
             }));
