@@ -367,9 +367,14 @@ fn trace_headers() -> impl proptest::strategy::Strategy<Value = (String, String)
         .prop_map(|b| String::from_utf8(b).unwrap())
     };
     let parent = prop_oneof![
-        (hex(32..=32), hex(16..=16), hex(2..=2))
-            .prop_map(|(t, s, f)| format!("00-{t}-{s}-{f}")),
-        (hex(2..=2), hex(0..=40), hex(0..=20), hex(0..=4), hex(0..=64))
+        (hex(32..=32), hex(16..=16), hex(2..=2)).prop_map(|(t, s, f)| format!("00-{t}-{s}-{f}")),
+        (
+            hex(2..=2),
+            hex(0..=40),
+            hex(0..=20),
+            hex(0..=4),
+            hex(0..=64)
+        )
             .prop_map(|(v, t, s, f, x)| format!("{v}-{t}-{s}-{f}-{x}")),
         Just(format!("00-{}-{}-01", "0".repeat(32), "0".repeat(16))),
         hex(0..=8192),
@@ -411,7 +416,9 @@ async fn generated_trace_headers_never_fail_a_create() {
         longest = longest.max(parent.len() + state.len());
         let well_formed = parent.len() == 55
             && parent.starts_with("00-")
-            && parent[3..35].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && parent[3..35]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
             && parent[3..35].bytes().any(|b| b != b'0');
         valid += usize::from(well_formed);
         let (code, w) = app
@@ -421,7 +428,10 @@ async fn generated_trace_headers_never_fail_a_create() {
             .json(&spec)
             .answer()
             .await;
-        assert_eq!(code, 201, "traceparent {parent:?}, tracestate {state:?}: {w}");
+        assert_eq!(
+            code, 201,
+            "traceparent {parent:?}, tracestate {state:?}: {w}"
+        );
     }
     let (code, _) = app.get("/healthz").answer().await;
     assert_eq!(code, 200);
