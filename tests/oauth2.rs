@@ -209,6 +209,40 @@ async fn a_token_endpoint_that_is_down_for_a_while_is_ridden_out() {
     db.drop_db().await;
 }
 
+/// A token endpoint that takes the request and never answers: the wait ends
+/// `timed_out` at its deadline, and what it says names the token endpoint, not
+/// the target, which was never asked.
+#[tokio::test]
+async fn a_token_endpoint_that_never_answers_is_named_at_the_deadline() {
+    let dir = TempDir::new("waitd-oauth");
+    let app = sqlite_app(&dir).await;
+    let issuer = Issuer::start(SECRET).await;
+    issuer.set_mode(Mode::Hang);
+    let mut s = oauth_spec(&issuer);
+    s["timeout"] = json!("2s");
+    let (code, w) = app.create(s).await;
+    assert_eq!(code, 201, "{w}");
+    let started = std::time::Instant::now();
+    let w = app.wait_end(w["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "timed_out", "{w}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "ended by its deadline"
+    );
+    let text = w.to_string();
+    assert!(
+        text.contains("the token endpoint of the target's credential had not answered"),
+        "{text}"
+    );
+    assert!(!text.contains("the target had not answered"), "{text}");
+    assert_eq!(
+        issuer.target_ok() + issuer.unauthorized(),
+        0,
+        "the target was never asked"
+    );
+    app.stop().await.0.unwrap();
+}
+
 /// HTTP Basic client authentication, and extra form fields.
 #[tokio::test]
 async fn basic_client_authentication_and_extra_fields_reach_the_endpoint() {

@@ -5,6 +5,7 @@
 //! costs the wait no retry.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
 use http::header::AUTHORIZATION;
@@ -23,6 +24,9 @@ use crate::outbound::{Body, Client};
 pub(super) struct Via<'a> {
     pub client: &'a Client,
     pub auth: Option<&'a Bearer>,
+    /// Set while the poll waits for a token (the target's own poll, not a
+    /// shared request's).
+    pub minting: Option<&'a AtomicBool>,
 }
 
 impl Prober {
@@ -36,14 +40,18 @@ impl Prober {
         read_body: bool,
         kept: &conditional::Slot,
     ) -> Delivered {
-        let Via { client, auth } = via;
+        let Via {
+            client,
+            auth,
+            minting,
+        } = via;
         let Some(auth) = auth else {
             return self
                 .fetch(wait, client, host, request, read_body, kept)
                 .await;
         };
         let (uri, headers) = (request.uri().clone(), request.headers().clone());
-        let bearer = match self.bearer(auth).await {
+        let bearer = match self.bearer_for(auth, minting).await {
             Ok(b) => b,
             Err(failed) => return failed,
         };
@@ -63,7 +71,7 @@ impl Prober {
         }
         minted.reject(&bearer);
         self.inner.tokens.counts.rejected.fetch_add(1, Relaxed);
-        let bearer = match self.bearer(auth).await {
+        let bearer = match self.bearer_for(auth, minting).await {
             Ok(b) => b,
             Err(failed) => return failed,
         };
@@ -72,6 +80,28 @@ impl Prober {
         *again.headers_mut() = headers;
         again.headers_mut().insert(AUTHORIZATION, bearer);
         self.fetch(wait, client, host, again, read_body, kept).await
+    }
+
+    /// [`Prober::bearer`], with `minting` set while it runs.
+    async fn bearer_for(
+        &self,
+        auth: &Bearer,
+        minting: Option<&AtomicBool>,
+    ) -> Result<http::HeaderValue, Delivered> {
+        /// Clears the flag however the wait for the token ends (a poll cut at its
+        /// deadline is dropped mid-way).
+        struct Minting<'a>(&'a AtomicBool);
+        impl Drop for Minting<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Relaxed);
+            }
+        }
+        let Some(flag) = minting else {
+            return self.bearer(auth).await;
+        };
+        flag.store(true, Relaxed);
+        let _minting = Minting(flag);
+        self.bearer(auth).await
     }
 
     /// The credential's `Authorization` value, or the observation a poll makes

@@ -219,6 +219,8 @@ pub struct Target {
     kept: conditional::Slot,
     /// How the last poll's response came ([`Came`]).
     came: Came,
+    /// A poll of it is waiting for its credential's token endpoint.
+    minting: std::sync::atomic::AtomicBool,
     /// Where the token that goes with each request comes from, when the spec has
     /// `auth`.
     auth: Option<Bearer>,
@@ -260,6 +262,12 @@ impl Target {
     /// before the first poll (and for a target the guard refuses).
     pub fn last_poll(&self) -> Option<LastPoll> {
         self.came.get()
+    }
+
+    /// Whether a poll of it is waiting for its credential's token endpoint now
+    /// (then the deadline's sentence names the token endpoint, not the target).
+    pub fn minting(&self) -> bool {
+        self.minting.load(Relaxed) || self.group.as_ref().is_some_and(|g| g.minting.load(Relaxed))
     }
 }
 
@@ -381,6 +389,7 @@ impl Prober {
                 let via = auth::Via {
                     client: self.client_of(target),
                     auth: target.auth.as_ref(),
+                    minting: Some(&target.minting),
                 };
                 self.fetch_authed(
                     wait,
@@ -432,6 +441,7 @@ impl Prober {
                             auth::Via {
                                 client: &client,
                                 auth: auth.as_ref(),
+                                minting: Some(&held.minting),
                             },
                             host,
                             request,

@@ -73,6 +73,8 @@ pub(crate) struct Group {
     registry: Weak<Registry>,
     /// The last response, kept for a `304` (see [`super::conditional`]).
     pub kept: super::conditional::Slot,
+    /// The request in flight waits for its credential's token endpoint.
+    pub minting: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Group {
@@ -132,6 +134,7 @@ impl Registry {
             last: Mutex::new(None),
             registry: Arc::downgrade(self),
             kept: Mutex::new(None),
+            minting: Default::default(),
         });
         if groups.insert(hash, Arc::downgrade(&group)).is_none() {
             self.counts.held.fetch_add(1, Relaxed);

@@ -135,6 +135,7 @@ impl Prober {
             last: share::LastPoll::now(),
             kept: std::sync::Mutex::new(None),
             came: Came::default(),
+            minting: Default::default(),
             auth,
         })
     }

@@ -38,7 +38,7 @@ impl Loop {
             id,
             h.engine.polls.saturating_add(1),
         );
-        let polled = span.as_ref().and(target.as_ref().ok()).cloned();
+        let polled = target.as_ref().ok().cloned();
         tokio::spawn(async move {
             let probe = async {
                 // The prober itself bounds the probes in flight per target host.
@@ -57,7 +57,12 @@ impl Loop {
                 None => tokio::time::timeout_at(cut, probe).await,
             };
             let obs = answered.unwrap_or_else(|_| Observation::Transient {
-                error: "the target had not answered by the wait's deadline".into(),
+                error: if polled.as_ref().is_some_and(|t| t.minting()) {
+                    "the token endpoint of the target's credential had not answered by the wait's deadline"
+                } else {
+                    "the target had not answered by the wait's deadline"
+                }
+                .into(),
                 retry_after: None,
             });
             if let Some(cx) = &span {

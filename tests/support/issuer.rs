@@ -32,6 +32,8 @@ pub enum Mode {
     DownFor(usize),
     /// `401 invalid_client`, with a description that repeats the secret.
     InvalidClient,
+    /// Takes the request and never answers.
+    Hang,
 }
 
 struct State {
@@ -170,6 +172,18 @@ async fn token(
     headers: HeaderMap,
     body: String,
 ) -> Response {
+    let hang = {
+        let mut s = state.lock().unwrap();
+        let hang = matches!(s.mode, Mode::Hang);
+        if hang {
+            s.token_requests += 1;
+        }
+        hang
+    };
+    if hang {
+        heard.notify_waiters();
+        std::future::pending::<()>().await;
+    }
     let answer = {
         let mut s = state.lock().unwrap();
         s.token_requests += 1;
