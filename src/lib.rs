@@ -95,7 +95,8 @@ pub struct App {
     pub router: axum::Router,
     /// The store the app runs on.
     pub store: store::Store,
-    /// What the worker pool reports as it works (only with the `test-signals`
+    /// What the worker pool, the deliverer, the sweep and the token watcher
+    /// report as they work (only with the `test-signals`
     /// feature; else it sends nowhere).
     pub signals: worker::Signals,
     stop: watch::Sender<bool>,
@@ -229,16 +230,17 @@ impl App {
                 let _ = deliverer.await;
             })
         });
-        tokio::spawn(
-            token_set
-                .clone()
-                .watch(token_sources, stopped(stop_rx.clone())),
-        );
+        tokio::spawn(token_set.clone().watch(
+            token_sources,
+            signals.clone(),
+            stopped(stop_rx.clone()),
+        ));
         let retention = Arc::new(retention::Stats::default());
         tokio::spawn(retention::run(
             store.clone(),
             config.retention,
             retention.clone(),
+            signals.clone(),
             stopped(stop_rx.clone()),
         ));
         let state = api::AppState {

@@ -13,6 +13,7 @@ use chrono::Utc;
 
 use crate::store::Store;
 use crate::store::retention::Swept;
+use crate::worker::{Signal, Signals};
 
 /// Waits one batch deletes at most (with their events, deliveries, spec, webhooks
 /// and idempotency key): one transaction of a few thousand rows.
@@ -88,6 +89,7 @@ pub async fn run(
     store: Store,
     retention: Duration,
     stats: Arc<Stats>,
+    signals: Signals,
     stopped: impl Future<Output = ()>,
 ) {
     stats.oldest_ended_age.store(-1, Relaxed);
@@ -112,6 +114,7 @@ pub async fn run(
                 match store.sweep_ended(Utc::now() - keep, BATCH).await {
                     Ok(Some(swept)) => {
                         stats.add(&swept);
+                        signals.send(|| Signal::Swept { waits: swept.waits });
                         unvacuumed += swept.waits;
                         if swept.waits > 0 {
                             tracing::debug!(

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 
 use crate::config::{Config, SettingError};
+use crate::worker::{Signal, Signals};
 
 /// What a token may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,13 +207,16 @@ impl Tokens {
         Ok(n)
     }
 
-    fn reload_and_log(&self, sources: &Sources, why: &str) {
+    fn reload_and_log(&self, sources: &Sources, why: &str, signals: &Signals) {
         let outcome = self.reload(sources);
         let counter = match outcome {
             Ok(_) => &self.reloads.done,
             Err(_) => &self.reloads.failed,
         };
         counter.fetch_add(1, Relaxed);
+        signals.send(|| Signal::TokensReloaded {
+            ok: outcome.is_ok(),
+        });
         match outcome {
             Ok(n) => tracing::info!(tokens = n, cause = why, "API tokens reloaded"),
             Err(e) => tracing::warn!(
@@ -224,7 +228,12 @@ impl Tokens {
     }
 
     /// Reloads on `SIGHUP` and when the tokens file changes, until `stopped`.
-    pub async fn watch(self, sources: Sources, stopped: impl Future<Output = ()>) {
+    pub async fn watch(
+        self,
+        sources: Sources,
+        signals: Signals,
+        stopped: impl Future<Output = ()>,
+    ) {
         let mut stamp = sources.file_stamp();
         #[cfg(unix)]
         let mut hangup =
@@ -246,13 +255,13 @@ impl Tokens {
                 _ = &mut stopped => return,
                 _ = hup => {
                     stamp = sources.file_stamp();
-                    self.reload_and_log(&sources, "SIGHUP");
+                    self.reload_and_log(&sources, "SIGHUP", &signals);
                 }
                 _ = tick.tick(), if sources.file.is_some() => {
                     let now = sources.file_stamp();
                     if now != stamp {
                         stamp = now;
-                        self.reload_and_log(&sources, "the tokens file changed");
+                        self.reload_and_log(&sources, "the tokens file changed", &signals);
                     }
                 }
             }

@@ -60,8 +60,9 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
         .unwrap();
     assert_eq!(r.status(), 409);
     let hits = up.hits("/s/2");
-    // The point: nothing more is polled during this interval.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The point: nothing more is polled while the worker goes round 20 times (a
+    // negative: a bounded window, anchored to the worker's progress).
+    app.turns(&up, 20).await;
     assert_eq!(up.hits("/s/2"), hits, "polling stopped after the cancel");
     app.stop().await.0.unwrap();
 }
@@ -131,6 +132,7 @@ async fn a_renewal_pass_split_over_turns_still_checkpoints_every_held_wait() {
     let up = Upstream::start().await;
     let url = up.script("/s/many", vec![Reply::status("deploying")]);
     let app = App::start_args(test_args(&dir.sqlite_url())).await;
+    let mut heard = app.heard();
     let mut spec = spec(&url);
     spec["timeout"] = "2m".into();
     spec["poll"] = serde_json::json!({"initial": "500ms", "factor": 1.5, "max": "4s", "jitter": 0});
@@ -168,20 +170,28 @@ async fn a_renewal_pass_split_over_turns_still_checkpoints_every_held_wait() {
         }
         seen
     };
-    let settled = poll_for(Duration::from_secs(45), || async {
-        // A page of 500 at a time, 9 pages: look a few times a second, not 100.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    // Checkpoints land with renewals: look again after each one that came back.
+    let until = tokio::time::Instant::now() + Duration::from_secs(45);
+    let settled = loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let renewed = heard
+            .next(left, |s| matches!(s, signals::Signal::Renewed { ok: true }))
+            .await;
+        if renewed.is_none() {
+            break false;
+        }
         let seen = polls().await;
-        (seen.len() == N && ids.iter().all(|id| seen[id] >= 2)).then_some(())
-    })
-    .await;
+        if seen.len() == N && ids.iter().all(|id| seen[id] >= 2) {
+            break true;
+        }
+    };
     let seen = polls().await;
     let behind = ids
         .iter()
         .filter(|id| seen.get(*id).is_none_or(|p| *p < 3))
         .count();
     assert!(
-        settled.is_some(),
+        settled,
         "{behind} of {N} waits never checkpointed past their first polls ({} running)",
         seen.len()
     );

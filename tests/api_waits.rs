@@ -459,11 +459,13 @@ async fn canceling_a_running_wait_stops_its_polling() {
     assert_eq!(w["status"], "canceled", "{w}");
     assert!(w["finished_at"].is_string(), "{w}");
     assert!(w["reason"].is_string(), "{w}");
-    // Let a probe that was already in flight land, then watch for more.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Let a probe that was already in flight land (the worker goes round 20
+    // times), then watch for more.
+    app.turns(&up, 20).await;
     let settled = up.hits("/s/1");
-    // The point: no poll lands during this interval.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The point: no poll lands while the worker goes round 40 times more (a
+    // negative: a bounded window, anchored to the worker's progress).
+    app.turns(&up, 40).await;
     assert_eq!(
         up.hits("/s/1"),
         settled,
@@ -922,11 +924,12 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
         let (_, w) = app.create(s).await;
         ids_.push(id_of(&w));
     }
-    let polled = eventually(Duration::from_secs(5), || async {
-        (0..3).all(|i| up.hits(&format!("/s/{i}")) >= 2)
-    })
-    .await;
-    assert!(polled, "the waits were not polled");
+    for i in 0..3 {
+        assert!(
+            up.hit(&format!("/s/{i}"), 2, Duration::from_secs(5)).await,
+            "the waits were not polled"
+        );
+    }
     assert_eq!(
         db_count(
             &db,

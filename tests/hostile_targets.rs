@@ -475,10 +475,12 @@ async fn a_wait_the_store_refuses_to_record_ends_in_error_while_its_neighbours_g
         "ALTER TABLE waits ADD CONSTRAINT no_poison CHECK (state IS DISTINCT FROM 'poison')",
     )
     .await;
+    let mut heard = app.heard();
     let started = Instant::now();
     let (_, a) = app.create(support::spec(&poison)).await;
     let (_, b) = app.create(support::spec(&fine)).await;
-    let a = app.wait_end(a["id"].as_str().unwrap()).await;
+    let a_id = a["id"].as_str().unwrap().to_string();
+    let a = app.wait_end(&a_id).await;
     let b = app.wait_end(b["id"].as_str().unwrap()).await;
     assert_eq!(a["status"], "error", "{a}");
     assert!(
@@ -495,13 +497,12 @@ async fn a_wait_the_store_refuses_to_record_ends_in_error_while_its_neighbours_g
         let r = app.client.get(app.url("/metrics")).send().await.unwrap();
         r.text().await.unwrap()
     };
-    let counted = support::eventually(Duration::from_secs(3), || async {
-        read()
-            .await
-            .contains("waitd_waits_ended_total{status=\"error\"} 1\n")
-    })
-    .await;
-    assert!(counted, "{}", read().await);
+    heard.ended(&a_id).await;
+    let m = read().await;
+    assert!(
+        m.contains("waitd_waits_ended_total{status=\"error\"} 1\n"),
+        "{m}"
+    );
     app.stop().await.0.unwrap();
     db.drop_db().await;
 }

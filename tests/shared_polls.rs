@@ -458,6 +458,7 @@ async fn a_host_that_asks_for_quiet_gets_it_from_every_wait(app: &App) {
     let quiet = || vec![Reply::json(429, json!({})).header("retry-after", "20")];
     let mut paths = Vec::new();
     let mut last = String::new();
+    let mut heard = app.heard();
     for i in 0..100 {
         let path = format!("/quiet/{i}");
         let url = up.script(&path, quiet());
@@ -468,12 +469,12 @@ async fn a_host_that_asks_for_quiet_gets_it_from_every_wait(app: &App) {
         paths.push(path);
         if i == 0 {
             // The first answer has paused the host once the wait has read it.
-            let read = poll_for(Duration::from_secs(10), || async {
-                let (_, w) = app.get(&format!("/waits/{id}")).await;
-                (!w["last_error"].is_null()).then_some(())
-            })
-            .await;
-            assert!(read.is_some(), "the first wait reads its 429");
+            heard.recorded(&id).await;
+            let (_, w) = app.get(&format!("/waits/{id}")).await;
+            assert!(
+                !w["last_error"].is_null(),
+                "the first wait reads its 429: {w}"
+            );
         }
     }
     // A wait that falls due while its host is paused sends nothing, and says so.
@@ -536,17 +537,15 @@ async fn only_the_polling_replica_shows_how_the_last_poll_came() {
     let up = Upstream::start().await;
     let path = "/shared/elsewhere";
     let url = up.script(path, vec![Reply::status("deploying")]);
+    let mut heard = polling.heard();
     let id = create_as(&polling, None, &every_second(&url)).await;
-    assert!(
-        up.hit(path, 1, Duration::from_secs(10)).await,
-        "the target is polled"
+    // The first poll's state is in the store once the worker has taken in its answer.
+    heard.recorded(&id).await;
+    let (_, w) = polling.get(&format!("/waits/{id}")).await;
+    assert_eq!(
+        w["last_poll"], "sent",
+        "the polling replica shows its own request: {w}"
     );
-    let sent = poll_for(Duration::from_secs(10), || async {
-        let (_, w) = polling.get(&format!("/waits/{id}")).await;
-        (w["last_poll"] == "sent").then_some(())
-    })
-    .await;
-    assert!(sent.is_some(), "the polling replica shows its own request");
     let (code, there) = reading.get(&format!("/waits/{id}")).await;
     assert_eq!(code, 200, "{there}");
     assert_eq!(there["status"], "running", "{there}");
@@ -580,6 +579,7 @@ async fn a_host_pause_reaches_the_other_replicas() {
     let a = App::start_with(&db, &["--capacity", "10"]).await;
     let b = App::start(&db).await;
     let up = Upstream::start().await;
+    let (mut heard_a, mut heard_b) = (a.heard(), b.heard());
     let mut calm = Vec::new();
     for i in 0..20 {
         let path = format!("/calm/{i}");
@@ -588,25 +588,28 @@ async fn a_host_pause_reaches_the_other_replicas() {
         create_as(&a, None, &s).await;
         calm.push(path);
     }
-    let owners = poll_for(Duration::from_secs(10), || async {
-        let n = db_count(
-            &db,
-            "SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'",
-        )
-        .await;
-        (n == 2).then_some(())
-    })
+    for heard in [&mut heard_a, &mut heard_b] {
+        heard
+            .expect(
+                "a claim of waits on the host",
+                |s| matches!(s, signals::Signal::Claimed(ids) if !ids.is_empty()),
+            )
+            .await;
+    }
+    let owners = db_count(
+        &db,
+        "SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'",
+    )
     .await;
-    assert!(owners.is_some(), "both replicas hold waits on the host");
+    assert_eq!(owners, 2, "both replicas hold waits on the host");
     let hits = |up: &Upstream| calm.iter().map(|p| up.hits(p)).sum::<usize>();
     // The calm paths are being polled (about 200 requests a second) before the pause.
     let before = hits(&up);
-    let polled = poll_for(Duration::from_secs(10), || {
-        let now = hits(&up);
-        async move { (now >= before + 20).then_some(()) }
-    })
-    .await;
-    assert!(polled.is_some(), "the calm paths are polled");
+    assert!(
+        up.requested(Duration::from_secs(10), |up| hits(up) >= before + 20)
+            .await,
+        "the calm paths are polled"
+    );
 
     let limited = up.script(
         "/limited",

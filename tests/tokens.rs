@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use support::in_process::InProcess;
 use support::replica::Replica;
+use support::signals::Signal;
 use support::{App, TempDir};
 
 const FULL: &str = "token-of-tenant-a-0001";
@@ -197,15 +198,15 @@ async fn a_changed_tokens_file_takes_a_removed_token_out_and_ends_its_streams() 
         "the held wait is polled"
     );
 
+    let mut heard = app.heard();
     std::fs::write(&file, format!("a:{FULL}\n")).unwrap();
-    let done = r#"waitd_token_reloads_total{outcome="done"} "#;
-    assert!(
-        support::eventually(Duration::from_secs(10), || async {
-            metric(&app.client, &metrics, done).await == Some(1.0)
+    heard
+        .expect("the changed file reloaded", |s| {
+            matches!(s, Signal::TokensReloaded { ok: true })
         })
-        .await,
-        "the changed file was not reloaded"
-    );
+        .await;
+    let done = r#"waitd_token_reloads_total{outcome="done"} "#;
+    assert_eq!(metric(&app.client, &metrics, done).await, Some(1.0));
     assert_eq!(status_with(&app.client, &waits, READ).await, 401);
     assert_eq!(status_with(&app.client, &waits, FULL).await, 200);
     tokio::time::timeout(Duration::from_secs(3), ended)
@@ -221,14 +222,13 @@ async fn a_changed_tokens_file_takes_a_removed_token_out_and_ends_its_streams() 
 
     // A file that cannot be read as tokens: the tokens in force stay.
     std::fs::write(&file, "not a token entry\n").unwrap();
-    let failed = r#"waitd_token_reloads_total{outcome="failed"} "#;
-    assert!(
-        support::eventually(Duration::from_secs(10), || async {
-            metric(&app.client, &metrics, failed).await == Some(1.0)
+    heard
+        .expect("the broken file looked at", |s| {
+            matches!(s, Signal::TokensReloaded { ok: false })
         })
-        .await,
-        "the broken file was not looked at"
-    );
+        .await;
+    let failed = r#"waitd_token_reloads_total{outcome="failed"} "#;
+    assert_eq!(metric(&app.client, &metrics, failed).await, Some(1.0));
     assert_eq!(status_with(&app.client, &waits, FULL).await, 200);
     // The other token's stream is still open.
     let mut kept = kept;

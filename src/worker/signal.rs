@@ -1,7 +1,8 @@
-//! What the worker and the webhook deliverer report as they work, for tests to
-//! await rather than poll for: a claim came back, a wait's progress is in the
-//! store, a renewal came back, the leases were released, a webhook attempt's
-//! outcome is in the store.
+//! What the worker, the webhook deliverer, the retention sweep and the token
+//! watcher report as they work, for tests to await rather than poll for: a claim
+//! came back, a wait's progress is in the store, a renewal came back, the leases
+//! were released, a webhook attempt's outcome is in the store, a sweep's batch is
+//! deleted, the API tokens were reloaded (or refused).
 //!
 //! The channel exists only with the `test-signals` feature (and in this crate's own
 //! tests): a build without it has no sender, and every send is a branch on `None`.
@@ -30,6 +31,11 @@ pub enum Signal {
         delivery: i64,
         status: DeliveryStatus,
     },
+    /// A batch of the retention sweep is deleted: this many ended waits.
+    Swept { waits: u64 },
+    /// The API tokens were looked at again (SIGHUP, a changed file): whether the
+    /// new ones are in force.
+    TokensReloaded { ok: bool },
 }
 
 /// Where the worker and the deliverer send their [`Signal`]s. Cloning is shallow; the default sends

@@ -145,12 +145,18 @@ impl Upstream {
     /// Whether `path` has had at least `n` requests within `within`: woken by each
     /// request, not by a clock.
     pub async fn hit(&self, path: &str, n: usize, within: Duration) -> bool {
+        self.requested(within, |up| up.hits(path) >= n).await
+    }
+
+    /// Whether `check` holds of the requests so far within `within`: looked at
+    /// again as each request comes, not on a clock.
+    pub async fn requested(&self, within: Duration, check: impl Fn(&Upstream) -> bool) -> bool {
         let heard = async {
             loop {
                 let next = self.hit.notified();
                 tokio::pin!(next);
                 next.as_mut().enable();
-                if self.hits(path) >= n {
+                if check(self) {
                     return;
                 }
                 next.await;
@@ -379,6 +385,28 @@ impl App {
             .text()
             .await
             .unwrap()
+    }
+
+    /// Lets the worker go round `n` times, and proves it did: a wait of its own on
+    /// `up` whose every poll finds a new state is polled and recorded `n` times,
+    /// then canceled. What a test would otherwise sleep for ("no poll lands in the
+    /// meantime") is anchored to the worker's progress rather than to a clock.
+    pub async fn turns(&self, up: &Upstream, n: usize) {
+        let path = format!("/turns/{}", uuid::Uuid::now_v7().simple());
+        let flips = (0..=n)
+            .map(|i| Reply::status(if i % 2 == 0 { "tick" } else { "tock" }))
+            .collect();
+        let url = up.script(&path, flips);
+        let mut s = spec(&url);
+        s["want"] = json!(["never"]);
+        s["poll"] = json!({"initial": "1ms", "factor": 1, "max": "1ms", "jitter": 0});
+        let mut heard = self.heard();
+        let (status, w) = self.create(s).await;
+        assert_eq!(status, 201, "{w}");
+        let id = w["id"].as_str().unwrap().to_string();
+        heard.recorded_times(&id, n).await;
+        let (status, w) = self.post(&format!("/waits/{id}/cancel")).await;
+        assert_eq!(status, 200, "{w}");
     }
 
     pub async fn wait_end(&self, id: &str) -> Value {
