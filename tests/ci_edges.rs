@@ -416,7 +416,7 @@ async fn a_replica_that_resumes_waits_says_how_many() {
         assert_eq!(a.status, 201);
     }
     assert!(
-        eventually(Duration::from_secs(5), || async {
+        up.requested(Duration::from_secs(5), |up| {
             (0..3).all(|i| up.hits(&format!("/r/{i}")) > 0)
         })
         .await

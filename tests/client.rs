@@ -57,6 +57,10 @@ pub(crate) struct Live {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
     stderr: Arc<Mutex<String>>,
+    /// Told of every line read, of either stream, and of each stream's end.
+    read: Arc<tokio::sync::Notify>,
+    /// The streams read to their end (of two).
+    drained: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Live {
@@ -68,27 +72,68 @@ impl Live {
             .expect("spawn waitd");
         let lines: Arc<Mutex<Vec<String>>> = Arc::default();
         let stderr: Arc<Mutex<String>> = Arc::default();
+        let read = Arc::new(tokio::sync::Notify::new());
+        let drained: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
         let out = child.stdout.take().unwrap();
-        let l = lines.clone();
+        let (l, r, d) = (lines.clone(), read.clone(), drained.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 l.lock().unwrap().push(line);
+                r.notify_waiters();
             }
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            r.notify_waiters();
         });
         let err = child.stderr.take().unwrap();
-        let e = stderr.clone();
+        let (e, r, d) = (stderr.clone(), read.clone(), drained.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut e = e.lock().unwrap();
-                e.push_str(&line);
-                e.push('\n');
+                {
+                    let mut e = e.lock().unwrap();
+                    e.push_str(&line);
+                    e.push('\n');
+                }
+                r.notify_waiters();
             }
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            r.notify_waiters();
         });
         Live {
             child,
             lines,
             stderr,
+            read,
+            drained,
         }
+    }
+
+    /// Whether `check` holds of what it has printed (stdout lines, stderr) within
+    /// `within`: looked at again as each line is read, not on a clock.
+    pub(crate) async fn printed(
+        &self,
+        within: Duration,
+        check: impl Fn(&[String], &str) -> bool,
+    ) -> bool {
+        self.read_until(within, || {
+            check(&self.lines(), &self.stderr.lock().unwrap())
+        })
+        .await
+    }
+
+    /// Whether `check` holds within `within`, looked at as each line is read.
+    async fn read_until(&self, within: Duration, check: impl Fn() -> bool) -> bool {
+        let heard = async {
+            loop {
+                let next = self.read.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if check() {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
     }
 
     pub(crate) fn lines(&self) -> Vec<String> {
@@ -96,10 +141,9 @@ impl Live {
     }
 
     pub(crate) async fn wait_for_lines(&self, n: usize) {
-        let ok = eventually(Duration::from_secs(15), || async {
-            self.lines().len() >= n
-        })
-        .await;
+        let ok = self
+            .printed(Duration::from_secs(15), |lines, _| lines.len() >= n)
+            .await;
         assert!(
             ok,
             "waitd printed {:?} (stderr {:?}), expected {n} lines",
@@ -131,8 +175,13 @@ impl Live {
             // Polls for the exit, with a deadline.
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        // Let the reader threads drain the pipes.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The reader threads have read both pipes to their end.
+        let drained = self
+            .read_until(Duration::from_secs(5), || {
+                self.drained.load(std::sync::atomic::Ordering::SeqCst) == 2
+            })
+            .await;
+        assert!(drained, "waitd's output was not read to its end");
         let stderr = self.stderr.lock().unwrap().clone();
         (code, self.lines(), stderr)
     }
@@ -555,13 +604,11 @@ async fn follow_resumes_after_the_last_event_when_the_connection_drops() {
     live.wait_for_lines(2).await; // created, state deploying
     relay.cut();
     // The client notices, and reconnects with Last-Event-ID: 2.
-    let noticed = eventually(Duration::from_secs(10), || async {
-        live.stderr
-            .lock()
-            .unwrap()
-            .contains("reconnecting after event 2")
-    })
-    .await;
+    let noticed = live
+        .printed(Duration::from_secs(10), |_, stderr| {
+            stderr.contains("reconnecting after event 2")
+        })
+        .await;
     assert!(noticed, "stderr: {}", live.stderr.lock().unwrap());
     up.script("/servers/r", vec![status("on")]);
     let (code, lines, stderr) = live.finish().await;

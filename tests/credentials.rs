@@ -95,19 +95,12 @@ async fn a_rewritten_token_file_is_sent_at_the_next_poll() {
     assert_eq!(sent(&up)[0], "Bearer first-token");
 
     write(&token_file, "second-token-rotated\n");
-    let rotated = poll_for(Duration::from_secs(10), || {
-        let seen = sent(&up);
-        async move {
-            seen.contains(&"Bearer second-token-rotated".to_string())
-                .then_some(())
-        }
-    })
-    .await;
-    assert!(
-        rotated.is_some(),
-        "the new token was never sent: {:?}",
-        sent(&up)
-    );
+    let rotated = up
+        .requested(Duration::from_secs(10), |up| {
+            sent(up).contains(&"Bearer second-token-rotated".to_string())
+        })
+        .await;
+    assert!(rotated, "the new token was never sent: {:?}", sent(&up));
     let after: Vec<String> = sent(&up)
         .into_iter()
         .skip_while(|t| t != "Bearer second-token-rotated")

@@ -167,6 +167,27 @@ async fn running(db: &PgPool) -> i64 {
         .unwrap_or(-1)
 }
 
+/// Whether every wait running now ends within `within`; how long it took, if so.
+/// Asked of `r` with the blocking GET (`?wait=`), the API's own notice that a wait
+/// ended, one wait after another, rather than by polling the table; then the table
+/// is read once, so that it says the same.
+async fn all_end(r: &Replica, db: &PgPool, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM waits WHERE status = 'running'")
+        .fetch_all(db)
+        .await
+        .unwrap();
+    let c = client();
+    for id in ids {
+        let left = within.saturating_sub(started.elapsed()).as_millis().max(1);
+        let a = send(c.get(r.url(&format!("/waits/{id}?wait={left}ms")))).await;
+        if a.status != 200 || a.body["status"] == "running" {
+            return None;
+        }
+    }
+    (running(db).await == 0).then(|| started.elapsed())
+}
+
 #[derive(Clone, Debug, PartialEq)]
 struct Ev {
     /// The global cursor (`gid`); negative (minus the row id) while unsequenced.
@@ -274,14 +295,19 @@ async fn start_all(
     rs
 }
 
-/// Every running wait has an owner and every path was polled at least `n` times.
+/// Whether every path is polled at least `n` times within 10 s (awaited hit by
+/// hit) and then every running wait has an owner (a wait is polled only once
+/// claimed, so one read of the table tells).
 async fn all_owned_and_polled(db: &PgPool, up: &Recorder, paths: &[String], n: usize) -> bool {
+    let polled = up
+        .hit_when(Duration::from_secs(10), |up| up.each_hit(paths, n))
+        .await;
     let unowned: i64 =
         sqlx::query_scalar("SELECT count(*) FROM waits WHERE status = 'running' AND owner IS NULL")
             .fetch_one(db)
             .await
             .unwrap_or(1);
-    unowned == 0 && paths.iter().all(|p| up.count(p) >= n)
+    polled && unowned == 0
 }
 
 fn assert_no_panics(rs: &[&Replica]) {
@@ -386,11 +412,7 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "kill").await;
     let path_of: HashMap<Uuid, String> = ids.iter().copied().zip(paths.iter().cloned()).collect();
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 2
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
 
@@ -451,10 +473,8 @@ async fn killing_one_of_three_replicas_mid_flight_ends_every_wait_exactly_once_a
     up.set_all(&paths, "on");
 
     let bound = TTL + CLAIM_SWEEP + 4 * INTERVAL + Duration::from_secs(1);
-    let ended = until(bound + Duration::from_secs(5), || async {
-        running(&pg).await == 0
-    })
-    .await;
+    let survivor = (victim + 1) % 3;
+    let ended = all_end(&rs[survivor], &pg, bound + Duration::from_secs(5)).await;
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
     let still: Vec<&Row> = after.values().filter(|r| r.status == "running").collect();
@@ -554,11 +574,7 @@ async fn a_single_node_killed_and_restarted_loses_nothing() {
         .collect();
     let ids = create_all(&[&r], &urls, INTERVAL, "solo").await;
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 2
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
     // Half of them move on mid-flight; the change is recorded at once.
@@ -597,10 +613,7 @@ async fn a_single_node_killed_and_restarted_loses_nothing() {
     let all_paths: Vec<String> = paths.iter().chain(&late_paths).cloned().collect();
     up.set_all(&all_paths, "on");
 
-    let ended = until(TTL + CLAIM_SWEEP + Duration::from_secs(6), || async {
-        running(&pg).await == 0
-    })
-    .await;
+    let ended = all_end(&r, &pg, TTL + CLAIM_SWEEP + Duration::from_secs(6)).await;
     let all_ended_after = t_restart.elapsed();
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
@@ -720,11 +733,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "term").await;
     let path_of: HashMap<Uuid, String> = ids.iter().copied().zip(paths.iter().cloned()).collect();
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 2
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
     let owners: Vec<Uuid> = rs
@@ -750,10 +759,14 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     ));
     let f_wait = Follower::start(rs[victim].url(&format!("/waits/{w}/events")), false);
     let f_all = Follower::start(rs[victim].url("/events"), false);
-    assert!(f_wait.until(Duration::from_secs(5), |s| s.len() >= 2).await);
+    assert!(
+        f_wait
+            .seen_when(Duration::from_secs(5), |s| s.len() >= 2)
+            .await
+    );
     assert!(
         f_all
-            .until(Duration::from_secs(5), |s| s.len() >= 2 * N)
+            .seen_when(Duration::from_secs(5), |s| s.len() >= 2 * N)
             .await
     );
 
@@ -800,7 +813,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
         .collect();
     let mid = rows(&pg).await;
     up.set_all(&paths, "on");
-    let ended = until(Duration::from_secs(5), || async { running(&pg).await == 0 }).await;
+    let ended = all_end(&rs[survivor], &pg, Duration::from_secs(5)).await;
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
     let (dp, dp_path, unattributed, total) = double_polling(&up, &rs, INTERVAL);
@@ -899,18 +912,17 @@ async fn a_postgres_restart_mid_flight_answers_503_then_resumes_every_replica_an
         .collect();
     let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "pg").await;
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 2
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
     let w0 = ids[0];
     let f1 = Follower::start(rs[1].url(&format!("/waits/{w0}/events")), true);
     let f2 = Follower::start(rs[0].url("/events"), true);
-    assert!(f1.until(Duration::from_secs(5), |s| s.len() >= 2).await);
-    assert!(f2.until(Duration::from_secs(5), |s| s.len() >= 2 * N).await);
+    assert!(f1.seen_when(Duration::from_secs(5), |s| s.len() >= 2).await);
+    assert!(
+        f2.seen_when(Duration::from_secs(5), |s| s.len() >= 2 * N)
+            .await
+    );
     pg.close().await;
 
     // Down.
@@ -996,10 +1008,10 @@ async fn a_postgres_restart_mid_flight_answers_503_then_resumes_every_replica_an
     let hist = histories(&pg).await;
     let total_events: usize = hist.values().map(Vec::len).sum();
     let f2_all = f2
-        .until(Duration::from_secs(5), |s| s.len() >= total_events)
+        .seen_when(Duration::from_secs(5), |s| s.len() >= total_events)
         .await;
     let f1_done = f1
-        .until(Duration::from_secs(5), |s| {
+        .seen_when(Duration::from_secs(5), |s| {
             s.iter().any(|e| e.kind == "succeeded")
         })
         .await;
@@ -1107,20 +1119,22 @@ async fn an_sse_follower_on_replica_b_sees_live_events_of_a_wait_polled_by_repli
     let id = create_all(&[&b], &[url], INTERVAL, "sse").await[0];
     let f = Follower::start(b.url(&format!("/waits/{id}/events")), false);
     assert!(
-        f.until(Duration::from_secs(5), |s| s.len() >= 2).await,
+        f.seen_when(Duration::from_secs(5), |s| s.len() >= 2).await,
         "no state event: {:?}",
         f.seen()
     );
     // Each change, from the target to a stream on the other replica.
     let t1 = Instant::now();
     up.set_status("/sse/1", "building");
-    let got1 = f.until(Duration::from_secs(15), |s| s.len() >= 3).await;
+    let got1 = f.seen_when(Duration::from_secs(15), |s| s.len() >= 3).await;
     let lat1 = f.seen().get(2).map(|e| e.at - t1);
     let t2 = Instant::now();
     up.set_status("/sse/1", "on");
-    let got2 = f.until(Duration::from_secs(15), |s| s.len() >= 5).await;
+    let got2 = f.seen_when(Duration::from_secs(15), |s| s.len() >= 5).await;
     let lat2 = f.seen().get(4).map(|e| e.at - t2);
-    let all_got = f_all.until(Duration::from_secs(15), |s| s.len() >= 5).await;
+    let all_got = f_all
+        .seen_when(Duration::from_secs(15), |s| s.len() >= 5)
+        .await;
     let g = f_all.seen();
     let glat = g.get(2).map(|e| e.at - t1);
     eprintln!(
@@ -1182,11 +1196,7 @@ async fn a_cancel_through_replica_b_stops_replica_a_polling_within_one_poll_inte
         .collect();
     let ids = create_all(&[&a], &urls, INTERVAL, "cancel").await;
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 3
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 3).await,
         "the waits were not all polled"
     );
     // Still being polled right before the cancel (or the test proves nothing).
@@ -1251,11 +1261,7 @@ async fn cut_off(cut: fn(&PgCluster), heal: fn(&PgCluster), how: &str) {
         .collect();
     let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "cut").await;
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 3
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 3).await,
         "the waits were not all claimed and polled"
     );
     pg.close().await;
@@ -1376,11 +1382,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
         .collect();
     create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "stall").await;
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 2
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
     let owners: Vec<Uuid> = rs
@@ -1510,10 +1512,7 @@ async fn a_burst_of_creations_and_state_changes_does_not_cost_a_healthy_replica_
     tokio::time::sleep(FOR).await;
     let mid = rows(&pg).await;
     up.set_all(&paths, "on");
-    let ended = until(TTL + CLAIM_SWEEP + Duration::from_secs(5), || async {
-        running(&pg).await == 0
-    })
-    .await;
+    let ended = all_end(&rs[0], &pg, TTL + CLAIM_SWEEP + Duration::from_secs(5)).await;
     let took = t0.elapsed();
     let hist = histories(&pg).await;
     let events: usize = hist.values().map(Vec::len).sum();
@@ -1598,11 +1597,7 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
     }
     let anchor_ids: Vec<Uuid> = ids[N..].to_vec();
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &all, 3
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &all, 3).await,
         "the waits were not all claimed and polled"
     );
 
@@ -1646,10 +1641,7 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
     a.kill9();
     up.set_all(&all, "on");
     let b = Replica::start("b", &dir.path, &db.url, "3s", &[]).await;
-    let ended = until(Duration::from_secs(10), || async {
-        running(&pg).await == 0
-    })
-    .await;
+    let ended = all_end(&b, &pg, Duration::from_secs(10)).await;
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
     let breaks = state_chain_breaks(&hist);
@@ -1701,11 +1693,8 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
         let urls: Vec<String> = paths.iter().map(|p| up.set(p, Behavior::Hold)).collect();
         let ids = create_all(&[&a], &urls, Duration::from_millis(50), "race").await;
         assert!(
-            until(Duration::from_secs(5), || async {
-                paths.iter().all(|p| up.count(p) >= 1)
-            })
-            .await
-            .is_some(),
+            up.hit_when(Duration::from_secs(5), |up| up.each_hit(&paths, 1))
+                .await,
             "the held probes did not all arrive"
         );
         let base = tokio::time::Instant::now() + Duration::from_millis(50);
@@ -1737,7 +1726,7 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
         });
         outcomes.extend(join_all(tasks).await);
     }
-    let ended = until(Duration::from_secs(5), || async { running(&pg).await == 0 }).await;
+    let ended = all_end(&b, &pg, Duration::from_secs(5)).await;
     let t_end = Instant::now();
     // The point: no poll lands in the interval after every wait ended.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1828,11 +1817,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
     create_all(&via, &second_urls, INTERVAL, "claim").await;
     let paths: Vec<String> = first.iter().chain(&second).cloned().collect();
     assert!(
-        until(Duration::from_secs(10), || all_owned_and_polled(
-            &pg, &up, &paths, 2
-        ))
-        .await
-        .is_some(),
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
     let before = rows(&pg).await;
@@ -1870,11 +1855,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
     assert_eq!(unattributed, 0, "hits that named no replica");
     assert_eq!(spread.iter().sum::<usize>(), 300);
     up.set_all(&paths, "on");
-    assert!(
-        until(Duration::from_secs(8), || async { running(&pg).await == 0 })
-            .await
-            .is_some()
-    );
+    assert!(all_end(&api, &pg, Duration::from_secs(8)).await.is_some());
     let after = rows(&pg).await;
     assert!(after.values().all(|r| r.status == "succeeded"));
     check_histories(&after, &histories(&pg).await);

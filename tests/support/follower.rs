@@ -54,6 +54,8 @@ pub struct Follower {
     pub attempts: Arc<Mutex<Vec<u16>>>,
     kick: Arc<Notify>,
     done: Arc<AtomicBool>,
+    /// Told of every event received.
+    received: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -65,7 +67,9 @@ impl Follower {
         let attempts: Arc<Mutex<Vec<u16>>> = Arc::default();
         let kick = Arc::new(Notify::new());
         let done = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(Notify::new());
         let (s, a, k, d) = (seen.clone(), attempts.clone(), kick.clone(), done.clone());
+        let r_ = received.clone();
         let task = tokio::spawn(async move {
             let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(2))
@@ -95,6 +99,7 @@ impl Follower {
                                 kind: e.event.clone(),
                                 data: serde_json::from_str(&e.data).unwrap_or(Value::Null),
                             });
+                            r_.notify_waiters();
                             if !e.id.is_empty() {
                                 last_id = Some(e.id);
                             }
@@ -120,6 +125,7 @@ impl Follower {
             attempts,
             kick,
             done,
+            received,
             task,
         }
     }
@@ -143,9 +149,21 @@ impl Follower {
         self.done.load(Ordering::Relaxed)
     }
 
-    /// Waits until `f` holds of what was seen.
-    pub async fn until(&self, within: Duration, f: impl Fn(&[Seen]) -> bool) -> bool {
-        super::eventually(within, || std::future::ready(f(&self.seen.lock().unwrap()))).await
+    /// Whether `f` holds of what was seen within `within`: looked at again as
+    /// each event is received, not on a clock.
+    pub async fn seen_when(&self, within: Duration, f: impl Fn(&[Seen]) -> bool) -> bool {
+        let heard = async {
+            loop {
+                let next = self.received.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if f(&self.seen.lock().unwrap()) {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
     }
 }
 

@@ -60,6 +60,8 @@ struct Inner {
     /// Per path: the answers left; the last one repeats (none: 200).
     script: HashMap<String, Vec<Answer>>,
     got: Vec<Received>,
+    /// Told of every request as it is added to `got`.
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 /// The receiver. Cloning is shallow.
@@ -144,10 +146,31 @@ impl Receiver {
     }
 
     /// Until `n` requests reached `path` (or `within` passes): whether they did.
+    /// Looked at again as each request arrives, not on a clock.
     pub async fn until_got(&self, path: &str, n: usize, within: Duration) -> bool {
-        super::until(within, || async { self.got(path).len() >= n })
-            .await
-            .is_some()
+        let arrived = self.inner.lock().unwrap().arrived.clone();
+        let heard = async {
+            loop {
+                let next = arrived.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                let key = path.trim_start_matches('/');
+                if self
+                    .inner
+                    .lock()
+                    .unwrap()
+                    .got
+                    .iter()
+                    .filter(|r| r.path == key)
+                    .count()
+                    >= n
+                {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
     }
 }
 
@@ -157,7 +180,7 @@ async fn receive(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let answer = {
+    let (answer, arrived) = {
         let mut s = inner.lock().unwrap();
         s.got.push(Received {
             path: path.clone(),
@@ -165,12 +188,14 @@ async fn receive(
             headers,
             body: body.to_vec(),
         });
-        match s.script.get_mut(&path) {
+        let answer = match s.script.get_mut(&path) {
             Some(list) if list.len() > 1 => list.remove(0),
             Some(list) => list.first().cloned().unwrap_or(Answer::Status(200, vec![])),
             None => Answer::Status(200, vec![]),
-        }
+        };
+        (answer, s.arrived.clone())
     };
+    arrived.notify_waiters();
     match answer {
         Answer::Status(code, headers) => {
             let mut res = (StatusCode::from_u16(code).unwrap(), "ok").into_response();

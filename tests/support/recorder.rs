@@ -40,6 +40,8 @@ struct RecState {
 struct RecInner {
     state: Mutex<RecState>,
     changed: Notify,
+    /// Told of every hit as it is recorded.
+    hit: Notify,
     started: Instant,
 }
 
@@ -61,6 +63,7 @@ impl Recorder {
         let inner = Arc::new(RecInner {
             state: Mutex::new(RecState::default()),
             changed: Notify::new(),
+            hit: Notify::new(),
             started: Instant::now(),
         });
         let app = axum::Router::new()
@@ -109,6 +112,36 @@ impl Recorder {
         self.inner.state.lock().unwrap().hits.clone()
     }
 
+    /// Whether `check` holds of the hits within `within`: looked at again as each
+    /// hit is recorded, not on a clock.
+    pub async fn hit_when(&self, within: Duration, check: impl Fn(&Recorder) -> bool) -> bool {
+        let heard = async {
+            loop {
+                let next = self.inner.hit.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if check(self) {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
+    }
+
+    /// Whether every one of `paths` has had at least `n` hits: one pass over the
+    /// hits, so that it can be looked at on every hit.
+    pub fn each_hit(&self, paths: &[String], n: usize) -> bool {
+        let st = self.inner.state.lock().unwrap();
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for h in &st.hits {
+            *counts.entry(h.path.as_str()).or_default() += 1;
+        }
+        paths
+            .iter()
+            .all(|p| counts.get(key(p).as_str()).copied().unwrap_or(0) >= n)
+    }
+
     pub fn count(&self, path: &str) -> usize {
         self.hits_of(path, self.inner.started).len()
     }
@@ -141,6 +174,7 @@ async fn answer(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
     });
+    rec.hit.notify_waiters();
     loop {
         let changed = rec.changed.notified();
         tokio::pin!(changed);
