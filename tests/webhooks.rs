@@ -91,28 +91,29 @@ async fn deliveries(app: &App, id: &str) -> Vec<Value> {
     page["items"].as_array().unwrap().clone()
 }
 
-/// Until the wait's deliveries all stand as `f` says (bounded): them. Read again
-/// on each signal that the outbox may have changed (an attempt's outcome or a
-/// wait's events written); a change no signal reports (a delivery given back
-/// unsent, a redelivery queued) is read a quarter second later at most.
-async fn deliveries_until(app: &App, id: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+/// Once the wait's deliveries all stand as `f` says: them. Read again on each
+/// signal that its outbox changed: an outcome written (with an attempt or
+/// without) or a wait's events written by the worker. What else changes it (a
+/// create, a cancel, a redelivery) is the test's own request, done before this
+/// reads. Fails after [`signals::BOUND`] with no signal that gets there.
+async fn deliveries_when(app: &App, id: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let mut heard = app.heard();
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let d = deliveries(app, id).await;
         if f(&d) {
             return d;
         }
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
-        assert!(!left.is_zero(), "the deliveries never got there: {d:#?}");
-        heard
-            .next(left.min(Duration::from_millis(250)), |s| {
+        let changed = heard
+            .next(signals::BOUND, |s| {
                 matches!(
                     s,
-                    signals::Signal::Attempted { .. } | signals::Signal::Recorded { .. }
+                    signals::Signal::Attempted { .. }
+                        | signals::Signal::Returned { .. }
+                        | signals::Signal::Recorded { .. }
                 )
             })
             .await;
+        assert!(changed.is_some(), "the deliveries never got there: {d:#?}");
     }
 }
 
@@ -178,7 +179,7 @@ async fn every_announced_event_arrives_signed_so_that_the_standardwebhooks_packa
         assert!(!text.contains(&secret[6..]), "the secret is never sent");
 
         // GET /waits/{id}/deliveries says the same, with the same webhook ids.
-        let d = deliveries_until(&run.app, &id, |d| {
+        let d = deliveries_when(&run.app, &id, |d| {
             d.len() == 3 && d.iter().all(|x| x["status"] == "delivered")
         })
         .await;
@@ -226,7 +227,7 @@ async fn a_receiver_that_answers_500_three_times_gets_it_on_the_fourth_attempt_o
             .create(notifying(&up, "/s/2", &hook, &secret(), json!(["ended"])))
             .await;
         let id = w["id"].as_str().unwrap().to_string();
-        let d = deliveries_until(&run.app, &id, |d| {
+        let d = deliveries_when(&run.app, &id, |d| {
             d.len() == 1 && d[0]["status"] == "delivered"
         })
         .await;
@@ -295,7 +296,7 @@ async fn a_receiver_that_is_down_for_a_while_gets_the_delivery_once_it_is_back()
         let id = w["id"].as_str().unwrap().to_string();
         // Refused connections: a few attempts fail (20 ms, then 120 ms, then 480 ms
         // apart), while the delivery stays pending.
-        let d = deliveries_until(&run.app, &id, |d| {
+        let d = deliveries_when(&run.app, &id, |d| {
             d.len() == 1 && d[0]["attempts_total"].as_i64() >= Some(2)
         })
         .await;
@@ -303,7 +304,7 @@ async fn a_receiver_that_is_down_for_a_while_gets_the_delivery_once_it_is_back()
         assert!(d[0]["attempts"][0]["error"].as_str().is_some(), "{d:?}");
         assert!(d[0]["next_attempt_at"].is_string());
         let rx = Receiver::start_on(down.port, None).await;
-        let d = deliveries_until(&run.app, &id, |d| d[0]["status"] == "delivered").await;
+        let d = deliveries_when(&run.app, &id, |d| d[0]["status"] == "delivered").await;
         assert_eq!(rx.got("/back").len(), 1, "{kind:?}");
         let last = d[0]["attempts"].as_array().unwrap().last().unwrap().clone();
         assert_eq!(last["status_code"], 200);
@@ -331,7 +332,7 @@ async fn retry_after_sets_the_next_attempt_and_410_stops_the_webhook() {
             .create(notifying(&up, "/s/4", &hook, &secret(), json!(["ended"])))
             .await;
         let id = w["id"].as_str().unwrap().to_string();
-        let d = deliveries_until(&run.app, &id, |d| {
+        let d = deliveries_when(&run.app, &id, |d| {
             d.len() == 1 && d[0]["attempts_total"] == 1
         })
         .await;
@@ -360,7 +361,7 @@ async fn retry_after_sets_the_next_attempt_and_410_stops_the_webhook() {
         let (_, w) = run.app.create(s).await;
         let id = w["id"].as_str().unwrap().to_string();
         run.app.wait_end(&id).await;
-        let d = deliveries_until(&run.app, &id, |d| {
+        let d = deliveries_when(&run.app, &id, |d| {
             !d.is_empty() && d.iter().all(|x| x["status"] == "stopped")
         })
         .await;
@@ -610,7 +611,7 @@ async fn a_webhook_at_loopback_or_the_metadata_address_is_refused_at_creation_an
         let (status, w) = app.create(s).await;
         assert_eq!(status, 201, "{w}");
         let id = w["id"].as_str().unwrap().to_string();
-        let d = deliveries_until(&app, &id, |d| d.len() == 1 && d[0]["status"] == "failed").await;
+        let d = deliveries_when(&app, &id, |d| d.len() == 1 && d[0]["status"] == "failed").await;
         let error = d[0]["attempts"][0]["error"].as_str().unwrap();
         assert!(
             error.contains("evil.test") && error.contains("loopback"),
@@ -649,7 +650,7 @@ async fn an_attempt_is_bounded_by_the_timeout_and_reads_no_more_than_a_few_kib_o
             .await;
         let a = a["id"].as_str().unwrap().to_string();
         let b = b["id"].as_str().unwrap().to_string();
-        let d = deliveries_until(&run.app, &a, |d| {
+        let d = deliveries_when(&run.app, &a, |d| {
             d.len() == 1 && d[0]["status"] == "delivered"
         })
         .await;
@@ -667,7 +668,7 @@ async fn an_attempt_is_bounded_by_the_timeout_and_reads_no_more_than_a_few_kib_o
             "{kind:?}: the held attempt took {took} ms"
         );
         // An answer that never ends: 200 is read, then the connection dropped.
-        let d = deliveries_until(&run.app, &b, |d| {
+        let d = deliveries_when(&run.app, &b, |d| {
             d.len() == 1 && d[0]["status"] == "delivered"
         })
         .await;
@@ -734,7 +735,7 @@ async fn the_documented_receiver_verifies_and_prints_what_waitd_sends_and_refuse
         .create(notifying(&up, "/s/10", &hook, &secret, json!(["ended"])))
         .await;
     let id = w["id"].as_str().unwrap().to_string();
-    let d = deliveries_until(&run.app, &id, |d| {
+    let d = deliveries_when(&run.app, &id, |d| {
         d.len() == 1 && d[0]["status"] == "delivered"
     })
     .await;
@@ -1109,7 +1110,7 @@ async fn redelivering_in_a_loop_is_refused_with_429_and_reaches_the_receiver_onc
             .create(notifying(&up, "/s/m4", &hook, &secret(), json!(["ended"])))
             .await;
         let id = w["id"].as_str().unwrap().to_string();
-        let d = deliveries_until(&run.app, &id, |d| {
+        let d = deliveries_when(&run.app, &id, |d| {
             d.len() == 1 && d[0]["status"] == "delivered"
         })
         .await;

@@ -37,11 +37,22 @@ pub async fn writer(
                     wake.notify_one();
                 }
                 for (o, ok) in batch.iter().zip(written) {
-                    if ok && o.attempted {
-                        signals.send(|| Signal::Attempted {
-                            wait_id: o.wait_id,
-                            delivery: o.id,
-                            status: o.status,
+                    if ok {
+                        signals.send(|| {
+                            let (wait_id, delivery, status) = (o.wait_id, o.id, o.status);
+                            if o.attempted {
+                                Signal::Attempted {
+                                    wait_id,
+                                    delivery,
+                                    status,
+                                }
+                            } else {
+                                Signal::Returned {
+                                    wait_id,
+                                    delivery,
+                                    status,
+                                }
+                            }
                         });
                     }
                     if !ok {

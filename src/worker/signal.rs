@@ -31,6 +31,14 @@ pub enum Signal {
         delivery: i64,
         status: DeliveryStatus,
     },
+    /// A delivery's outcome is in the store without an attempt: given back unsent
+    /// (its receiver's slots were taken) or stopped unsent (its webhook was
+    /// stopped meanwhile).
+    Returned {
+        wait_id: Uuid,
+        delivery: i64,
+        status: DeliveryStatus,
+    },
     /// A batch of the retention sweep is deleted: this many ended waits.
     Swept { waits: u64 },
     /// The API tokens were looked at again (SIGHUP, a changed file): whether the
