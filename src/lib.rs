@@ -220,7 +220,7 @@ impl App {
                     per_tenant: config.webhook_concurrency_per_tenant as usize,
                     client,
                 },
-                wake: deliveries_wake.clone(),
+                wake: deliveries_wake,
                 signals: signals.clone(),
             };
             let worker = tokio::spawn(w.run(stopped(stop_rx.clone())));
@@ -270,7 +270,6 @@ impl App {
             body_timeout: config.body_timeout,
             traces: traces.clone(),
             cors_origins: Arc::new(cors_origins),
-            deliveries_wake,
             live,
             retention,
             active_count: Default::default(),

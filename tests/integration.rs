@@ -49,4 +49,5 @@ mod tls_targets;
 mod tokens;
 mod traces;
 mod webhook_store;
+mod webhook_wake;
 mod webhooks;

@@ -133,7 +133,6 @@ pub async fn retry_delivery(
     }
     match s.store.redeliver(&tenant, id, number, Utc::now()).await? {
         Redeliver::Queued(d) => {
-            s.deliveries_wake.notify_one();
             tracing::info!(wait_id = %id, delivery = number, "webhook redelivery queued");
             Ok(json_response(StatusCode::ACCEPTED, d))
         }

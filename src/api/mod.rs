@@ -82,8 +82,6 @@ pub struct AppState {
     /// Permits to read history for a stream: at most this many such reads at once,
     /// so replays cannot take every pooled connection.
     pub replays: Arc<tokio::sync::Semaphore>,
-    /// Wakes this replica's webhook deliverer (a redelivery was queued).
-    pub deliveries_wake: Arc<tokio::sync::Notify>,
     /// Asks this replica's worker for the current progress of the waits it holds.
     pub live: crate::worker::live::Live,
     /// What the retention sweep has deleted, for `/metrics`.

@@ -155,7 +155,7 @@ pub(super) async fn block(
             m = rx.recv() => match m {
                 Ok(BusMsg::Notice(n)) => n.wait_id == id && n.is_terminal(),
                 Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => true,
-                Ok(BusMsg::Work) => false,
+                Ok(BusMsg::Work | BusMsg::Deliveries { .. }) => false,
                 Err(RecvError::Closed) => {
                     why = Held::Stopping;
                     break;

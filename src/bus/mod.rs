@@ -33,6 +33,10 @@ pub enum BusMsg {
     Work,
     /// Messages may have been missed: read the table again.
     Resync,
+    /// The outbox may hold a delivery due now: deliveries were inserted (with the
+    /// events they announce), or one was queued again (`requeued`: a client's
+    /// redelivery, which is claimed at once rather than with a burst).
+    Deliveries { requeued: bool },
 }
 
 /// The bus. Cloning is shallow.
@@ -129,7 +133,7 @@ impl Bus {
                     let _ = tx.send(BusMsg::Resync);
                 }
             }
-            BusMsg::Work => {}
+            BusMsg::Work | BusMsg::Deliveries { .. } => {}
         }
         drop(waits);
         let _ = self.tx.send(msg);

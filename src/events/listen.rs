@@ -1,6 +1,6 @@
 //! The replica's LISTEN connection: what other replicas announce on Postgres
-//! (notices of new events, word of work to claim, hosts that asked for quiet)
-//! onto the in-process bus.
+//! (notices of new events, word of work to claim or of deliveries due, hosts that
+//! asked for quiet) onto the in-process bus.
 //!
 //! A listener that reconnects has missed whatever was sent while it was away, so
 //! it publishes [`BusMsg::Resync`] and subscribers read the table again.
@@ -13,7 +13,7 @@ use sqlx::postgres::PgListener;
 
 use crate::bus::HostPause;
 use crate::bus::{Bus, BusMsg, Notice};
-use crate::store::postgres::{EVENTS_CHANNEL, PAUSE_CHANNEL, WORK_CHANNEL};
+use crate::store::postgres::{DELIVERIES_CHANNEL, EVENTS_CHANNEL, PAUSE_CHANNEL, WORK_CHANNEL};
 
 /// Runs until `shutdown` resolves, reconnecting with a short backoff while the
 /// database is away.
@@ -24,8 +24,13 @@ pub async fn run(pool: PgPool, bus: Bus, shutdown: impl Future<Output = ()>) {
     loop {
         let connected = async {
             let mut l = PgListener::connect_with(&pool).await?;
-            l.listen_all([EVENTS_CHANNEL, WORK_CHANNEL, PAUSE_CHANNEL])
-                .await?;
+            l.listen_all([
+                EVENTS_CHANNEL,
+                WORK_CHANNEL,
+                DELIVERIES_CHANNEL,
+                PAUSE_CHANNEL,
+            ])
+            .await?;
             Ok::<_, sqlx::Error>(l)
         };
         let mut listener = tokio::select! {
@@ -56,6 +61,11 @@ pub async fn run(pool: PgPool, bus: Bus, shutdown: impl Future<Output = ()>) {
             };
             match next {
                 Ok(Some(n)) if n.channel() == WORK_CHANNEL => bus.publish(BusMsg::Work),
+                Ok(Some(n)) if n.channel() == DELIVERIES_CHANNEL => {
+                    bus.publish(BusMsg::Deliveries {
+                        requeued: n.payload() == "redelivered",
+                    })
+                }
                 Ok(Some(n)) if n.channel() == PAUSE_CHANNEL => {
                     if let Some(p) = HostPause::decode(n.payload()) {
                         bus.publish_pause(p);

@@ -1,10 +1,10 @@
 //! The claim loop: takes due deliveries from the outbox under a lease, as many as
 //! there are free slots and in the tenants' turns, and starts their attempts.
 //!
-//! It wakes on the deliveries notice ([`super::doorbell`]), when a retry it
-//! scheduled falls due, when a redelivery is queued or a retry written
-//! ([`super::Deliverer::wake`]), when an attempt ends, when a receiver is about to
-//! stall, and at least every [`IDLE`].
+//! It wakes on the deliveries notice ([`super::doorbell`]: deliveries inserted),
+//! when a retry it scheduled falls due, at once when a retry is written or a
+//! redelivery queued ([`super::Deliverer::wake`]), when an attempt ends, when a
+//! receiver is about to stall, and at least every [`IDLE`].
 
 use std::future::Future;
 use std::sync::Arc;

@@ -10,9 +10,9 @@
 //! mid-attempt loses its lease, and another replica sends the same delivery again
 //! with the same `webhook-id`: at least once.
 //!
-//! The parts, one a file: the claim loop ([`claim`]), woken by a deliveries notice
-//! ([`doorbell`]), by its own retries falling due, by a redelivery and at least
-//! every [`IDLE`]; one attempt and the one way its outcome is made ([`attempt`],
+//! The parts, one a file: the claim loop ([`claim`]), woken by the deliveries
+//! notice ([`doorbell`]: deliveries inserted or queued again, on any replica), by
+//! its own retries falling due and at least every [`IDLE`]; one attempt and the one way its outcome is made ([`attempt`],
 //! over [`crate::outbound`]); the outcome writer ([`writer`]); and how attempts
 //! are shared ([`share`]): a tenant has at most its share of them in flight, and
 //! each of its receivers half of that, so a receiver that hangs costs its own
@@ -70,7 +70,8 @@ pub struct Deliverer {
     pub metrics: Arc<Metrics>,
     pub owner: Uuid,
     pub cfg: NotifyConfig,
-    /// Notified when a client queues a redelivery.
+    /// Wakes the claim at once: a retry written, a redelivery queued (deliveries
+    /// inserted ring the [`doorbell`] instead).
     pub wake: Arc<Notify>,
     /// Where each attempt's written outcome is reported (see
     /// [`crate::worker::Signal::Attempted`]).
@@ -92,8 +93,8 @@ impl Deliverer {
         ));
         let bell = doorbell::Doorbell::default();
         let relay = tokio::spawn({
-            let (bus, bell) = (self.bus.clone(), bell.clone());
-            async move { doorbell::relay(&bus, bell).await }
+            let (bus, bell, now) = (self.bus.clone(), bell.clone(), self.wake.clone());
+            async move { doorbell::relay(&bus, bell, &now).await }
         });
         let me = Arc::new(Running { d: self, writes });
         claim::run(me, client, bell, stop).await;

@@ -33,6 +33,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0012_groups.sql",
     "0013_traces.sql",
     "0014_placement.sql",
+    "0015_deliveries_notice.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":

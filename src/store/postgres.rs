@@ -27,10 +27,21 @@ macro_rules! work_channel {
 /// The channel that tells replicas there is work to claim (waits created or
 /// released).
 pub const WORK_CHANNEL: &str = work_channel!();
+/// [`DELIVERIES_CHANNEL`] as a literal, for statements that name it.
+macro_rules! deliveries_channel {
+    () => {
+        "waitd_deliveries"
+    };
+}
+/// The channel that tells every replica's deliverer that the outbox may hold a
+/// delivery due now: sent by the statement that inserts deliveries (a trigger, see
+/// `migrations/postgres/0015_deliveries_notice.sql`) or queues one again, so that
+/// it goes out with their commit.
+pub const DELIVERIES_CHANNEL: &str = deliveries_channel!();
 /// The channel on which replicas tell each other of a host that asked for quiet.
 pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
-// After `work_channel!`, which `waits` uses.
+// After `work_channel!` and `deliveries_channel!`, which `waits` and `outbox` use.
 mod events;
 mod groups;
 mod leases;

@@ -148,9 +148,15 @@ impl SqliteDialect {
         self.name.clone()
     }
 
+    /// After a commit that wrote events: their notices, and the deliverer's wake
+    /// (the outbox trigger may have inserted deliveries with them).
     fn publish(&self, notices: Vec<Notice>) {
+        let wrote = !notices.is_empty();
         for n in notices {
             self.bus.publish(BusMsg::Notice(n));
+        }
+        if wrote {
+            self.bus.publish(BusMsg::Deliveries { requeued: false });
         }
     }
 

@@ -531,6 +531,7 @@ impl Loop {
                 }
             }
             Ok(BusMsg::Work) | Ok(BusMsg::Resync) => self.claim_again = true,
+            Ok(BusMsg::Deliveries { .. }) => {}
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 // Missed notices: the next renewal finds any wait we lost.
                 self.claim_again = true;

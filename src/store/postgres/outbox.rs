@@ -244,6 +244,14 @@ impl PgDialect {
         .bind(endpoint)
         .execute(&mut *tx)
         .await?;
+        // Every replica's deliverer hears of it with the commit.
+        sqlx::query(concat!(
+            "SELECT pg_notify('",
+            deliveries_channel!(),
+            "', 'redelivered')"
+        ))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(Requeue::Queued)
     }

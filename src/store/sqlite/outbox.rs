@@ -9,6 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{SqliteDialect, at, ms};
+use crate::bus::BusMsg;
 use crate::model::{DeliveryStatus, DropReason};
 use crate::store::StoreError;
 use crate::store::deliveries::{
@@ -244,6 +245,8 @@ impl SqliteDialect {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        // The outbox is in this process: its deliverer hears of it at once.
+        self.bus.publish(BusMsg::Deliveries { requeued: true });
         Ok(Requeue::Queued)
     }
 
