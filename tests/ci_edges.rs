@@ -244,16 +244,18 @@ async fn every_end_is_counted_once_whoever_ended_it() {
     let app = App::start(&db).await;
     let slow = up.script("/slow", vec![Reply::status("deploying")]);
     let fast = up.script("/fast", vec![Reply::status("on")]);
+    let mut heard = app.heard();
     let (_, w) = app.create(spec(&slow)).await;
     let id = w["id"].as_str().unwrap().to_string();
     let (_, w) = app.create(spec(&fast)).await;
-    app.wait_end(w["id"].as_str().unwrap()).await;
+    let fast_id = w["id"].as_str().unwrap().to_string();
+    app.wait_end(&fast_id).await;
     for _ in 0..2 {
         let (status, w) = app.post(&format!("/waits/{id}/cancel")).await;
         assert_eq!((status, w["status"].as_str()), (200, Some("canceled")));
     }
     // The worker counts an end once its write is back, a moment after readers can
-    // see it.
+    // see it (a cancel is counted before it is answered).
     let counted = |metrics: &str| {
         [("canceled", 1), ("succeeded", 1), ("error", 0)]
             .iter()
@@ -267,8 +269,9 @@ async fn every_end_is_counted_once_whoever_ended_it() {
         let r = app.client.get(app.url("/metrics")).send().await.unwrap();
         r.text().await.unwrap()
     };
-    let ok = eventually(Duration::from_secs(3), || async { counted(&read().await) }).await;
-    assert!(ok, "{}", read().await);
+    heard.ended(&fast_id).await;
+    let metrics = read().await;
+    assert!(counted(&metrics), "{metrics}");
     // And no more afterwards: the second cancel found it ended.
     // The point: the count does not grow during this interval.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -46,6 +46,8 @@ struct Hostile {
     base: String,
     plays: Arc<Mutex<HashMap<String, Play>>>,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    /// Told of every request.
+    hit: Arc<tokio::sync::Notify>,
 }
 
 impl Hostile {
@@ -54,13 +56,14 @@ impl Hostile {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let plays: Arc<Mutex<HashMap<String, Play>>> = Arc::default();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let (p, h) = (plays.clone(), hits.clone());
+        let hit = Arc::new(tokio::sync::Notify::new());
+        let (p, h, n) = (plays.clone(), hits.clone(), hit.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((mut sock, _)) = listener.accept().await else {
                     continue;
                 };
-                let (p, h) = (p.clone(), h.clone());
+                let (p, h, n) = (p.clone(), h.clone(), n.clone());
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 8192];
                     let mut got = Vec::new();
@@ -74,6 +77,7 @@ impl Hostile {
                     let head = String::from_utf8_lossy(&got).to_string();
                     let path = head.split(' ').nth(1).unwrap_or("/").to_string();
                     *h.lock().unwrap().entry(path.clone()).or_default() += 1;
+                    n.notify_waiters();
                     let play = p.lock().unwrap().get(&path).cloned();
                     let Some(play) = play else {
                         let _ = sock
@@ -121,7 +125,12 @@ impl Hostile {
                 });
             }
         });
-        Hostile { base, plays, hits }
+        Hostile {
+            base,
+            plays,
+            hits,
+            hit,
+        }
     }
 
     fn play(&self, path: &str, play: Play) -> String {
@@ -131,6 +140,23 @@ impl Hostile {
 
     fn hits(&self, path: &str) -> usize {
         self.hits.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+
+    /// Whether `path` has had at least `n` requests within `within`: woken by each
+    /// request, not by a clock.
+    async fn hit(&self, path: &str, n: usize, within: Duration) -> bool {
+        let heard = async {
+            loop {
+                let next = self.hit.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if self.hits(path) >= n {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
     }
 }
 
@@ -373,10 +399,9 @@ async fn a_wait_whose_polls_keep_killing_their_replica_is_ended_after_three_on_b
         // Three times: the poll is in flight (the target holds it), and the replica
         // dies — as if the answer had killed it.
         for round in 1..=3 {
-            let seen = support::eventually(Duration::from_secs(10), || async {
-                up.hits("/hang") >= hits_before + round
-            })
-            .await;
+            let seen = up
+                .hit("/hang", hits_before + round, Duration::from_secs(10))
+                .await;
             assert!(
                 seen,
                 "poll {round} never reached the target:\n{}",
@@ -429,10 +454,7 @@ async fn a_healthy_wait_taken_over_again_and_again_is_never_ended_by_the_crash_l
             // recorded (a held wait has one poll or write in flight), so the store
             // has heard that the first poll since the claim completed.
             let hits = up.hits("/steady");
-            let polled = support::eventually(Duration::from_secs(15), || async {
-                up.hits("/steady") >= hits + 2
-            })
-            .await;
+            let polled = up.hit("/steady", hits + 2, Duration::from_secs(15)).await;
             assert!(
                 polled,
                 "round {round}: not polled again:\n{}",

@@ -169,23 +169,29 @@ async fn running(db: &PgPool) -> i64 {
 
 /// Whether every wait running now ends within `within`; how long it took, if so.
 /// Asked of `r` with the blocking GET (`?wait=`), the API's own notice that a wait
-/// ended, one wait after another, rather than by polling the table; then the table
-/// is read once, so that it says the same.
+/// ended, 64 waits at a time, rather than by polling the table; then the
+/// table is read once, so that it says the same.
 async fn all_end(r: &Replica, db: &PgPool, within: Duration) -> Option<Duration> {
+    use futures_util::StreamExt;
     let started = Instant::now();
     let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM waits WHERE status = 'running'")
         .fetch_all(db)
         .await
         .unwrap();
     let c = client();
-    for id in ids {
-        let left = within.saturating_sub(started.elapsed()).as_millis().max(1);
-        let a = send(c.get(r.url(&format!("/waits/{id}?wait={left}ms")))).await;
-        if a.status != 200 || a.body["status"] == "running" {
-            return None;
-        }
-    }
-    (running(db).await == 0).then(|| started.elapsed())
+    let ended: Vec<bool> = futures_util::stream::iter(ids)
+        .map(|id| {
+            let left = within.saturating_sub(started.elapsed()).as_millis().max(1);
+            let req = c.get(r.url(&format!("/waits/{id}?wait={left}ms")));
+            async move {
+                let a = send(req).await;
+                a.status == 200 && a.body["status"] != "running"
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    (ended.iter().all(|e| *e) && running(db).await == 0).then(|| started.elapsed())
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -300,7 +306,9 @@ async fn start_all(
 /// claimed, so one read of the table tells).
 async fn all_owned_and_polled(db: &PgPool, up: &Recorder, paths: &[String], n: usize) -> bool {
     let polled = up
-        .hit_when(Duration::from_secs(10), |up| up.each_hit(paths, n))
+        .hit_when(Duration::from_secs(10), |hits| {
+            each_hit(hits, paths, n, up.started())
+        })
         .await;
     let unowned: i64 =
         sqlx::query_scalar("SELECT count(*) FROM waits WHERE status = 'running' AND owner IS NULL")
@@ -783,17 +791,19 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let streams_closed = f_wait.done() && f_all.done();
 
     // Takeover: each orphan's first poll by the survivor.
-    let got_all = until(Duration::from_secs(8), || async {
-        let polled: HashSet<String> = attribute(&up, &rs)
-            .into_iter()
-            .filter(|(h, r)| h.at > t_term && *r == Some(survivor))
-            .map(|(h, _)| h.path)
-            .collect();
-        orphans
-            .iter()
-            .all(|id| polled.contains(path_of[id].trim_start_matches('/')))
-    })
-    .await;
+    let got_all = up
+        .hit_when(Duration::from_secs(8), |hits| {
+            let by = Some(rs[survivor].name.as_str());
+            let polled: HashSet<&str> = hits
+                .iter()
+                .filter(|h| h.at > t_term && h.replica.as_deref() == by)
+                .map(|h| h.path.as_str())
+                .collect();
+            orphans
+                .iter()
+                .all(|id| polled.contains(path_of[id].trim_start_matches('/')))
+        })
+        .await;
     let att = attribute(&up, &rs);
     let mut takeovers: Vec<Duration> = orphans
         .iter()
@@ -856,7 +866,7 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
         [orphans.len() as u64],
         "the victim released {released:?} leases"
     );
-    assert!(got_all.is_some(), "not every orphan was polled again");
+    assert!(got_all, "not every orphan was polled again");
     assert_eq!(
         takeovers.len(),
         orphans.len(),
@@ -1003,7 +1013,7 @@ async fn a_postgres_restart_mid_flight_answers_503_then_resumes_every_replica_an
     })
     .await;
     up.set_all(&paths, "on");
-    let ended = until(Duration::from_secs(8), || async { running(&pg).await == 0 }).await;
+    let ended = all_end(&rs[0], &pg, Duration::from_secs(8)).await;
     let after = rows(&pg).await;
     let hist = histories(&pg).await;
     let total_events: usize = hist.values().map(Vec::len).sum();
@@ -1108,11 +1118,7 @@ async fn an_sse_follower_on_replica_b_sees_live_events_of_a_wait_polled_by_repli
 
     let f_all = Follower::start(b.url("/events?label=test:sse"), false);
     assert!(
-        until(Duration::from_secs(5), || async {
-            f_all.attempts().contains(&200)
-        })
-        .await
-        .is_some(),
+        f_all.opened(Duration::from_secs(5)).await,
         "the global stream did not open"
     );
     let url = up.set_status("/sse/1", "deploying");
@@ -1326,12 +1332,15 @@ async fn cut_off(cut: fn(&PgCluster), heal: fn(&PgCluster), how: &str) {
 
     // Afterwards: everything resumes and ends once.
     let pg = pool(&cluster.url).await;
-    let resumed = until(TTL + CLAIM_SWEEP + Duration::from_secs(8), || async {
-        paths.iter().all(|p| !up.hits_of(p, t_heal).is_empty())
-    })
-    .await;
+    let looking = Instant::now();
+    let resumed = up
+        .hit_when(TTL + CLAIM_SWEEP + Duration::from_secs(8), |hits| {
+            each_hit(hits, &paths, 1, t_heal)
+        })
+        .await
+        .then(|| looking.elapsed());
     up.set_all(&paths, "on");
-    let ended = until(Duration::from_secs(8), || async { running(&pg).await == 0 }).await;
+    let ended = all_end(&rs[0], &pg, Duration::from_secs(8)).await;
     eprintln!(
         "  after healing ({how}): every wait polled again within {}",
         resumed.map(ms).unwrap_or("never".into())
@@ -1431,11 +1440,12 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
             *m.entry(who).or_default() += 1;
             m
         });
-    let resumed = until(TTL + CLAIM_SWEEP + Duration::from_secs(5), || async {
-        paths.iter().all(|p| !up.hits_of(p, t_free).is_empty())
-    })
-    .await
-    .map(|_| t_free.elapsed());
+    let resumed = up
+        .hit_when(TTL + CLAIM_SWEEP + Duration::from_secs(5), |hits| {
+            each_hit(hits, &paths, 1, t_free)
+        })
+        .await
+        .then(|| t_free.elapsed());
     let (dp, dp_path, _, _) = double_polling(&up, &rs, INTERVAL);
     eprintln!(
         "database stall of {} (lease TTL {}): last poll {} into it, {polls_after_lease} polls after the lease ran out; \
@@ -1449,7 +1459,7 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
         ms(dp),
     );
     up.set_all(&paths, "on");
-    let ended = until(Duration::from_secs(8), || async { running(&pg).await == 0 }).await;
+    let ended = all_end(&rs[0], &pg, Duration::from_secs(8)).await;
     let after = rows(&pg).await;
     check_histories(&after, &histories(&pg).await);
     assert!(ended.is_some() && after.values().all(|r| r.status == "succeeded"));
@@ -1693,8 +1703,10 @@ async fn a_cancel_racing_success_at_the_same_instant_ends_the_wait_once() {
         let urls: Vec<String> = paths.iter().map(|p| up.set(p, Behavior::Hold)).collect();
         let ids = create_all(&[&a], &urls, Duration::from_millis(50), "race").await;
         assert!(
-            up.hit_when(Duration::from_secs(5), |up| up.each_hit(&paths, 1))
-                .await,
+            up.hit_when(Duration::from_secs(5), |hits| {
+                each_hit(hits, &paths, 1, up.started())
+            })
+            .await,
             "the held probes did not all arrive"
         );
         let base = tokio::time::Instant::now() + Duration::from_millis(50);

@@ -321,6 +321,27 @@ async fn share_that_is_not_a_boolean_is_a_400() {
 struct Tagged {
     state: Arc<Mutex<String>>,
     conditions: Arc<Mutex<Vec<Option<String>>>>,
+    /// Told of every request.
+    asked: Arc<tokio::sync::Notify>,
+}
+
+impl Tagged {
+    /// Whether `check` holds of the requests so far within `within`: looked at
+    /// again as each request comes, not on a clock.
+    async fn asked(&self, within: Duration, check: impl Fn(&[Option<String>]) -> bool) -> bool {
+        let heard = async {
+            loop {
+                let next = self.asked.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if check(&self.conditions.lock().unwrap()) {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
+    }
 }
 
 async fn tagged_upstream(always_304: bool) -> (String, Tagged) {
@@ -338,6 +359,7 @@ async fn tagged_upstream(always_304: bool) -> (String, Tagged) {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
                 t.conditions.lock().unwrap().push(seen.clone());
+                t.asked.notify_waiters();
                 let state = t.state.lock().unwrap().clone();
                 let tag = format!("\"{state}\"");
                 if always_304 || seen.as_deref() == Some(tag.as_str()) {
@@ -369,17 +391,15 @@ async fn a_tag_makes_the_next_request_conditional(app: &App, share: bool) {
     let (code, created) = app.create(s).await;
     assert_eq!(code, 201, "{created}");
     let id = created["id"].as_str().unwrap();
-    let conditional = || {
-        tagged
-            .conditions
-            .lock()
-            .unwrap()
-            .iter()
+    let conditional = |seen: &[Option<String>]| {
+        seen.iter()
             .filter(|c| c.as_deref() == Some("\"deploying\""))
             .count()
     };
     assert!(
-        eventually(Duration::from_secs(10), || async { conditional() >= 3 }).await,
+        tagged
+            .asked(Duration::from_secs(10), |seen| conditional(seen) >= 3)
+            .await,
         "{:?}",
         tagged.conditions.lock().unwrap()
     );

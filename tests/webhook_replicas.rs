@@ -129,14 +129,22 @@ async fn two_replicas_deliver_the_ends_of_500_waits_that_end_at_once_each_exactl
         .collect();
     up.set_all(&paths, "on");
     let flipped = Instant::now();
-    let arrived = poll_for(Duration::from_secs(30), || async {
-        let got = rx.got("/ends");
-        let distinct: HashSet<String> = got.iter().map(|r| r.header("webhook-id")).collect();
-        (distinct.len() >= N).then_some(got)
-    })
-    .await;
-    let got = arrived
-        .unwrap_or_else(|| panic!("only {} of {N} deliveries arrived", rx.got("/ends").len()));
+    let arrived = rx
+        .received(Duration::from_secs(30), |got| {
+            let distinct: HashSet<String> = got
+                .iter()
+                .filter(|r| r.path == "ends")
+                .map(|r| r.header("webhook-id"))
+                .collect();
+            distinct.len() >= N
+        })
+        .await;
+    assert!(
+        arrived,
+        "only {} of {N} deliveries arrived",
+        rx.got("/ends").len()
+    );
+    let got = rx.got("/ends");
     let all = flipped.elapsed();
     let mut per_id: HashMap<String, usize> = HashMap::new();
     for r in &got {

@@ -54,7 +54,7 @@ pub struct Follower {
     pub attempts: Arc<Mutex<Vec<u16>>>,
     kick: Arc<Notify>,
     done: Arc<AtomicBool>,
-    /// Told of every event received.
+    /// Told of every event received, and of each stream opened.
     received: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -84,6 +84,7 @@ impl Follower {
                 match req.send().await {
                     Ok(r) if r.status() == StatusCode::OK => {
                         a.lock().unwrap().push(200);
+                        r_.notify_waiters();
                         let mut events =
                             eventsource_stream::Eventsource::eventsource(r.bytes_stream());
                         loop {
@@ -152,12 +153,23 @@ impl Follower {
     /// Whether `f` holds of what was seen within `within`: looked at again as
     /// each event is received, not on a clock.
     pub async fn seen_when(&self, within: Duration, f: impl Fn(&[Seen]) -> bool) -> bool {
+        self.heard_when(within, || f(&self.seen.lock().unwrap()))
+            .await
+    }
+
+    /// Whether a stream opened (a 200) within `within`.
+    pub async fn opened(&self, within: Duration) -> bool {
+        self.heard_when(within, || self.attempts.lock().unwrap().contains(&200))
+            .await
+    }
+
+    async fn heard_when(&self, within: Duration, check: impl Fn() -> bool) -> bool {
         let heard = async {
             loop {
                 let next = self.received.notified();
                 tokio::pin!(next);
                 next.as_mut().enable();
-                if f(&self.seen.lock().unwrap()) {
+                if check() {
                     return;
                 }
                 next.await;

@@ -148,23 +148,23 @@ impl Receiver {
     /// Until `n` requests reached `path` (or `within` passes): whether they did.
     /// Looked at again as each request arrives, not on a clock.
     pub async fn until_got(&self, path: &str, n: usize, within: Duration) -> bool {
+        let key = path.trim_start_matches('/');
+        self.received(within, |got| {
+            got.iter().filter(|r| r.path == key).count() >= n
+        })
+        .await
+    }
+
+    /// Whether `check` holds of everything that reached it within `within`: looked
+    /// at again as each request arrives, not on a clock.
+    pub async fn received(&self, within: Duration, check: impl Fn(&[Received]) -> bool) -> bool {
         let arrived = self.inner.lock().unwrap().arrived.clone();
         let heard = async {
             loop {
                 let next = arrived.notified();
                 tokio::pin!(next);
                 next.as_mut().enable();
-                let key = path.trim_start_matches('/');
-                if self
-                    .inner
-                    .lock()
-                    .unwrap()
-                    .got
-                    .iter()
-                    .filter(|r| r.path == key)
-                    .count()
-                    >= n
-                {
+                if check(&self.inner.lock().unwrap().got) {
                     return;
                 }
                 next.await;

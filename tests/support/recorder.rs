@@ -108,38 +108,30 @@ impl Recorder {
         self.inner.changed.notify_waiters();
     }
 
+    /// When it started: every hit is at or after it.
+    pub fn started(&self) -> Instant {
+        self.inner.started
+    }
+
     pub fn hits(&self) -> Vec<Hit> {
         self.inner.state.lock().unwrap().hits.clone()
     }
 
-    /// Whether `check` holds of the hits within `within`: looked at again as each
-    /// hit is recorded, not on a clock.
-    pub async fn hit_when(&self, within: Duration, check: impl Fn(&Recorder) -> bool) -> bool {
+    /// Whether `check` holds of the hits within `within`: looked at again (under
+    /// the lock, without a copy) as each hit is recorded, not on a clock.
+    pub async fn hit_when(&self, within: Duration, check: impl Fn(&[Hit]) -> bool) -> bool {
         let heard = async {
             loop {
                 let next = self.inner.hit.notified();
                 tokio::pin!(next);
                 next.as_mut().enable();
-                if check(self) {
+                if check(&self.inner.state.lock().unwrap().hits) {
                     return;
                 }
                 next.await;
             }
         };
         tokio::time::timeout(within, heard).await.is_ok()
-    }
-
-    /// Whether every one of `paths` has had at least `n` hits: one pass over the
-    /// hits, so that it can be looked at on every hit.
-    pub fn each_hit(&self, paths: &[String], n: usize) -> bool {
-        let st = self.inner.state.lock().unwrap();
-        let mut counts: HashMap<&str, usize> = HashMap::new();
-        for h in &st.hits {
-            *counts.entry(h.path.as_str()).or_default() += 1;
-        }
-        paths
-            .iter()
-            .all(|p| counts.get(key(p).as_str()).copied().unwrap_or(0) >= n)
     }
 
     pub fn count(&self, path: &str) -> usize {
@@ -204,6 +196,18 @@ async fn answer(
             None => return (StatusCode::NOT_FOUND, "no script").into_response(),
         }
     }
+}
+
+/// Whether every one of `paths` has had at least `n` of `hits` at or after
+/// `since`: one pass over them, so that it can be looked at on every hit.
+pub fn each_hit(hits: &[Hit], paths: &[String], n: usize, since: Instant) -> bool {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for h in hits.iter().filter(|h| h.at >= since) {
+        *counts.entry(h.path.as_str()).or_default() += 1;
+    }
+    paths
+        .iter()
+        .all(|p| counts.get(key(p).as_str()).copied().unwrap_or(0) >= n)
 }
 
 /// Per path, its hits in time order with their replica.
