@@ -60,9 +60,9 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
         .unwrap();
     assert_eq!(r.status(), 409);
     let hits = up.hits("/s/2");
-    // The point: nothing more is polled while the worker goes round 20 times (a
+    // The point: nothing more is polled while the worker goes round 10 times (a
     // negative: a bounded window, anchored to the worker's progress).
-    app.turns(&up, 20).await;
+    app.turns(&up, 10).await;
     assert_eq!(up.hits("/s/2"), hits, "polling stopped after the cancel");
     app.stop().await.0.unwrap();
 }

@@ -459,13 +459,14 @@ async fn canceling_a_running_wait_stops_its_polling() {
     assert_eq!(w["status"], "canceled", "{w}");
     assert!(w["finished_at"].is_string(), "{w}");
     assert!(w["reason"].is_string(), "{w}");
-    // Let a probe that was already in flight land (the worker goes round 20
+    // Let a probe that was already in flight land (the worker goes round 10
     // times), then watch for more.
-    app.turns(&up, 20).await;
+    app.turns(&up, 10).await;
     let settled = up.hits("/s/1");
-    // The point: no poll lands while the worker goes round 40 times more (a
-    // negative: a bounded window, anchored to the worker's progress).
-    app.turns(&up, 40).await;
+    // The point: no poll lands while the worker goes round 20 times more, each
+    // time past a poll of another wait (a negative: a bounded window, anchored
+    // to the worker's progress; the canceled wait polled every 5 ms).
+    app.turns(&up, 20).await;
     assert_eq!(
         up.hits("/s/1"),
         settled,
