@@ -249,23 +249,33 @@ impl Browser {
     }
 
     /// Waits until the element `css` is shown, then clicks it as a person would.
+    /// The page re-renders a view when an event arrives, so the element found may
+    /// be replaced before the click lands ("stale element"): then it is found
+    /// again, as a person would find the new button.
     async fn click(&self, css: &str) {
-        self.until(
-            &format!("a clickable {css}"),
-            PATIENCE,
-            "const n = document.querySelector(arguments[0]); \
-             return !!n && !n.closest('[hidden]') && !n.disabled && n.getClientRects().length > 0;",
-            vec![json!(css)],
-            truthy,
-        )
-        .await;
-        self.c
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .click()
-            .await
-            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+        let until = Instant::now() + PATIENCE;
+        loop {
+            self.until(
+                &format!("a clickable {css}"),
+                PATIENCE,
+                "const n = document.querySelector(arguments[0]); \
+                 return !!n && !n.closest('[hidden]') && !n.disabled && n.getClientRects().length > 0;",
+                vec![json!(css)],
+                truthy,
+            )
+            .await;
+            let clicked = match self.c.find(Locator::Css(css)).await {
+                Ok(n) => n.click().await,
+                Err(e) => Err(e),
+            };
+            match clicked {
+                Ok(()) => return,
+                Err(e) if e.to_string().contains("stale element") && Instant::now() < until => {
+                    continue;
+                }
+                Err(e) => panic!("click {css}: {e}"),
+            }
+        }
     }
 
     /// Types the token into the form the page shows when the API answers 401.
