@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::support::collector::{Collector, Span};
 use crate::support::issuer::{CLIENT_ID, Issuer};
 use crate::support::receiver::Receiver;
-use crate::support::replica::Replica;
+use crate::support::replica::{Replica, rss_kib};
 use crate::support::*;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -258,15 +258,6 @@ fn metric(text: &str, line: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(line))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
 

@@ -223,10 +223,20 @@ impl Drop for Replica {
 
 /// The peak resident set of process `pid`, in KiB (VmHWM), 0 when unreadable.
 pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// A process's resident memory now, in KiB (`VmRSS`).
+pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// One "… kB" line of `/proc/<pid>/status`; 0 when it cannot be read.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
