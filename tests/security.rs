@@ -7,8 +7,8 @@
 use crate::support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
@@ -192,85 +192,55 @@ async fn db_dump(db: &TestDb) -> String {
     all
 }
 
-/// A `waitd` process of the real binary; SIGKILLed (by its pid) on drop.
+/// A `waitd` process of the real binary, whose log lines and exit are heard as they
+/// happen ([`support::replica::Watched`]); SIGKILLed on drop.
 struct Proc {
-    child: Child,
-    log: PathBuf,
+    proc: support::replica::Watched,
 }
 
 impl Proc {
     fn spawn(args: &[&str], rust_log: &str, log: PathBuf) -> Proc {
-        let file = std::fs::File::create(&log).expect("create the log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_waitd"))
+        std::fs::File::create(&log).expect("create the log file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_waitd"));
+        command
             .args(args)
             .env("RUST_LOG", rust_log)
             .env("NO_COLOR", "1")
             .env_remove("WAITD_TOKENS")
-            .env_remove("WAITD_ALLOW_ANONYMOUS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("spawn the waitd binary");
-        Proc { child, log }
+            .env_remove("WAITD_ALLOW_ANONYMOUS");
+        Proc {
+            proc: support::replica::Watched::spawn(command, &log),
+        }
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.proc.log_text()
     }
 
-    /// Waits until `url` answers 2xx; panics with the log if the process exits first.
+    /// Until it logs "waitd listening" (its `rust_log` must let INFO lines of `waitd`
+    /// through), then `url` must answer 2xx; panics with the log if it exits first.
     async fn ready(&mut self, url: &str) {
-        let client = client();
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = client.get(url).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!(
-                    "waitd exited ({st}) before it was ready:\n{}",
-                    self.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < until,
-                "waitd not ready:\n{}",
-                self.log_text()
-            );
-            // Polls readiness (with a deadline and an exit check above).
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Err(why) = self.proc.listening(Duration::from_secs(20)).await {
+            panic!("waitd {why}:\n{}", self.log_text());
         }
+        let answer = client().get(url).send().await;
+        assert!(
+            answer.as_ref().is_ok_and(|r| r.status().is_success()),
+            "waitd listens but {url} answered {:?}:\n{}",
+            answer.map(|r| r.status()),
+            self.log_text()
+        );
     }
 
     /// Its exit status, if it exits within `within`.
     async fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let until = Instant::now() + within;
-        while Instant::now() < until {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Some(st);
-            }
-            // Polls for the exit, within `within`.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
+        self.proc.exit(within).await
     }
 
     /// SIGTERM, and the exit status if it exits within 20 s.
     async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        self.proc.signal("TERM");
         self.exit_within(Duration::from_secs(20)).await
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
