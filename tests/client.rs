@@ -8,7 +8,7 @@ use crate::support;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
@@ -163,25 +163,21 @@ impl Live {
 
     /// Waits for the process to exit; returns its code, stdout lines and stderr.
     pub(crate) async fn finish(mut self) -> (i32, Vec<String>, String) {
-        let started = Instant::now();
-        let code = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status.code().unwrap_or(-1);
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "waitd did not exit"
-            );
-            // Polls for the exit, with a deadline.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        // The reader threads have read both pipes to their end.
+        // The reader threads have read both pipes to their end: the process closed
+        // them, as it does when it exits.
         let drained = self
-            .read_until(Duration::from_secs(5), || {
+            .read_until(Duration::from_secs(20), || {
                 self.drained.load(std::sync::atomic::Ordering::SeqCst) == 2
             })
             .await;
-        assert!(drained, "waitd's output was not read to its end");
+        assert!(
+            drained,
+            "waitd did not exit: its output did not end (stdout {:?}, stderr {:?})",
+            self.lines(),
+            self.stderr.lock().unwrap()
+        );
+        // It has exited, or is a moment from it: reaping it does not block.
+        let code = self.child.wait().unwrap().code().unwrap_or(-1);
         let stderr = self.stderr.lock().unwrap().clone();
         (code, self.lines(), stderr)
     }
