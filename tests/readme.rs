@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::TempDir;
 
@@ -85,7 +85,7 @@ fn the_readme_examples_run_as_written() {
     );
     let out_path = dir.path.join("out.log");
     let out = std::fs::File::create(&out_path).unwrap();
-    let mut child = Command::new("bash")
+    let child = Command::new("bash")
         .arg("-c")
         .arg(&script)
         .env("PATH", path)
@@ -102,20 +102,24 @@ fn the_readme_examples_run_as_written() {
         .process_group(0)
         .spawn()
         .expect("run bash");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let group = child.id();
+    // Its exit, heard by a thread that reaps it.
+    let (exited, exit) = std::sync::mpsc::channel();
+    let reaper = std::thread::spawn(move || {
+        let mut child = child;
+        let status = child.wait();
+        let _ = exited.send(());
+        status
+    });
+    let finished = exit.recv_timeout(Duration::from_secs(120)).is_ok();
     let _ = Command::new("kill")
-        .args(["-TERM", "--", &format!("-{}", child.id())])
+        .args(["-TERM", "--", &format!("-{group}")])
         .status();
-    let _ = child.wait();
+    let status = reaper
+        .join()
+        .expect("the reaper did not panic")
+        .expect("wait for bash");
+    let status = finished.then_some(status);
     let mut output = String::new();
     std::fs::File::open(&out_path)
         .unwrap()
