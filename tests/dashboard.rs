@@ -18,6 +18,7 @@ mod forms;
 #[path = "dashboard/groups.rs"]
 mod groups;
 
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 use support::replica::Replica;
@@ -108,36 +109,55 @@ impl Browser {
         let chromedriver = tool("chromedriver");
         let dir = support::TempDir::new("waitd-browser");
         let profile = dir.path.join("profile");
-        let log = std::fs::File::create(dir.path.join("chromedriver.log")).unwrap();
+        let log_path = dir.path.join("chromedriver.log");
+        // Appended to by the driver (stderr) and by the thread that reads its stdout.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
         let port = support::replica::free_port();
         let mut driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stdout(Stdio::piped())
+            .stderr(log.try_clone().unwrap())
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", chromedriver.display()));
+        // It says on stdout once it serves: its lines go on to the log, and that one
+        // is heard. The sender dropped unsent means its output ended first.
+        let (said, started) = tokio::sync::oneshot::channel::<()>();
+        let out = driver.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let (mut log, mut said) = (log, Some(said));
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = writeln!(log, "{line}");
+                if line.contains("ChromeDriver was started successfully")
+                    && let Some(said) = said.take()
+                {
+                    let _ = said.send(());
+                }
+            }
+        });
         let driver_url = format!("http://127.0.0.1:{port}");
-        let http = support::client();
-        let until = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(r) = http.get(format!("{driver_url}/status")).send().await
-                && r.status().is_success()
-            {
-                break;
-            }
-            let log =
-                std::fs::read_to_string(dir.path.join("chromedriver.log")).unwrap_or_default();
-            if let Ok(Some(st)) = driver.try_wait() {
-                panic!("chromedriver exited ({st}) before it answered; its log:\n{log}");
-            }
-            if Instant::now() > until {
+        let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        match tokio::time::timeout(Duration::from_secs(15), started).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
                 kill_group(&mut driver);
-                panic!("chromedriver did not answer on port {port} within 15 s; its log:\n{log}");
+                panic!(
+                    "chromedriver's output ended before it started; its log:\n{}",
+                    read_log()
+                );
             }
-            // Polls chromedriver, with a deadline.
-            tokio::time::sleep(TICK).await;
+            Err(_) => {
+                kill_group(&mut driver);
+                panic!(
+                    "chromedriver did not start on port {port} within 15 s; its log:\n{}",
+                    read_log()
+                );
+            }
         }
         let mut args: Vec<String> = CHROME_ARGS.iter().map(|s| s.to_string()).collect();
         args.push(format!("--user-data-dir={}", profile.display()));
@@ -243,7 +263,7 @@ impl Browser {
             if Instant::now() > until {
                 panic!("the page did not show {what} within {within:?}; it showed {v}");
             }
-            // Polls the page, with a deadline.
+            // WebDriver tells its client of no change in the page: look again.
             tokio::time::sleep(TICK).await;
         }
     }
@@ -388,6 +408,60 @@ impl Api {
             .unwrap();
         assert_eq!(r.status(), 200, "GET {path}");
         r.json().await.unwrap()
+    }
+
+    /// `GET /waits/{id}?wait=`: answered when the wait ends (or, still running, with
+    /// a 202 once `within` runs out): the status code and the wait.
+    async fn blocked(&self, id: &str, within: Duration) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!(
+                "{}/waits/{id}?wait={}ms",
+                self.base,
+                within.as_millis()
+            ))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The first event of the wait `id` that `ok` accepts, from its event stream
+    /// (its history, then each event as it is written); fails the test, saying
+    /// `what` was awaited, after `within`.
+    async fn event(
+        &self,
+        what: &str,
+        id: &str,
+        within: Duration,
+        ok: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let heard = async {
+            let r = self
+                .http
+                .get(format!("{}/waits/{id}/events", self.base))
+                .bearer_auth(TOKEN)
+                .header(reqwest::header::ACCEPT, "text/event-stream")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "the event stream of {id}");
+            let mut events = eventsource_stream::Eventsource::eventsource(r.bytes_stream());
+            while let Some(Ok(e)) = events.next().await {
+                let event: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
+                if ok(&event) {
+                    return Some(event);
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(within, heard).await {
+            Ok(Some(event)) => event,
+            Ok(None) => panic!("the event stream of {id} ended before {what}"),
+            Err(_) => panic!("not within {within:?}: {what}"),
+        }
     }
 
     /// Creates a wait; returns its id.
@@ -551,17 +625,18 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         // and its row says the host is paused.
         let quiet = Upstream::start().await;
         let asks = || vec![Reply::json(429, json!({})).header("retry-after", "600")];
+        let mut heard = app.heard();
         let first = api
             .create(wait_spec(
                 &quiet.script("/quiet/1", asks()),
                 json!({"pipeline": "4474"}),
             ))
             .await;
-        let began = Instant::now();
-        while api.get(&format!("/waits/{first}")).await["last_error"].is_null() {
-            assert!(began.elapsed() < PATIENCE, "the first wait reads its 429");
-            tokio::time::sleep(TICK).await;
-        }
+        heard.recorded(&first).await;
+        assert!(
+            !api.get(&format!("/waits/{first}")).await["last_error"].is_null(),
+            "the first wait reads its 429"
+        );
         let second = api
             .create(wait_spec(
                 &quiet.script("/quiet/2", asks()),
@@ -614,19 +689,12 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         .await;
         b.click("[data-testid=\"cancel-wait\"]").await;
         b.click("[data-testid=\"confirm-cancel\"]").await;
-        let until = Instant::now() + PATIENCE;
-        loop {
-            let got = api.get(&format!("/waits/{a}")).await;
-            if got["status"] == "canceled" {
-                break;
-            }
-            assert!(
-                Instant::now() < until,
-                "the API does not show the wait canceled: {got}"
-            );
-            // Polls the API, with a deadline.
-            tokio::time::sleep(TICK).await;
-        }
+        let (status, got) = api.blocked(&a, PATIENCE).await;
+        assert_eq!(
+            (status, &got["status"]),
+            (409, &json!("canceled")),
+            "the API does not show the wait canceled: {got}"
+        );
         let d = b
             .until("the canceled wait", PATIENCE, DETAIL, vec![], |v| {
                 v["status"] == "canceled"
@@ -801,12 +869,15 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
     let w = api_b
         .create(wait_spec(&url, json!({"pipeline": "5100"})))
         .await;
-    let until = Instant::now() + PATIENCE;
-    while api_b.get(&format!("/waits/{w}")).await["state"] != "deploying" {
-        assert!(Instant::now() < until, "replica b does not poll the wait");
-        // Polls the API, with a deadline.
-        tokio::time::sleep(TICK).await;
-    }
+    api_b
+        .event("replica b polling the wait", &w, PATIENCE, |e| {
+            e["kind"] == "state" && e["to"] == "deploying"
+        })
+        .await;
+    assert_eq!(
+        api_b.get(&format!("/waits/{w}")).await["state"],
+        "deploying"
+    );
     let mut ra = Replica::start("a", &dir.path, &db.url, "3s", &extra).await;
     let api_a = Api::new(&ra.base);
     let browser = Browser::start().await;
@@ -842,15 +913,15 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
         )
         .await;
         up.script("/servers/r", vec![Reply::status("installing")]);
-        let until = Instant::now() + PATIENCE;
-        while api_b.get(&format!("/waits/{w}")).await["state"] != "installing" {
-            assert!(
-                Instant::now() < until,
-                "replica b did not write the new state"
-            );
-            // Polls the API, with a deadline.
-            tokio::time::sleep(TICK).await;
-        }
+        api_b
+            .event("replica b writing the new state", &w, PATIENCE, |e| {
+                e["kind"] == "state" && e["to"] == "installing"
+            })
+            .await;
+        assert_eq!(
+            api_b.get(&format!("/waits/{w}")).await["state"],
+            "installing"
+        );
         assert!(!ra.running(), "the event was written while a was down");
         ra.respawn();
         ra.ready(Duration::from_secs(15)).await;
