@@ -464,6 +464,15 @@ impl Api {
         }
     }
 
+    /// Awaits the wait's `state` event to `to`, then checks that a read shows it.
+    async fn state_written(&self, what: &str, id: &str, to: &str) {
+        self.event(what, id, PATIENCE, |e| {
+            e["kind"] == "state" && e["to"] == to
+        })
+        .await;
+        assert_eq!(self.get(&format!("/waits/{id}")).await["state"], to);
+    }
+
     /// Creates a wait; returns its id.
     async fn create(&self, spec: Value) -> String {
         let r = self
@@ -870,14 +879,8 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
         .create(wait_spec(&url, json!({"pipeline": "5100"})))
         .await;
     api_b
-        .event("replica b polling the wait", &w, PATIENCE, |e| {
-            e["kind"] == "state" && e["to"] == "deploying"
-        })
+        .state_written("replica b polling the wait", &w, "deploying")
         .await;
-    assert_eq!(
-        api_b.get(&format!("/waits/{w}")).await["state"],
-        "deploying"
-    );
     let mut ra = Replica::start("a", &dir.path, &db.url, "3s", &extra).await;
     let api_a = Api::new(&ra.base);
     let browser = Browser::start().await;
@@ -914,14 +917,8 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
         .await;
         up.script("/servers/r", vec![Reply::status("installing")]);
         api_b
-            .event("replica b writing the new state", &w, PATIENCE, |e| {
-                e["kind"] == "state" && e["to"] == "installing"
-            })
+            .state_written("replica b writing the new state", &w, "installing")
             .await;
-        assert_eq!(
-            api_b.get(&format!("/waits/{w}")).await["state"],
-            "installing"
-        );
         assert!(!ra.running(), "the event was written while a was down");
         ra.respawn();
         ra.ready(Duration::from_secs(15)).await;
