@@ -102,18 +102,7 @@ impl Collector {
     /// Whether `check` holds of the spans within `within`: woken by each export,
     /// not by a clock.
     pub async fn until(&self, within: Duration, check: impl Fn(&[Span]) -> bool) -> bool {
-        let heard = async {
-            loop {
-                let next = self.heard.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if check(&self.spans.lock().unwrap()) {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        super::heard_that(&self.heard, within, || check(&self.spans.lock().unwrap())).await
     }
 }
 

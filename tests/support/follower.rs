@@ -164,18 +164,7 @@ impl Follower {
     }
 
     async fn heard_when(&self, within: Duration, check: impl Fn() -> bool) -> bool {
-        let heard = async {
-            loop {
-                let next = self.received.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if check() {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        super::heard_that(&self.received, within, check).await
     }
 }
 

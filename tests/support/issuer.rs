@@ -150,18 +150,7 @@ impl Issuer {
     /// Whether `check` holds within `within`: looked at after each request either
     /// endpoint answers, not on a clock.
     pub async fn until(&self, within: Duration, check: impl Fn(&Issuer) -> bool) -> bool {
-        let heard = async {
-            loop {
-                let next = self.heard.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if check(self) {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        super::heard_that(&self.heard, within, || check(self)).await
     }
 }
 

@@ -151,18 +151,7 @@ impl Upstream {
     /// Whether `check` holds of the requests so far within `within`: looked at
     /// again as each request comes, not on a clock.
     pub async fn requested(&self, within: Duration, check: impl Fn(&Upstream) -> bool) -> bool {
-        let heard = async {
-            loop {
-                let next = self.hit.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if check(self) {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        heard_that(&self.hit, within, || check(self)).await
     }
 
     /// Sets the script of `path` (e.g. "/servers/1"); returns the full URL.
@@ -234,6 +223,40 @@ pub struct App {
     pub signals: signals::Signals,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), waitd::StartError>>>,
+}
+
+/// The first `Some` that `check` gives within `within`, looked at again each time
+/// `notify` wakes (a request arrived, a line was printed, an export came): a
+/// signal, not a clock. `None` when `within` passes first. The wake-up is armed
+/// before each look, so a change between the look and the wait is not missed.
+pub async fn heard<T>(
+    notify: &tokio::sync::Notify,
+    within: Duration,
+    check: impl Fn() -> Option<T>,
+) -> Option<T> {
+    let heard = async {
+        loop {
+            let next = notify.notified();
+            tokio::pin!(next);
+            next.as_mut().enable();
+            if let Some(v) = check() {
+                return v;
+            }
+            next.await;
+        }
+    };
+    tokio::time::timeout(within, heard).await.ok()
+}
+
+/// Whether `check` holds within `within`, as [`heard`] looks.
+pub async fn heard_that(
+    notify: &tokio::sync::Notify,
+    within: Duration,
+    check: impl Fn() -> bool,
+) -> bool {
+    heard(notify, within, || check().then_some(()))
+        .await
+        .is_some()
 }
 
 /// Flags every test app gets: millisecond polling, loopback targets allowed, short leases.

@@ -159,18 +159,7 @@ impl Receiver {
     /// at again as each request arrives, not on a clock.
     pub async fn received(&self, within: Duration, check: impl Fn(&[Received]) -> bool) -> bool {
         let arrived = self.inner.lock().unwrap().arrived.clone();
-        let heard = async {
-            loop {
-                let next = arrived.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if check(&self.inner.lock().unwrap().got) {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        super::heard_that(&arrived, within, || check(&self.inner.lock().unwrap().got)).await
     }
 }
 

@@ -120,18 +120,10 @@ impl Recorder {
     /// Whether `check` holds of the hits within `within`: looked at again (under
     /// the lock, without a copy) as each hit is recorded, not on a clock.
     pub async fn hit_when(&self, within: Duration, check: impl Fn(&[Hit]) -> bool) -> bool {
-        let heard = async {
-            loop {
-                let next = self.inner.hit.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if check(&self.inner.state.lock().unwrap().hits) {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        super::heard_that(&self.inner.hit, within, || {
+            check(&self.inner.state.lock().unwrap().hits)
+        })
+        .await
     }
 
     pub fn count(&self, path: &str) -> usize {

@@ -319,19 +319,10 @@ impl Watched {
     /// The first `f` gives of what the process has said, looked at again as each
     /// change is heard; `None` when `within` passes first.
     async fn when<T>(&self, within: Duration, f: impl Fn(&Said) -> Option<T>) -> Option<T> {
-        let heard = async {
-            loop {
-                let next = self.news.changed.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                let got = f(&self.news.said.lock().unwrap());
-                if let Some(v) = got {
-                    return v;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.ok()
+        super::heard(&self.news.changed, within, || {
+            f(&self.news.said.lock().unwrap())
+        })
+        .await
     }
 
     /// Until it logs "waitd listening"; else why not (it exited, or `within` passed).
