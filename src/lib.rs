@@ -273,6 +273,7 @@ impl App {
             live,
             retention,
             active_count: Default::default(),
+            signals: signals.clone(),
             replays: Arc::new(tokio::sync::Semaphore::new(
                 (config.db_connections as usize / 4).max(1),
             )),

@@ -40,6 +40,7 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
     let app = App::start_sqlite(&dir.sqlite_url()).await;
     let (_, w) = app.create(spec(&url)).await;
     let id = w["id"].as_str().unwrap().to_string();
+    let mut heard = app.heard();
     let blocked = {
         let (client, u) = (
             app.client.clone(),
@@ -47,8 +48,8 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
         );
         tokio::spawn(async move { client.get(u).send().await.unwrap() })
     };
-    // No signal tells that a held request has arrived: give it time to.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Held before the cancel, so the cancel's notice is what answers it.
+    heard.holding(&id).await;
     let (status, canceled) = app.post(&format!("/waits/{id}/cancel")).await;
     assert_eq!(
         (status, canceled["status"].as_str()),
@@ -59,6 +60,9 @@ async fn a_blocked_read_on_sqlite_answers_409_when_the_wait_is_canceled() {
         .unwrap()
         .unwrap();
     assert_eq!(r.status(), 409);
+    // A poll begun before the cancel committed may still land (§2.4): the count is
+    // taken once the worker has gone round twice since, past the cancel's notice.
+    app.turns(&up, 2).await;
     let hits = up.hits("/s/2");
     // The point: nothing more is polled while the worker goes round 10 times (a
     // negative: a bounded window, anchored to the worker's progress).

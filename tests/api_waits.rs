@@ -240,6 +240,7 @@ async fn a_blocking_get_answers_409_promptly_when_another_task_cancels_the_wait(
     let app = App::start(&db).await;
     let (_, w) = app.create(spec(&url)).await;
     let id = id_of(&w);
+    let mut heard = app.heard();
     let blocked = {
         let c = app.client.clone();
         let u = app.url(&format!("/waits/{id}?wait=30s"));
@@ -248,9 +249,12 @@ async fn a_blocking_get_answers_409_promptly_when_another_task_cancels_the_wait(
             (status, w, Instant::now())
         })
     };
+    heard.holding(&id).await;
     assert!(up.hit("/s/1", 2, Duration::from_secs(5)).await);
-    // The point: the blocked GET is still held during this interval.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The point: the blocked GET is still held while the wait is polled three
+    // times more.
+    let polled = up.hits("/s/1");
+    assert!(up.hit("/s/1", polled + 3, Duration::from_secs(5)).await);
     assert!(
         !blocked.is_finished(),
         "the blocked GET answered before the cancel"
@@ -941,13 +945,13 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
         "the waits should be leased while running"
     );
     // A request blocked on a wait answers when the server stops.
+    let mut heard = app.heard();
     let blocked = {
         let c = app.client.clone();
         let u = app.url(&format!("/waits/{}?wait=60s", ids_[0]));
         tokio::spawn(async move { send(c.get(u)).await })
     };
-    // No signal tells that a held request has arrived: give it time to.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    heard.holding(&ids_[0]).await;
     let (r, took) = app.stop().await;
     assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(3), "stop took {took:?}");
@@ -976,7 +980,7 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
     );
     // Nothing polls after the stop.
     let hits: Vec<usize> = (0..3).map(|i| up.hits(&format!("/s/{i}"))).collect();
-    // The point: no poll lands during this interval.
+    // The point: no poll lands in ten of their intervals (no loop is left to witness it).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let later: Vec<usize> = (0..3).map(|i| up.hits(&format!("/s/{i}"))).collect();
     assert_eq!(hits, later);
@@ -1024,6 +1028,7 @@ async fn a_request_blocked_on_a_replica_without_a_worker_sees_the_wait_end_on_an
     let api = App::start_with(&db, &["--no-worker"]).await;
     let (_, w) = api.create(spec(&url)).await;
     let id = id_of(&w);
+    let mut heard = api.heard();
     let blocked = {
         let c = api.client.clone();
         let u = api.url(&format!("/waits/{id}?wait=20s"));
@@ -1032,7 +1037,8 @@ async fn a_request_blocked_on_a_replica_without_a_worker_sees_the_wait_end_on_an
             (r, chrono::Utc::now())
         })
     };
-    // The point: no poll lands while there is no worker.
+    heard.holding(&id).await;
+    // The point: no poll lands while there is no worker (and no loop to witness it).
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(up.hits("/s/1"), 0, "a --no-worker replica polled");
     let worker = App::start(&db).await;
@@ -1080,9 +1086,21 @@ async fn a_wait_leased_by_a_dead_replica_is_taken_over_once_its_lease_expires() 
     )
     .await;
     assert_eq!(n, 1);
-    let worker = App::start(&db).await;
-    // The point: no poll lands while the lease is live.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its claim sweep every 100 ms (a tenth of its TTL): one comes back while the
+    // dead replica's lease is live.
+    let worker = App::start_args(set_flag(test_args(&db.url), "--lease-ttl", "1s")).await;
+    let mut heard = worker.heard();
+    // The point: a claim sweep ran while the lease is live, and left the wait alone.
+    let swept = heard
+        .expect("a claim sweep", |s| {
+            matches!(s, signals::Signal::Claimed(_))
+        })
+        .await;
+    let wait: uuid::Uuid = id.parse().unwrap();
+    assert!(
+        !matches!(&swept, signals::Signal::Claimed(ids) if ids.contains(&wait)),
+        "a live lease was ignored"
+    );
     assert_eq!(up.hits("/s/1"), 0, "a live lease was ignored");
     let (status, _, w) = send(api.client.get(api.url(&format!("/waits/{id}?wait=10s")))).await;
     assert_eq!(status, 200, "{w}");

@@ -88,6 +88,8 @@ pub struct AppState {
     pub retention: Arc<crate::retention::Stats>,
     /// The last count of running waits for `/metrics`, and when it was taken.
     pub active_count: Arc<tokio::sync::Mutex<Option<(std::time::Instant, i64)>>>,
+    /// Where a blocked request reports that it holds (the `test-signals` feature).
+    pub signals: crate::worker::Signals,
 }
 
 /// The API's routes, each registered once with its OpenAPI operation (one

@@ -22,6 +22,7 @@ use super::{AppState, json_response};
 use crate::bus::BusMsg;
 use crate::engine::Spec;
 use crate::model::{Status, Wait, WaitPage};
+use crate::worker::Signal;
 
 /// After a wait's deadline, how long a blocked request still waits for the worker to
 /// record the end before answering 503.
@@ -135,6 +136,9 @@ pub(super) async fn block(
     };
     let mut stopping = s.stopping.clone();
     let mut why = Held::Ended;
+    if wait.is_running() {
+        s.signals.send(|| Signal::Holding(id));
+    }
     while wait.is_running() {
         if *stopping.borrow() {
             why = Held::Stopping;

@@ -2,7 +2,8 @@
 //! watcher report as they work, for tests to await rather than poll for: a claim
 //! came back, a wait's progress is in the store, a renewal came back, the leases
 //! were released, a webhook attempt's outcome is in the store, a sweep's batch is
-//! deleted, the API tokens were reloaded (or refused).
+//! deleted, the API tokens were reloaded (or refused), a blocked request holds on
+//! a wait.
 //!
 //! The channel exists only with the `test-signals` feature (and in this crate's own
 //! tests): a build without it has no sender, and every send is a branch on `None`.
@@ -44,6 +45,9 @@ pub enum Signal {
     /// The API tokens were looked at again (SIGHUP, a changed file): whether the
     /// new ones are in force.
     TokensReloaded { ok: bool },
+    /// A blocked request (`?wait=`) holds on this wait: it listens for the wait's
+    /// end, and read it running after it began to listen.
+    Holding(Uuid),
 }
 
 /// Where the worker and the deliverer send their [`Signal`]s. Cloning is shallow; the default sends

@@ -146,6 +146,17 @@ impl Heard {
         }
     }
 
+    /// Until a blocked request (`?wait=`) holds on the wait `id`: it listens for
+    /// the wait's end, so an end from now on wakes it.
+    pub async fn holding(&mut self, id: &str) {
+        let id = wait_id(id);
+        self.expect(
+            &format!("a request holding on {id}"),
+            |s| matches!(s, Signal::Holding(i) if *i == id),
+        )
+        .await;
+    }
+
     /// Whether the waits' claim brought `id` within `within`.
     pub async fn claimed(&mut self, id: &str, within: Duration) -> bool {
         let id = wait_id(id);
