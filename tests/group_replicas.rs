@@ -58,21 +58,36 @@ async fn every_group_is_decided_once_and_a_replica_killed_mid_run_loses_none() {
     }
     // Every member of every group polled at least once: both replicas hold some.
     for p in &paths {
-        let started = Instant::now();
-        while up.hits(p) == 0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{p} never polled"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert!(
+            up.hit(p, 1, Duration::from_secs(30)).await,
+            "{p} never polled"
+        );
     }
     let flipped = Instant::now();
-    for p in &paths {
-        up.script(p, vec![Reply::status("on")]);
-    }
-    // In the middle of the ends and the decisions, one replica dies.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // What each member had been asked when its answer became "on".
+    let before: Vec<usize> = paths
+        .iter()
+        .map(|p| {
+            up.script(p, vec![Reply::status("on")]);
+            up.hits(p)
+        })
+        .collect();
+    // In the middle of the ends and the decisions, one replica dies: once half the
+    // members have been answered "on" (their polls are 250 ms apart, so the rest
+    // are still to come).
+    let half = paths.len() / 2;
+    let answered = |up: &Upstream| {
+        paths
+            .iter()
+            .zip(&before)
+            .filter(|(p, n)| up.hits(p) > **n)
+            .count()
+            >= half
+    };
+    assert!(
+        up.requested(Duration::from_secs(30), answered).await,
+        "half the members polled since their targets flipped"
+    );
     a.kill9();
     for id in &groups {
         let r = http

@@ -132,18 +132,46 @@ async fn all_fails_at_once_when_one_fails_and_the_others_are_polled_no_more(app:
         "{reason}"
     );
     let gid = g["id"].as_str().unwrap();
-    for (id, path) in [(&members[0], "/f/s1"), (&members[2], "/f/s2")] {
+    for id in [&members[0], &members[2]] {
         let (code, m) = app.get(&format!("/waits/{id}?wait=10s")).await;
         assert_eq!((code, m["status"].as_str()), (409, Some("canceled")), "{m}");
         assert!(m["reason"].as_str().unwrap().contains(gid), "{m}");
-        // A probe already under way when the cancel commits may still land, before
-        // the replica polling it hears the notice (as for any cancel, §2.4); after
-        // that, nothing more is polled.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let hits = up.hits(path);
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        assert_eq!(up.hits(path), hits, "{path} was polled after the decision");
     }
+    // A probe already under way when the cancel commits may still land, before the
+    // replica polling it hears the notice (as for any cancel, §2.4); after that,
+    // nothing more is polled. The count is taken at a control wait's first poll
+    // (claimed after the cancels' notices), and read again after four more of its
+    // polls: four of the members' longest interval, with the worker going round.
+    let (control, control_id) = control(app, &up).await;
+    assert!(
+        up.hit(&control, 1, signals::BOUND).await,
+        "{control} polled"
+    );
+    let paths = ["/f/s1", "/f/s2"];
+    let hits = paths.map(|p| up.hits(p));
+    assert!(
+        up.hit(&control, 5, signals::BOUND).await,
+        "{control} polled"
+    );
+    assert_eq!(
+        paths.map(|p| up.hits(p)),
+        hits,
+        "{paths:?} were polled after the decision"
+    );
+    let (code, _) = app.post(&format!("/waits/{control_id}/cancel")).await;
+    assert_eq!(code, 200);
+}
+
+/// A wait of its own on `up` that never ends, polled every 20 ms (the longest
+/// interval of [`member`]): its path, and its id. How often it is polled shows how
+/// long the worker has gone round.
+async fn control(app: &App, up: &Upstream) -> (String, String) {
+    let path = "/control";
+    let mut s = spec(&up.script(path, vec![Reply::status("deploying")]));
+    s["poll"] = json!({"initial": "20ms", "factor": 1, "max": "20ms", "jitter": 0});
+    let (code, w) = app.create(s).await;
+    assert_eq!(code, 201, "{w}");
+    (path.to_string(), w["id"].as_str().unwrap().to_string())
 }
 
 async fn any_is_decided_by_the_first_success_and_fails_when_every_member_fails(app: &App) {

@@ -57,11 +57,29 @@ struct Seen {
     in_flight: Arc<AtomicUsize>,
     max_in_flight: Arc<AtomicUsize>,
     headers: Arc<Mutex<Vec<HeaderMap>>>,
+    /// Told of every request, for [`Seen::hit`].
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 impl Seen {
     fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Whether at least `n` requests have come within `within`: woken by each one.
+    async fn hit(&self, n: usize, within: Duration) -> bool {
+        let heard = async {
+            loop {
+                let next = self.arrived.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if self.hits() >= n {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, heard).await.is_ok()
     }
 }
 
@@ -75,6 +93,7 @@ async fn upstream(reply: Reply) -> (SocketAddr, Seen) {
         async move {
             s.hits.fetch_add(1, Ordering::SeqCst);
             s.headers.lock().unwrap().push(headers);
+            s.arrived.notify_waiters();
             let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             s.max_in_flight.fetch_max(now, Ordering::SeqCst);
             // Pacing: a reply's scripted delay.
@@ -635,10 +654,10 @@ async fn the_per_host_limit_tracks_only_hosts_in_flight() {
         let (p, slow) = (p.clone(), slow.clone());
         tokio::spawn(async move { p.probe(&slow).await })
     };
-    while seen.hits() == 0 {
-        // Polls the target until the probe arrives.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        seen.hit(1, Duration::from_secs(10)).await,
+        "the probe arrived"
+    );
     assert_eq!(p.hosts_tracked(), 1);
     assert!(matches!(
         p.probe(&hosts[0]).await,
