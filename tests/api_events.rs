@@ -666,7 +666,7 @@ async fn a_stream_survives_a_store_outage_without_losing_or_repeating_events() {
     // The store goes away before the first poll and comes back just before it: the
     // event listener is still backing off when the wait's events are written.
     proxy.cut();
-    // The point: the store is away for this long.
+    // The point: the store is away this long, until just before the first poll.
     tokio::time::sleep(Duration::from_millis(850)).await;
     proxy.restore();
     let rest = sse.until_end(Duration::from_secs(8)).await;

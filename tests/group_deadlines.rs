@@ -3,7 +3,7 @@
 
 use crate::support::*;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -155,22 +155,16 @@ async fn the_metrics_count_a_group_and_the_members_it_ends(app: &App) {
     let (_, m) = app.get(&format!("/waits/{slow_id}?wait=10s")).await;
     assert_eq!(m["status"], "canceled", "{m}");
     // The counter follows the member's end as soon as the write that ended it
-    // returns: read until it shows, then check every count.
-    let until = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        let text = app
-            .client
-            .get(app.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if counter(&text, "waitd_waits_ended_total", "canceled") > 0 || Instant::now() > until {
-            break text;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // returns (the group's watcher gives no signal): read until it shows, then
+    // check every count.
+    let shown = poll_for(Duration::from_secs(10), || async move {
+        let text = app.metrics().await;
+        (counter(&text, "waitd_waits_ended_total", "canceled") > 0).then_some(text)
+    })
+    .await;
+    let text = match shown {
+        Some(text) => text,
+        None => app.metrics().await,
     };
     let ended = |s| counter(&text, "waitd_waits_ended_total", s);
     let groups = |s| counter(&text, "waitd_groups_ended_total", s);

@@ -84,6 +84,7 @@ fn watch_health(urls: Vec<String>) -> (Arc<AtomicBool>, Arc<AtomicU64>, Arc<Atom
                     h.store(false, Relaxed);
                 }
             }
+            // Pacing: every replica's /healthz is sampled every 50 ms throughout.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });

@@ -142,8 +142,7 @@ async fn without_retention_nothing_is_deleted() {
     )
     .await;
     app.wait_end(&id).await;
-    // Nothing to await: a sweep that never runs gives no signal. Three of the
-    // rounds a 1 s retention would run.
+    // No witness: a sweep that never runs gives no signal; three 1 s rounds' worth.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(app.get(&format!("/waits/{id}")).await.0, 200);
     app.stop().await.0.unwrap();

@@ -352,7 +352,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
                 .unwrap()
                 .is_empty()
         );
-        // The point: the lease runs out.
+        // The point: the lease runs out, on the store's clock.
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
@@ -414,6 +414,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
                         .collect();
                     claimed.fetch_add(got.len(), SeqCst);
                     if got.is_empty() {
+                        // Pacing: a claimer that got nothing claims again shortly.
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     mine.extend(got);
@@ -620,6 +621,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         );
         // A renewal that names only the first wait (the second claim may still be on
         // its way back to the worker) keeps both past their original expiry.
+        // The point: it renews a lease more than half run out, on the store's clock.
         tokio::time::sleep(Duration::from_millis(350)).await;
         let renew = [WaitEpoch::from((first.id, held[0].epoch))];
         let renewal = store.renew(a, ttl, &renew, &[]).await.unwrap();
@@ -640,7 +642,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             backend.url()
         );
         // Without another renewal both go to the next claimer, and the old owner
-        // learns it.
+        // learns it. The point: the renewed lease runs out, on the store's clock.
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
@@ -960,20 +962,25 @@ async fn on_postgres_a_checkpoint_of_a_held_wait_writes_no_index_entry() {
     store.close().await;
     drop(store);
     let checkpoints = N as i64 * ROUNDS as i64;
-    let mut seen = (0, 0);
-    for _ in 0..200 {
-        seen = sqlx::query_as::<_, (i64, i64)>(
+    let c = tokio::sync::Mutex::new(c);
+    let read = || async {
+        sqlx::query_as::<_, (i64, i64)>(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'waits'",
         )
-        .fetch_one(&mut c)
+        .fetch_one(&mut *c.lock().await)
         .await
-        .unwrap();
-        if seen.0 >= N as i64 + checkpoints {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (updates, hot) = seen;
+        .unwrap()
+    };
+    // Read until they are in: the statistics give no signal of their own.
+    let counted = support::poll_for(Duration::from_secs(10), || async {
+        let seen = read().await;
+        (seen.0 >= N as i64 + checkpoints).then_some(seen)
+    })
+    .await;
+    let (updates, hot) = match counted {
+        Some(seen) => seen,
+        None => read().await,
+    };
     assert_eq!(
         updates,
         N as i64 + checkpoints,

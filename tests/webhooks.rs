@@ -794,7 +794,8 @@ async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others()
             assert_eq!(status, 201);
         }
         assert!(stuck.until_got("/held", 10, Duration::from_secs(10)).await);
-        // No 11th while those 10 are held (a short look: the timeout is 1.5 s).
+        // No 11th while those 10 are held: a short look, well within the timeout (1.5 s).
+        // No witness: a delivery the claim leaves in the store gives no signal.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
             stuck.got("/held").len(),
@@ -1037,6 +1038,7 @@ async fn a_wait_that_changes_on_every_poll_never_holds_more_pending_deliveries_t
             assert!(webhook <= 3, "{kind:?}: {webhook} pending for one webhook");
             assert!(wait <= 10, "{kind:?}: {wait} pending for one wait");
             samples += 1;
+            // Pacing: the bounds are sampled every 20 ms over the 3 s window.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let (status, _) = run.app.post(&format!("/waits/{id}/cancel")).await;
