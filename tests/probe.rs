@@ -68,18 +68,7 @@ impl Seen {
 
     /// Whether at least `n` requests have come within `within`: woken by each one.
     async fn hit(&self, n: usize, within: Duration) -> bool {
-        let heard = async {
-            loop {
-                let next = self.arrived.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if self.hits() >= n {
-                    return;
-                }
-                next.await;
-            }
-        };
-        tokio::time::timeout(within, heard).await.is_ok()
+        crate::support::heard_that(&self.arrived, within, || self.hits() >= n).await
     }
 }
 
