@@ -36,8 +36,6 @@ const TOKENS: &str = "ci:0123456789abcdef-ci";
 const TOKEN: &str = "0123456789abcdef-ci";
 /// How long the page may take to show something before the test fails.
 const PATIENCE: Duration = Duration::from_secs(5);
-/// How often the page is looked at while waiting.
-const TICK: Duration = Duration::from_millis(50);
 
 /// One browser at a time: each test runs a Chromium, on a machine that may have 2 cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -244,9 +242,11 @@ impl Browser {
             .unwrap_or_else(|e| panic!("the script failed: {e}\n{script}"))
     }
 
-    /// Runs `script` every TICK until `ok` holds of its value (for at most `within`);
-    /// returns that value.
-    async fn until(
+    /// Waits until `ok` holds of what `script` returns in the page (for at most
+    /// `within`); returns that value. The page is looked at again each time it
+    /// changes (a DOM mutation, or a change of `window.__waitd`, which the page
+    /// announces with a `waitd-hook` event), not on a clock.
+    async fn shows(
         &self,
         what: &str,
         within: Duration,
@@ -255,17 +255,47 @@ impl Browser {
         ok: impl Fn(&Value) -> bool,
     ) -> Value {
         let until = Instant::now() + within;
+        let mut seen = Value::Null;
         loop {
-            let v = self.js(script, args.clone()).await;
+            let left = until.saturating_duration_since(Instant::now());
+            let (v, key) = self.changed(script, &args, &seen, left).await;
             if ok(&v) {
                 return v;
             }
-            if Instant::now() > until {
+            if left.is_zero() {
                 panic!("the page did not show {what} within {within:?}; it showed {v}");
             }
-            // WebDriver tells its client of no change in the page: look again.
-            tokio::time::sleep(TICK).await;
+            seen = key;
         }
+    }
+
+    /// What `script` returns once it differs from `seen` (its JSON text as the
+    /// page wrote it; null: at once), or after `within`: the value and its text.
+    async fn changed(
+        &self,
+        script: &str,
+        args: &[Value],
+        seen: &Value,
+        within: Duration,
+    ) -> (Value, Value) {
+        // Under WebDriver's script timeout (30 s); a longer wait looks again.
+        let ms = within.min(Duration::from_secs(20)).as_millis() as u64;
+        let mut a = args.to_vec();
+        a.push(seen.clone());
+        a.push(json!(ms));
+        let waiting = format!("{AWAIT_CHANGE_HEAD}\n{script}\n{AWAIT_CHANGE_TAIL}");
+        let answer = match self.c.execute_async(&waiting, a).await {
+            Ok(answer) => answer,
+            // A page that navigated (a reload) ends the script: look at the new one.
+            Err(_) => {
+                let v = self.js(script, args.to_vec()).await;
+                return (v, Value::Null);
+            }
+        };
+        if let Some(e) = answer.get("threw") {
+            panic!("the script failed: {e}\n{script}");
+        }
+        (answer["value"].clone(), answer["key"].clone())
     }
 
     /// Waits until the element `css` is shown, then clicks it as a person would.
@@ -275,7 +305,7 @@ impl Browser {
     async fn click(&self, css: &str) {
         let until = Instant::now() + PATIENCE;
         loop {
-            self.until(
+            self.shows(
                 &format!("a clickable {css}"),
                 PATIENCE,
                 "const n = document.querySelector(arguments[0]); \
@@ -300,7 +330,7 @@ impl Browser {
 
     /// Types the token into the form the page shows when the API answers 401.
     async fn enter_token(&self) {
-        self.until(
+        self.shows(
             "the token form",
             PATIENCE,
             "return !!document.querySelector('[data-testid=\"token-form\"]');",
@@ -316,7 +346,7 @@ impl Browser {
             .await
             .unwrap();
         self.click("[data-testid=\"token-submit\"]").await;
-        self.until(
+        self.shows(
             "the list after the token was accepted",
             PATIENCE,
             "return !document.querySelector('[data-testid=\"token-form\"]') && \
@@ -335,7 +365,7 @@ impl Browser {
         within: Duration,
         ok: impl Fn(&Value) -> bool,
     ) -> Value {
-        self.until(what, within, ROW, vec![json!(id)], ok).await
+        self.shows(what, within, ROW, vec![json!(id)], ok).await
     }
 
     async fn save_screenshot(&self, name: &str) -> PathBuf {
@@ -372,6 +402,31 @@ const ROW: &str = "const r = document.querySelector(`[data-testid=\"wait-row\"][
             labels: r.querySelector('[data-testid=\"wait-labels\"]').textContent, \
             last_poll: r.dataset.lastPoll, \
             paused: r.querySelector('[data-testid=\"wait-state\"]').classList.contains('host-paused')};";
+
+/// The start of the script [`Browser::changed`] runs: the caller's script
+/// becomes the body of `look`, with the caller's arguments as its own.
+const AWAIT_CHANGE_HEAD: &str = "const args = Array.from(arguments); \
+    const done = args.pop(); const ms = args.pop(); const seen = args.pop(); \
+    function look() {";
+/// The end of that script: answers `{value, key}` (or `{threw}`) at once when what
+/// `look` returns differs from `seen`, else at the first DOM mutation or
+/// `waitd-hook` event after which it does, or after `ms`.
+const AWAIT_CHANGE_TAIL: &str = "} \
+    const now = () => { try { const v = look.apply(null, args); const value = v === undefined ? null : v; \
+        return {value, key: JSON.stringify(value)}; } catch (e) { return {threw: String(e)}; } }; \
+    let r = now(); \
+    if (seen === null || r.threw !== undefined || r.key !== seen) { done(r); return; } \
+    let over = false; let timer = 0; \
+    const observer = new MutationObserver(() => check()); \
+    function check() { \
+        r = now(); \
+        if (!over && r.threw === undefined && r.key === seen) return; \
+        observer.disconnect(); window.removeEventListener('waitd-hook', check); clearTimeout(timer); \
+        done(r); \
+    } \
+    observer.observe(document, {subtree: true, childList: true, characterData: true, attributes: true}); \
+    window.addEventListener('waitd-hook', check); \
+    timer = setTimeout(() => { over = true; check(); }, ms);";
 
 /// The open detail view as {id, status, kinds, seqs, text}, or null.
 const DETAIL: &str = "const d = document.querySelector('[data-testid=\"wait-detail\"]'); \
@@ -663,7 +718,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
             "[data-testid=\"wait-row\"][data-wait-id=\"{second}\"]"
         ))
         .await;
-        b.until(
+        b.shows(
             "the paused host in the detail",
             PATIENCE,
             DETAIL,
@@ -676,7 +731,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         )
         .await;
         b.click("[data-testid=\"close-detail\"]").await;
-        b.until(
+        b.shows(
             "the detail closed",
             PATIENCE,
             DETAIL,
@@ -688,7 +743,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         // Cancel from the detail view, with its confirm step.
         b.click(&format!("[data-testid=\"wait-row\"][data-wait-id=\"{a}\"]"))
             .await;
-        b.until(
+        b.shows(
             "the detail of the running wait",
             PATIENCE,
             DETAIL,
@@ -705,7 +760,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
             "the API does not show the wait canceled: {got}"
         );
         let d = b
-            .until("the canceled wait", PATIENCE, DETAIL, vec![], |v| {
+            .shows("the canceled wait", PATIENCE, DETAIL, vec![], |v| {
                 v["status"] == "canceled"
                     && v["kinds"]
                         .as_array()
@@ -720,7 +775,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         })
         .await;
         b.click("[data-testid=\"close-detail\"]").await;
-        b.until(
+        b.shows(
             "the detail closed",
             PATIENCE,
             DETAIL,
@@ -744,7 +799,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         .await;
         // Polls are not events: the page reads the rows on screen again shortly after
         // events changed them.
-        b.until(
+        b.shows(
             "every row's polls read again after its events",
             PATIENCE,
             "const rows = Array.from(document.querySelectorAll('[data-testid=\"wait-row\"] .c-polls')); \
@@ -757,7 +812,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         b.click(&format!("[data-testid=\"wait-row\"][data-wait-id=\"{w}\"]"))
             .await;
         let d = b
-            .until(
+            .shows(
                 "the succeeded wait's timeline",
                 PATIENCE,
                 DETAIL,
@@ -782,7 +837,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
             detail_png.display()
         );
         b.click("[data-testid=\"close-detail\"]").await;
-        b.until(
+        b.shows(
             "the detail closed",
             PATIENCE,
             DETAIL,
@@ -820,7 +875,7 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         b.click(&format!("[data-testid=\"wait-row\"][data-wait-id=\"{h}\"]"))
             .await;
         let d = b
-            .until("the hostile wait's detail", PATIENCE, DETAIL, vec![], |v| {
+            .shows("the hostile wait's detail", PATIENCE, DETAIL, vec![], |v| {
                 v["id"] == h.as_str()
                     && v["kinds"]
                         .as_array()
@@ -892,7 +947,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
             .await;
         b.click(&format!("[data-testid=\"wait-row\"][data-wait-id=\"{w}\"]"))
             .await;
-        b.until("the wait's timeline", PATIENCE, DETAIL, vec![], |v| {
+        b.shows("the wait's timeline", PATIENCE, DETAIL, vec![], |v| {
             v["id"] == w.as_str() && v["kinds"] == json!(["created", "state"])
         })
         .await;
@@ -907,7 +962,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
             ra.wait_exit(Duration::from_secs(15)).await.is_some(),
             "replica a did not stop on SIGTERM"
         );
-        b.until(
+        b.shows(
             "the stream reconnecting",
             PATIENCE,
             "return window.__states;",
@@ -932,7 +987,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
             |v| v["state"] == "installing",
         )
         .await;
-        b.until(
+        b.shows(
             "the stream connected again",
             PATIENCE,
             "return window.__states;",
@@ -954,7 +1009,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
             .collect();
         let newest = *ids.last().expect("events after the restart");
         let hook = b
-            .until(
+            .shows(
                 "every event applied",
                 PATIENCE,
                 "return window.__waitd;",
@@ -968,7 +1023,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
             "each event since {last} applied once ({ids:?}): {hook}"
         );
         let d = b
-            .until("the timeline complete", PATIENCE, DETAIL, vec![], |v| {
+            .shows("the timeline complete", PATIENCE, DETAIL, vec![], |v| {
                 v["status"] == "succeeded" && v["kinds"].as_array().unwrap().len() >= 5
             })
             .await;
@@ -1035,7 +1090,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
         assert!(mem.wait_exit(Duration::from_secs(15)).await.is_some());
         mem.respawn();
         mem.ready(Duration::from_secs(15)).await;
-        b.until(
+        b.shows(
             "the list loaded again",
             Duration::from_secs(12),
             ROW,
@@ -1044,7 +1099,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
         )
         .await;
         let banner = b
-            .until(
+            .shows(
                 "the banner about the reset",
                 PATIENCE,
                 "return document.querySelector('[data-testid=\"banner\"]').innerText;",
@@ -1056,7 +1111,7 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
             banner.as_str().unwrap().contains("history restarted"),
             "{banner}"
         );
-        b.until(
+        b.shows(
             "the stream connected",
             PATIENCE,
             "return window.__waitd.streamState;",

@@ -119,7 +119,7 @@ impl Hostile {
                         }
                         Play::Hang => {
                             // The point: a target that never answers.
-                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            std::future::pending::<()>().await;
                         }
                     }
                 });

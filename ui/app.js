@@ -38,14 +38,24 @@ const REFRESH_MS = 10000;
 /** How long after an event changed a row on screen its counters are read again. */
 const REFRESH_SOON_MS = 1000;
 
-/** For automated tests: what the page has applied so far. */
-const hook = {
+/**
+ * For automated tests: what the page has applied so far. Each change of it
+ * dispatches a `waitd-hook` event on window, so a test awaits the page's
+ * progress instead of looking at it on a clock.
+ */
+const hook = new Proxy({
   lastEventId: 0, // the global id of the last event applied (or the start point)
   eventsApplied: 0, // events from the global stream applied to the page
   streamState: 'offline',
   waitsLoaded: 0,
   ready: false, // the first list page is shown and the stream was started
-};
+}, {
+  set(target, key, value) {
+    target[key] = value;
+    window.dispatchEvent(new Event('waitd-hook'));
+    return true;
+  },
+});
 window.__waitd = hook;
 
 const $ = (id) => document.getElementById(id);

@@ -38,7 +38,7 @@ impl Browser {
     /// The wait the detail view shows, once it shows one.
     async fn detail_id(&self) -> String {
         let v = self
-            .until("a wait's detail", PATIENCE, DETAIL, vec![], |v| {
+            .shows("a wait's detail", PATIENCE, DETAIL, vec![], |v| {
                 v["id"].as_str().is_some_and(|id| !id.is_empty())
             })
             .await;
@@ -75,14 +75,14 @@ async fn the_dashboard_creates_a_wait_from_a_url_and_shows_its_target_and_webhoo
         let w = api.get(&format!("/waits/{id}")).await;
         assert_eq!(w["spec"]["target"]["url"], url, "{w}");
         assert_eq!(w["spec"]["want"], json!(["on"]), "{w}");
-        b.until("the wait succeeding", PATIENCE, DETAIL, vec![], |v| {
+        b.shows("the wait succeeding", PATIENCE, DETAIL, vec![], |v| {
             v["status"] == "succeeded"
         })
         .await;
 
         // Its row: the id's head, as the CLI prints the id first, and the target.
         let row = b
-            .until(
+            .shows(
                 "the new wait's row",
                 PATIENCE,
                 ROW_TEXTS,
@@ -105,7 +105,7 @@ async fn the_dashboard_creates_a_wait_from_a_url_and_shows_its_target_and_webhoo
         b.click("[data-testid=\"create-submit\"]").await;
         let cond = b.detail_id().await;
         assert_ne!(cond, id);
-        b.until("the condition holding", PATIENCE, DETAIL, vec![], |v| {
+        b.shows("the condition holding", PATIENCE, DETAIL, vec![], |v| {
             v["status"] == "succeeded"
         })
         .await;
@@ -124,7 +124,7 @@ async fn the_dashboard_creates_a_wait_from_a_url_and_shows_its_target_and_webhoo
         b.click("[data-testid=\"apply-filters\"]").await;
         assert_eq!(b.detail_id().await, hooked);
         let text = b
-            .until("the webhook", PATIENCE, DETAIL, vec![], |v| {
+            .shows("the webhook", PATIENCE, DETAIL, vec![], |v| {
                 v["text"].as_str().unwrap_or_default().contains(&hook)
             })
             .await;
@@ -132,7 +132,7 @@ async fn the_dashboard_creates_a_wait_from_a_url_and_shows_its_target_and_webhoo
             !text["text"].as_str().unwrap().contains(SECRET),
             "the secret never shows"
         );
-        b.until(
+        b.shows(
             "the delivery delivered",
             PATIENCE,
             DELIVERIES,
@@ -141,7 +141,7 @@ async fn the_dashboard_creates_a_wait_from_a_url_and_shows_its_target_and_webhoo
         )
         .await;
         b.click("[data-testid=\"redeliver\"]").await;
-        b.until(
+        b.shows(
             "the delivery delivered again",
             PATIENCE,
             DELIVERIES,

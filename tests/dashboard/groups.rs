@@ -56,7 +56,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
         b.c.goto(&format!("{}/", app.base)).await.unwrap();
         b.enter_token().await;
         let row = b
-            .until(
+            .shows(
                 "the group's row with its members",
                 PATIENCE,
                 GROUP_ROW,
@@ -71,7 +71,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
         // The first member ends: the group's row shows it at once, still running.
         up.script("/pool/0", vec![Reply::status("on")]);
         let row = b
-            .until(
+            .shows(
                 "the first member's end on the group's row",
                 PATIENCE,
                 GROUP_ROW,
@@ -80,7 +80,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
             )
             .await;
         assert_eq!(row["status"], "running", "{row}");
-        b.until(
+        b.shows(
             "the group's progress",
             PATIENCE,
             GROUP_ROW,
@@ -91,7 +91,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
 
         // A member's row links to its group, and the link opens it.
         let member = b
-            .until(
+            .shows(
                 "a member's row",
                 PATIENCE,
                 GROUP_ROW,
@@ -106,7 +106,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
         ))
         .await;
         let detail = b
-            .until(
+            .shows(
                 "the group's detail",
                 PATIENCE,
                 DETAIL_MEMBERS,
@@ -120,7 +120,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
         // row and the open detail both show every member's end.
         up.script("/pool/1", vec![Reply::status("failed_deployment")]);
         let row = b
-            .until(
+            .shows(
                 "the group failing with its members' ends",
                 PATIENCE,
                 GROUP_ROW,
@@ -129,7 +129,7 @@ async fn the_dashboard_shows_a_group_row_with_its_members_as_they_end() {
             )
             .await;
         assert_eq!(row["status"], "failed", "{row}");
-        b.until(
+        b.shows(
             "the members' ends in the group's detail",
             PATIENCE,
             DETAIL_MEMBERS,
