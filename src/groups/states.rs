@@ -18,8 +18,9 @@ use uuid::Uuid;
 use crate::store::Store;
 use crate::store::groups::Group;
 
-/// Groups whose progress one write carries.
-const BATCH: usize = 500;
+/// Groups whose progress one write carries. The write holds their rows until it
+/// commits, and a group's end waits for it: small writes keep that wait short.
+const BATCH: usize = 64;
 
 /// The progress waiting to be written: for each group, the group as it was read
 /// when it was first queued (its stored state is the event's `from`) and its
@@ -48,6 +49,15 @@ impl Queue {
         drop(pending);
         if any {
             self.wake.notify_one();
+        }
+    }
+
+    /// Drops what is queued for groups just decided: their end makes it moot,
+    /// and a progress write would only hold their rows while the end waits.
+    pub fn forget(&self, decided: impl IntoIterator<Item = Uuid>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for id in decided {
+            pending.remove(&id);
         }
     }
 

@@ -40,14 +40,16 @@ use crate::store::groups::{Group, GroupEnd};
 use crate::store::{Store, StoreError};
 
 /// Members one batch of ends ends at once: each holds one database connection
-/// at a time.
-const CANCELING: usize = 4;
+/// at a time. Canceling members is off the path of the group's end.
+const CANCELING: usize = 2;
 /// Groups read and written together: one read of their rows, one of their
 /// members, one transaction for their ends and one for their progress.
 const BATCH: usize = 500;
 /// Batches of ends a replica writes at once, while its next round reads (with
-/// [`CANCELING`], at most 8 of the replica's database connections).
-const WRITING: usize = 2;
+/// [`CANCELING`], at most 8 of the replica's database connections). A round
+/// waits for a free one, so in a burst of ends (where a batch may wait for
+/// another's rows) more of them keep the rounds going.
+const WRITING: usize = 4;
 /// Ends heard and not yet looked at that a replica keeps; past it, the next round
 /// is a sweep.
 const MAX_HEARD: usize = 100_000;
@@ -164,6 +166,9 @@ async fn settle_batch(
     deferred
         .states
         .push(moved.into_iter().map(|(i, s)| (groups[i].clone(), s)));
+    deferred
+        .states
+        .forget(ends.iter().map(|(i, _, _)| groups[*i].id));
     let decided = Decided { groups, ends };
     if decided.ends.is_empty() && decided.groups.iter().all(|g| g.status == Status::Running) {
         return Ok(());
