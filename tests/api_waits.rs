@@ -1338,10 +1338,12 @@ async fn polls_that_change_nothing_are_not_rewritten_every_lease_but_a_growing_i
     f["poll"] = json!({"initial": "20ms", "factor": 1, "max": "20ms", "jitter": 0});
     let mut g = spec(&growing);
     g["poll"] = json!({"initial": "20ms", "factor": 1.3, "max": "10s", "jitter": 0});
+    let mut heard = app.heard();
     let (_, wf) = app.create(f).await;
     let (_, wg) = app.create(g).await;
-    // The point: checkpoints are counted over more than two lease TTLs.
-    tokio::time::sleep(Duration::from_millis(2600)).await;
+    // Six renewals (one every third of the 1 s lease), each writing the
+    // checkpoints due: more than two lease TTLs of them.
+    heard.renewed(6).await;
     let (_, rf) = rows.get(&format!("/waits/{}", id_of(&wf))).await;
     let (_, rg) = rows.get(&format!("/waits/{}", id_of(&wg))).await;
     let (hf, hg) = (up.hits("/fixed"), up.hits("/growing"));

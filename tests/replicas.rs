@@ -1634,11 +1634,30 @@ async fn a_lease_renewal_in_flight_never_overwrites_a_newer_checkpoint() {
         "no renewal got held up on the locked rows"
     );
     up.set_all(&paths, "building");
-    // The point: polls record "building" while the rows are locked.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let since = Instant::now();
+    // Polls see "building" while the rows are locked: each path is asked again.
+    assert!(
+        up.hit_when(Duration::from_secs(5), |h| each_hit(h, &paths, 1, since))
+            .await,
+        "the waits were not polled while the rows were locked"
+    );
     lock.commit().await.unwrap();
-    // Lets the writes queued behind the lock land before they are counted.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The writes queued behind the lock land before they are counted: the held
+    // renewal's transaction ends and every wait's new state is in the store.
+    let landed = until(Duration::from_secs(5), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT (SELECT count(*) FROM waits WHERE state = 'building') >= $1
+                AND NOT EXISTS (SELECT FROM pg_stat_activity
+                                WHERE state <> 'idle' AND query LIKE '%GREATEST(w.polls%'
+                                  AND pid <> pg_backend_pid())",
+        )
+        .bind(paths.len() as i64)
+        .fetch_one(&pg)
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    assert!(landed.is_some(), "the held writes did not land");
     let (recorded, stale): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'building'),
                 count(*) FILTER (WHERE state = 'building' AND engine->>'state' IS DISTINCT FROM 'building')

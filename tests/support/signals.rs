@@ -146,6 +146,17 @@ impl Heard {
         }
     }
 
+    /// Until `n` lease renewals have succeeded (counting from the subscription);
+    /// each writes the checkpoints due.
+    pub async fn renewed(&mut self, n: usize) {
+        for i in 0..n {
+            self.expect(&format!("{n} renewals ({i} so far)"), |s| {
+                matches!(s, Signal::Renewed { ok: true })
+            })
+            .await;
+        }
+    }
+
     /// Until a blocked request (`?wait=`) holds on the wait `id`: it listens for
     /// the wait's end, so an end from now on wakes it.
     pub async fn holding(&mut self, id: &str) {
