@@ -34,6 +34,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0013_traces.sql",
     "0014_placement.sql",
     "0015_deliveries_notice.sql",
+    "0016_owner_claim_at.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":

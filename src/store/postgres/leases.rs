@@ -20,6 +20,10 @@ impl PgDialect {
     /// without one; it does not extend an existing lease (only renewals do, so a
     /// dead replica's lease runs out at most one TTL after its last renewal).
     ///
+    /// A lapsed replica's waits are read per replica in `claim_at` order from
+    /// `waits_owner` (`owner`, `claim_at`), so a batch reads the rows it takes,
+    /// not every wait the dead replica still holds.
+    ///
     /// Of several replicas alive, each claims the waits whose placement falls to
     /// it (placement modulo the replicas alive, against its rank among them by
     /// id), so the waits of one tenant on one URL are held together and share
@@ -50,15 +54,18 @@ impl PgDialect {
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
              orphaned AS MATERIALIZED (
-                 SELECT id FROM waits
-                 WHERE status = 'running' AND claim_at <= now() + $3
-                   AND owner IN (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1)
-                   AND (placement IS NULL OR claim_at < now() - $5
-                        OR (SELECT n < 2 OR NOT listed FROM alive)
-                        OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
-                 ORDER BY claim_at
-                 LIMIT $4
-                 FOR UPDATE SKIP LOCKED),
+                 SELECT o.id FROM (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1) r,
+                 LATERAL (
+                     SELECT id, claim_at FROM waits
+                     WHERE owner = r.id AND status = 'running' AND claim_at <= now() + $3
+                       AND (placement IS NULL OR claim_at < now() - $5
+                            OR (SELECT n < 2 OR NOT listed FROM alive)
+                            OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
+                     ORDER BY claim_at
+                     LIMIT $4
+                     FOR UPDATE SKIP LOCKED) o
+                 ORDER BY o.claim_at
+                 LIMIT $4),
              due AS (SELECT id FROM unowned UNION ALL SELECT id FROM orphaned LIMIT $4)
              UPDATE waits w SET owner = $1, epoch = w.epoch + 1, claim_at = w.next_poll_at
              FROM due, wait_specs s
