@@ -32,6 +32,9 @@ mod shared;
 #[path = "load/cel_budget.rs"]
 mod cel_budget;
 
+#[path = "load/scale_kill.rs"]
+mod scale_kill;
+
 /// The allocator the waitd binary ships with, so that the in-process phases measure
 /// what runs (the limit loop gets it too).
 #[global_allocator]
@@ -55,6 +58,9 @@ struct Args {
     scale_interval: Duration,
     /// Replicas sharing the scale phase's waits.
     scale_replicas: usize,
+    /// Whether the scale phase ends with `kill -9` of a replica and times the
+    /// takeover of its waits (`--scale-kill`).
+    scale_kill: bool,
     /// How long the scale phase measures (one interval unless given): ten lease
     /// TTLs or more (300 s) take in a round of the checkpoints of unchanged polls.
     scale_measure: Option<Duration>,
@@ -86,6 +92,7 @@ fn args() -> Args {
         scale_measure: None,
         scale_interval: Duration::from_secs(60),
         scale_replicas: 1,
+        scale_kill: false,
         noisy_sqlite: false,
         noisy_inputs: noisy::INPUTS.map(String::from).to_vec(),
         smoke: false,
@@ -154,6 +161,11 @@ fn args() -> Args {
                 a.scale_waits = 2_000;
                 a.scale_interval = Duration::from_secs(2);
                 a.smoke = true;
+                i += 1;
+                continue;
+            }
+            "--scale-kill" => {
+                a.scale_kill = true;
                 i += 1;
                 continue;
             }
@@ -743,6 +755,8 @@ struct Scale {
     waitd_us: f64,
     pg_us: f64,
     cores: f64,
+    /// With `--scale-kill`: the takeover of a killed replica's waits.
+    takeover: Option<scale_kill::Takeover>,
     /// Postgres over the window: rows written and WAL bytes per poll.
     rows_per_poll: f64,
     wal_per_poll: f64,
@@ -1066,7 +1080,8 @@ fn merged(
 /// their first polls spread over one interval; the time until all are held; then,
 /// one interval after that, one interval measured in windows of 10 s (a fifth of the
 /// interval when shorter): polls a second against the schedule, lag per window, CPU
-/// a poll of waitd and Postgres, RSS.
+/// a poll of waitd and Postgres, RSS; with `--scale-kill`, the takeover of the
+/// waits of a replica killed with SIGKILL ([`scale_kill`]).
 async fn scale(a: &Args) -> Scale {
     let n = a.scale_waits;
     let interval = a.scale_interval;
@@ -1086,9 +1101,12 @@ async fn scale(a: &Args) -> Scale {
         "--rate-limit",
         "0",
     ];
+    // The takeover run uses the lease TTL a deployment would (10 s), so that a
+    // takeover starts as soon as it would there.
+    let ttl = if a.scale_kill { "10s" } else { "30s" };
     let mut replicas = Vec::new();
     for i in 0..a.scale_replicas.max(1) {
-        replicas.push(spawn_replica(&db, &dir, &format!("scale{i}"), "30s", &extra).await);
+        replicas.push(spawn_replica(&db, &dir, &format!("scale{i}"), ttl, &extra).await);
     }
     let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
     let every = engine_duration(interval);
@@ -1222,6 +1240,11 @@ async fn scale(a: &Args) -> Scale {
     .unwrap();
     let polls_n = polls(&prev) - polls(&first);
     let rss_kib: u64 = replicas.iter().map(|r| rss_kib(r.pid)).sum();
+    let takeover = if a.scale_kill {
+        Some(scale_kill::run(&db, &mut replicas, n).await)
+    } else {
+        None
+    };
     let out = Scale {
         insert_s,
         hold_s,
@@ -1240,6 +1263,7 @@ async fn scale(a: &Args) -> Scale {
         pg_settings,
         connections: conns as f64 / replicas.len() as f64,
         measured_s: took,
+        takeover,
     };
     eprintln!(
         "scale phase: {:.0} polls/s of {:.0} scheduled; lag p99 by window: {:?} ms",
@@ -2031,6 +2055,29 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
         m(&|s| s.wal_per_poll),
         m(&|s| s.connections)
     );
+    let tk: Vec<&scale_kill::Takeover> = sc.iter().filter_map(|s| s.takeover.as_ref()).collect();
+    if !tk.is_empty() {
+        let mk =
+            |f: &dyn Fn(&scale_kill::Takeover) -> f64| median(tk.iter().map(|s| f(s)).collect());
+        let _ = writeln!(
+            t,
+            "| 12h | `kill -9` of the replica holding {:.0} waits (lease TTL 10 s): from its lease's expiry until the survivor holds every wait | {:.1} s | ≤ 15 s |",
+            mk(&|s| s.waits),
+            mk(&|s| s.held_s)
+        );
+        let _ = writeln!(
+            t,
+            "| 12i | the survivor's lag p99 over 10 s windows: the worst until every wait is held again (the waits that fell due unowned are polled at once) / the worst of two windows beginning 10 s or more after | {:.0} / {:.0} ms | after ≤ 100 ms |",
+            mk(&|s| worst_p99(&s.windows, |began| began < s.held_s)) * 1e3,
+            mk(&|s| worst_p99(&s.windows, |began| began >= s.held_s + 10.0)) * 1e3
+        );
+        let _ = writeln!(
+            t,
+            "| 12j | Postgres a wait taken over: CPU / WAL | {:.1} µs / {:.0} bytes | |",
+            mk(&|s| s.pg_us),
+            mk(&|s| s.wal_bytes)
+        );
+    }
     for (i, s) in sc.iter().enumerate() {
         let _ = writeln!(
             t,
@@ -2044,8 +2091,34 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        if let Some(k) = &s.takeover {
+            let _ = writeln!(
+                t,
+                "\nrun {} takeover: every wait held {:.1} s after the lease ran out; the survivor's lag p99 per 10 s window from the expiry (ms, * from the window in which all were held): {}",
+                i + 1,
+                k.held_s,
+                k.windows
+                    .iter()
+                    .map(|w| {
+                        let held = w.0 + 10.0 > k.held_s;
+                        format!("{:.0}{}", w.2 * 1e3, if held { "*" } else { "" })
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     t
+}
+
+/// The worst p99 of the takeover's windows whose beginning `keep` accepts (0 when
+/// none is).
+fn worst_p99(windows: &[(f64, f64, f64)], keep: impl Fn(f64) -> bool) -> f64 {
+    windows
+        .iter()
+        .filter(|w| keep(w.0))
+        .map(|w| w.2)
+        .fold(0.0, f64::max)
 }
 
 /// Puts the scale phase's table into BENCHMARKS.md, between its markers.
@@ -2054,7 +2127,13 @@ fn write_scale_section(a: &Args, table: &str) {
     let Ok(text) = std::fs::read_to_string(path) else {
         return;
     };
-    let (begin, end) = ("<!-- scale:begin -->", "<!-- scale:end -->");
+    // A takeover run keeps a table of its own: its replicas and lease TTL differ
+    // from the default run's.
+    let (begin, end) = if a.scale_kill {
+        ("<!-- scale-kill:begin -->", "<!-- scale-kill:end -->")
+    } else {
+        ("<!-- scale:begin -->", "<!-- scale:end -->")
+    };
     let (Some(i), Some(j)) = (text.find(begin), text.find(end)) else {
         eprintln!("BENCHMARKS.md has no {begin} … {end} markers; the table is above");
         return;
@@ -2066,11 +2145,12 @@ fn write_scale_section(a: &Args, table: &str) {
         .filter(|a| a != "--bench")
         .collect();
     let body = format!(
-        "{begin}\n`cargo bench --bench load -- {}` (the scale phase with `--scale-waits {} --scale-interval {} --scale-replicas {}`), {}:\n\n| # | figure | value | target |\n|---|---|---|---|\n{table}\n",
+        "{begin}\n`cargo bench --bench load -- {}` (the scale phase with `--scale-waits {} --scale-interval {} --scale-replicas {}{}`), {}:\n\n| # | figure | value | target |\n|---|---|---|---|\n{table}\n",
         given.join(" "),
         a.scale_waits,
         engine_duration(a.scale_interval),
         a.scale_replicas,
+        if a.scale_kill { " --scale-kill" } else { "" },
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
     );
     let out = format!("{}{}{}", &text[..i], body, &text[j..]);
