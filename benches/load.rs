@@ -598,6 +598,15 @@ async fn metrics(waitd: &str) -> std::collections::HashMap<String, f64> {
         .collect()
 }
 
+/// The metrics of several waitd processes, summed by name.
+async fn metrics_of(bases: &[String]) -> std::collections::HashMap<String, f64> {
+    let mut ms = Vec::new();
+    for b in bases {
+        ms.push(metrics(b).await);
+    }
+    merged(ms)
+}
+
 fn polls(m: &std::collections::HashMap<String, f64>) -> f64 {
     m.iter()
         .filter(|(k, _)| k.starts_with("waitd_polls_total"))
@@ -1201,16 +1210,7 @@ async fn scale(a: &Args) -> Scale {
     let windows_n = (measure.as_secs_f64() / window.as_secs_f64())
         .round()
         .max(1.0) as usize;
-    let snapshot = || {
-        let bases = bases.clone();
-        async move {
-            let mut ms = Vec::new();
-            for b in &bases {
-                ms.push(metrics(b).await);
-            }
-            merged(ms)
-        }
-    };
+    let snapshot = || metrics_of(&bases);
     let (first, r0, w0, p0) = (
         snapshot().await,
         rows_written(&db).await,

@@ -8,7 +8,7 @@ use sqlx::Connection;
 
 use super::support::TestDb;
 use super::support::replica::Replica;
-use super::{cpu_of, cpu_seconds, lag_percentile, merged, metrics, rows_written};
+use super::{cpu_of, cpu_seconds, lag_percentile, metrics, metrics_of, rows_written};
 
 /// The survivors' schedule lag is read over windows this long.
 const WINDOW: Duration = Duration::from_secs(10);
@@ -83,16 +83,7 @@ pub async fn run(db: &TestDb, replicas: &mut [Replica], n: usize) -> Takeover {
     );
     tokio::time::sleep_until(expiry.into()).await;
     let pg_cpu = || cpu_seconds() - cpu_of("self");
-    let snapshot = || {
-        let survivors = survivors.clone();
-        async move {
-            let mut ms = Vec::new();
-            for b in &survivors {
-                ms.push(metrics(b).await);
-            }
-            merged(ms)
-        }
-    };
+    let snapshot = || metrics_of(&survivors);
     let all_held = || {
         let survivors = survivors.clone();
         async move {
