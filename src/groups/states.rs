@@ -86,3 +86,37 @@ impl Queue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GroupMode, Status};
+
+    fn group(id: Uuid) -> Group {
+        Group {
+            id,
+            tenant: "t".into(),
+            mode: GroupMode::All,
+            keep_running: false,
+            status: Status::Running,
+            deadline: Utc::now(),
+            state: None,
+            members: vec![],
+        }
+    }
+
+    #[test]
+    fn the_newest_state_is_kept_and_a_decided_group_is_dropped() {
+        let q = Queue::default();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        q.push([(group(a), "1 of 3 succeeded".into())]);
+        q.push([
+            (group(a), "2 of 3 succeeded".into()),
+            (group(b), "1 of 2 succeeded".into()),
+        ]);
+        q.forget([b]);
+        let taken: Vec<(Uuid, String)> = q.take().into_iter().map(|(g, s)| (g.id, s)).collect();
+        assert_eq!(taken, vec![(a, "2 of 3 succeeded".to_string())]);
+        assert!(q.take().is_empty());
+    }
+}
