@@ -337,8 +337,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             .unwrap()
             .wait;
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        // Long enough that a loaded machine cannot let it run out between two claims.
-        let ttl = Duration::from_millis(900);
+        let ttl = Duration::from_secs(30);
         let claimed = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(claimed.len(), 1, "{}", backend.url());
         assert_eq!(
@@ -352,8 +351,9 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
                 .unwrap()
                 .is_empty()
         );
-        // The point: the lease runs out, on the store's clock.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // The lease runs out: a renewal for no time at all leaves it ending now,
+        // on the store's clock.
+        store.renew_lease(a, Duration::ZERO).await.unwrap();
         let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
         assert!(taken[0].epoch > claimed[0].epoch);
@@ -603,9 +603,7 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
 #[tokio::test]
 async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
     for_each_store!(|store, backend| {
-        // Each step below has at least 250 ms to spare on either side of a lease's end,
-        // which a loaded machine can take between two statements.
-        let ttl = Duration::from_millis(600);
+        let ttl = Duration::from_secs(30);
         let first = store
             .create("t", &spec(), Utc::now(), None)
             .await
@@ -619,10 +617,11 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             store.claim(a, ttl, Duration::ZERO, 10).await.unwrap().len(),
             1
         );
-        // A renewal that names only the first wait (the second claim may still be on
-        // its way back to the worker) keeps both past their original expiry.
-        // The point: it renews a lease more than half run out, on the store's clock.
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        // The lease is at its end (a renewal for no time leaves it ending now, on
+        // the store's clock) when a renewal that names only the first wait comes
+        // (the second claim may still be on its way back to the worker): it keeps
+        // both.
+        store.renew_lease(a, Duration::ZERO).await.unwrap();
         let renew = [WaitEpoch::from((first.id, held[0].epoch))];
         let renewal = store.renew(a, ttl, &renew, &[]).await.unwrap();
         assert!(renewal.lost.is_empty());
@@ -630,8 +629,6 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         // claim whose answer the worker never got would stay so).
         assert_eq!(renewal.strays.len(), 1, "{}", backend.url());
         assert_ne!(renewal.strays[0].id, first.id);
-        // The point: past the original expiry, kept by the renewal.
-        tokio::time::sleep(Duration::from_millis(350)).await;
         assert!(
             store
                 .claim(b, ttl, Duration::ZERO, 10)
@@ -641,9 +638,9 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             "{}: a wait of a live owner was taken",
             backend.url()
         );
-        // Without another renewal both go to the next claimer, and the old owner
-        // learns it. The point: the renewed lease runs out, on the store's clock.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Without another renewal both go to the next claimer once the lease runs
+        // out, and the old owner learns it.
+        store.renew_lease(a, Duration::ZERO).await.unwrap();
         assert_eq!(
             store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
             2
@@ -767,9 +764,7 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
     for_each_store!(|store, backend| {
         store.create("t", &spec(), Utc::now(), None).await.unwrap();
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        // Lease times are wall-clock times in the store; each step below has a
-        // second of margin for a loaded machine.
-        let ttl = Duration::from_secs(3);
+        let ttl = Duration::from_secs(30);
         let c = store
             .claim(a, ttl, Duration::ZERO, 1)
             .await
@@ -798,11 +793,11 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
         // An older one (a progress write got there first) does not go back.
         store.checkpoint(a, ttl, &[at(3)]).await.unwrap();
         assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 5);
-        // The point: past the claim's own expiry (3 s), the checkpoint at 2 s
-        // kept the lease (until 5 s).
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // A checkpoint renews the lease: one with nothing in it, written when the
+        // lease is at its end (a renewal for no time leaves it ending now, on the
+        // store's clock), keeps the wait from the next claimer.
+        store.renew_lease(a, Duration::ZERO).await.unwrap();
         store.checkpoint(a, ttl, &[]).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(
             store
                 .claim(b, ttl, Duration::ZERO, 1)
@@ -810,6 +805,13 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
                 .unwrap()
                 .is_empty(),
             "{}: the lease ran out",
+            backend.url()
+        );
+        store.renew_lease(a, Duration::ZERO).await.unwrap();
+        assert_eq!(
+            store.claim(b, ttl, Duration::ZERO, 1).await.unwrap().len(),
+            1,
+            "{}: the lease did not run out",
             backend.url()
         );
     });

@@ -205,7 +205,9 @@ impl Store {
         sql!(self.replicas_alive())
     }
 
-    /// Renews the owner's lease only: one row, however many waits it holds.
+    /// Renews the owner's lease only: one row, however many waits it holds. The
+    /// lease lasts `ttl` on the store's clock and has run out at its end, so a `ttl`
+    /// of zero ends it now.
     pub async fn renew_lease(&self, owner: Uuid, ttl: Duration) -> Result<(), StoreError> {
         sql!(self.renew_lease(owner, ttl))
     }

@@ -43,7 +43,7 @@ impl PgDialect {
              alive AS MATERIALIZED (
                  SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank,
                         coalesce(bool_or(id = $1), false) AS listed
-                 FROM replicas WHERE lease_until >= now()),
+                 FROM replicas WHERE lease_until > now()),
              unowned AS MATERIALIZED (
                  SELECT id FROM waits
                  WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
@@ -54,7 +54,7 @@ impl PgDialect {
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
              orphaned AS MATERIALIZED (
-                 SELECT o.id FROM (SELECT id FROM replicas WHERE lease_until < now() AND id <> $1) r,
+                 SELECT o.id FROM (SELECT id FROM replicas WHERE lease_until <= now() AND id <> $1) r,
                  LATERAL (
                      SELECT id, claim_at FROM waits
                      WHERE owner = r.id AND status = 'running' AND claim_at <= now() + $3

@@ -35,7 +35,7 @@ impl SqliteDialect {
              WHERE id IN (SELECT id FROM waits
                           WHERE status = 'running' AND next_poll_at <= ?2
                             AND (owner IS NULL
-                                 OR owner IN (SELECT id FROM replicas WHERE lease_until < ?3 AND id <> ?1))
+                                 OR owner IN (SELECT id FROM replicas WHERE lease_until <= ?3 AND id <> ?1))
                           ORDER BY next_poll_at LIMIT ?4)
              RETURNING id, epoch, claims, tenant, engine, next_poll_at, deadline,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
