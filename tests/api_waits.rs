@@ -1038,9 +1038,9 @@ async fn a_request_blocked_on_a_replica_without_a_worker_sees_the_wait_end_on_an
         })
     };
     heard.holding(&id).await;
-    // The point: no poll lands while there is no worker (and no loop to witness it).
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(up.hits("/s/1"), 0, "a --no-worker replica polled");
+    // The wait was due at once; a --no-worker replica that polled would have polled
+    // it before the worker came.
+    let worker_from = std::time::Instant::now();
     let worker = App::start(&db).await;
     let ((status, _, w), answered) = tokio::time::timeout(Duration::from_secs(15), blocked)
         .await
@@ -1048,6 +1048,10 @@ async fn a_request_blocked_on_a_replica_without_a_worker_sees_the_wait_end_on_an
         .unwrap();
     assert_eq!(status, 200, "{w}");
     assert_eq!(w["status"], "succeeded", "{w}");
+    assert!(
+        up.first_hit("/s/1").is_some_and(|t| t > worker_from),
+        "a --no-worker replica polled"
+    );
     // It answered on the end's notice, not on a timer.
     let (_, now) = worker.get(&format!("/waits/{id}")).await;
     let finished: chrono::DateTime<chrono::Utc> =

@@ -50,6 +50,16 @@ fn rates(up: &Recorder, paths: &[String], since: Instant) -> Vec<(f64, HashSet<S
         .collect()
 }
 
+/// Awaits, hit by hit, every path's last two requests coming at least 0.8 s after
+/// the one before (polls every 1 s, shared), counted from now.
+async fn settled(up: &Recorder, paths: &[String]) -> bool {
+    let from = Instant::now();
+    up.hit_when(Duration::from_secs(15), |hits| {
+        each_steady(hits, paths, from, Duration::from_millis(800), 2)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9() {
     let dir = TempDir::new("waitd-placement");
@@ -109,8 +119,12 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
             .unwrap();
     assert_eq!(replicas, 2, "both replicas hold waits");
 
-    // The steady state: every wait's first poll is behind it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The steady state: every URL polled about a second apart again, its waits'
+    // first polls behind it.
+    assert!(
+        settled(&up, &paths).await,
+        "the URLs' polls did not settle a second apart"
+    );
     let since = Instant::now();
     tokio::time::sleep(WINDOW).await;
     let two = rates(&up, &paths, since);
@@ -171,7 +185,10 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
         "the survivor held every wait {:?} after the kill",
         killed.elapsed()
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        settled(&up, &paths).await,
+        "the URLs' polls did not settle a second apart after the kill"
+    );
     let since = Instant::now();
     tokio::time::sleep(WINDOW).await;
     let one = rates(&up, &paths, since);

@@ -114,6 +114,8 @@ struct Script {
     /// Per path: the replies left; the last one repeats.
     replies: HashMap<String, Vec<Reply>>,
     hits: HashMap<String, usize>,
+    /// Per path: when its first request came.
+    first: HashMap<String, std::time::Instant>,
     seen_headers: HashMap<String, Vec<HeaderMap>>,
 }
 
@@ -170,6 +172,12 @@ impl Upstream {
             .unwrap_or(0)
     }
 
+    /// When `path`'s first request came, if one has.
+    pub fn first_hit(&self, path: &str) -> Option<std::time::Instant> {
+        let s = self.script.lock().unwrap();
+        s.first.get(path.trim_start_matches('/')).copied()
+    }
+
     pub fn headers_seen(&self, path: &str) -> Vec<HeaderMap> {
         let s = self.script.lock().unwrap();
         s.seen_headers
@@ -187,6 +195,9 @@ async fn answer(
     let reply = {
         let mut s = script.lock().unwrap();
         *s.hits.entry(path.clone()).or_default() += 1;
+        s.first
+            .entry(path.clone())
+            .or_insert_with(std::time::Instant::now);
         s.seen_headers
             .entry(path.clone())
             .or_default()

@@ -202,6 +202,30 @@ pub fn each_hit(hits: &[Hit], paths: &[String], n: usize, since: Instant) -> boo
         .all(|p| counts.get(key(p).as_str()).copied().unwrap_or(0) >= n)
 }
 
+/// Whether every one of `paths` has settled into a cadence since `since`: its
+/// last `gaps` + 1 hits at or after `since` each at least `gap` after the one
+/// before (what came in a burst before it, claims' first polls, is behind it).
+pub fn each_steady(
+    hits: &[Hit],
+    paths: &[String],
+    since: Instant,
+    gap: Duration,
+    gaps: usize,
+) -> bool {
+    let mut times: HashMap<&str, Vec<Instant>> = HashMap::new();
+    for h in hits.iter().filter(|h| h.at >= since) {
+        times.entry(h.path.as_str()).or_default().push(h.at);
+    }
+    paths.iter().all(|p| {
+        times.get(key(p).as_str()).is_some_and(|t| {
+            t.len() > gaps
+                && t[t.len() - gaps - 1..]
+                    .windows(2)
+                    .all(|w| w[1].saturating_duration_since(w[0]) >= gap)
+        })
+    })
+}
+
 /// Per path, its hits in time order with their replica.
 pub fn by_path(
     attributed: &[(Hit, Option<usize>)],
