@@ -27,7 +27,11 @@ impl PgDialect {
         turns: &Turns<'_>,
     ) -> Result<Vec<DueRow>, StoreError> {
         // Turns are numbered over every due delivery first in line for its webhook
-        // (one probe of deliveries_pending_by_webhook each). A window function cannot
+        // (one probe of deliveries_pending_by_webhook each: the probe is ordered as
+        // that index is, so that no plan reads it from another index and sorts; on
+        // tables without statistics, `min(seq)` was planned as a scan of every
+        // pending delivery through deliveries_pending_by_tenant, once for each due
+        // one). A window function cannot
         // share a level with FOR UPDATE, so the ids picked are then locked, skipping
         // any another replica is claiming, and checked again once locked; as an
         // array, so that they are read by primary key whatever the planner's
@@ -42,9 +46,10 @@ impl PgDialect {
                  LEFT JOIN unnest($5::text[], $6::bigint[]) AS f(tenant, taken) ON f.tenant = x.tenant
                  WHERE x.status = 'pending' AND x.next_attempt_at <= $2
                    AND (x.owner IS NULL OR x.lease_until < $2)
-                   AND x.seq = (SELECT min(p.seq) FROM deliveries p
+                   AND x.seq = (SELECT p.seq FROM deliveries p
                                 WHERE p.wait_id = x.wait_id AND p.endpoint = x.endpoint
-                                  AND p.status = 'pending')
+                                  AND p.status = 'pending'
+                                ORDER BY p.wait_id, p.endpoint, p.seq LIMIT 1)
                    AND NOT EXISTS (SELECT 1 FROM unnest($8::text[], $9::text[]) AS s(tenant, url)
                                    WHERE s.tenant = x.tenant AND s.url = n.url)),
              picked AS (
