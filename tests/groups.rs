@@ -527,3 +527,56 @@ async fn another_tenants_wait_is_no_member_and_a_group_announces_its_end_by_webh
     assert_eq!(got["data"]["mode"], "all", "{got}");
     app.stop().await.0.unwrap();
 }
+
+/// A group is a running wait of its tenant's: it counts against
+/// `--max-active-waits` as its members do, whether they are given by spec or by id.
+async fn a_group_counts_against_the_running_wait_limit(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/limit", vec![Reply::status("deploying")]);
+    let running = || async {
+        let r = app.client.get(app.url("/waits?status=running")).send();
+        let page: Value = r.await.unwrap().json().await.unwrap();
+        page["items"].as_array().map_or(0, Vec::len)
+    };
+    // Three members fit under the limit of 3; the group itself does not, and
+    // the members made for it are undone.
+    let (status, p) = post(
+        app,
+        "/waits",
+        &json!({"all": [member(&url), member(&url), member(&url)]}),
+    )
+    .await;
+    assert_eq!(status, 429, "{p}");
+    assert!(
+        p["detail"].as_str().unwrap_or("").contains("running waits"),
+        "{p}"
+    );
+    assert_eq!(running().await, 0);
+    let (status, group) = post(app, "/waits", &json!({"all": [member(&url), member(&url)]})).await;
+    assert_eq!(status, 201, "{group}");
+    assert_eq!(running().await, 3);
+    // A group of members by id makes no new member, but is one more running wait.
+    let first = &ids(&group)[0];
+    let (status, p) = post(app, "/waits", &json!({"any": [{"id": first}]})).await;
+    assert_eq!(status, 429, "{p}");
+    assert_eq!(running().await, 3);
+}
+
+#[tokio::test]
+async fn a_group_counts_against_the_running_wait_limit_on_sqlite() {
+    let dir = TempDir::new("waitd-groups-limit");
+    let mut args = test_args(&dir.sqlite_url());
+    args.extend(["--max-active-waits", "3"].map(String::from));
+    let app = App::start_args(args).await;
+    a_group_counts_against_the_running_wait_limit(&app).await;
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_group_counts_against_the_running_wait_limit_on_postgres() {
+    let db = TestDb::new().await;
+    let app = App::start_with(&db, &["--max-active-waits", "3"]).await;
+    a_group_counts_against_the_running_wait_limit(&app).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}

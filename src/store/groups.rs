@@ -14,7 +14,9 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::columns::{Time, from_row};
-use super::{Created, Dialect, EventBody, NewWait, Status, Store, StoreError, Wait, deliveries};
+use super::{
+    Created, Dialect, EventBody, Inserted, NewWait, Status, Store, StoreError, Wait, deliveries,
+};
 use crate::engine::EngineState;
 use crate::groups::{GroupRequest, MemberRequest, MemberState};
 use crate::model::{Ending, GroupMember, GroupMode, Grouping};
@@ -171,8 +173,8 @@ fn state_event(group: &Group, state: &str) -> (&'static str, Value) {
 
 impl Store {
     /// Creates a group: its new members (each a wait, counted against the
-    /// tenant's limit), then the group row with its membership in one
-    /// transaction. A member by id must be the tenant's and no group.
+    /// tenant's limit), then the group row (a running wait, counted too) with its
+    /// membership in one transaction. A member by id must be the tenant's and no group.
     pub async fn create_group(
         &self,
         tenant: &str,
@@ -267,10 +269,20 @@ impl Store {
             members: members.clone(),
             by_id,
         };
-        let inserted = sql!(self.insert_group(tenant, now, &group, idempotency));
+        let admission = self.admission(tenant, max_active);
+        let inserted = sql!(self.insert_group(tenant, now, &group, idempotency, admission));
         match inserted {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Inserted::Yes { counted }) => {
+                if let Some(n) = counted {
+                    self.counted(tenant, n);
+                }
+            }
+            Ok(Inserted::Full(n)) => {
+                self.undo_members(tenant, &made, now).await;
+                self.counted(tenant, n);
+                return Err(StoreError::TooManyActive(n).into());
+            }
+            Ok(Inserted::KeyTaken) => {
                 // Another request with this key won the race: answer with its group.
                 self.undo_members(tenant, &made, now).await;
                 let (key, hash) = idempotency.expect("only a key can be taken");

@@ -382,10 +382,7 @@ impl Store {
         }
         let mut nw = NewWait::prepare(spec, now, &self.cipher, trace)?;
         nw.placement = Some(rows::placement(tenant, &spec.target.url));
-        let admission = match max_active {
-            Some(max) if !self.far_under_limit(tenant, max) => Admission::Count { max },
-            _ => Admission::Free,
-        };
+        let admission = self.admission(tenant, max_active);
         match sql!(self.insert_wait(tenant, now, &nw, idempotency, admission))? {
             Inserted::Yes { counted } => {
                 if let Some(n) = counted {
@@ -413,6 +410,15 @@ impl Store {
                     }),
                 }
             }
+        }
+    }
+
+    /// How a create of `tenant`'s is admitted under `max_active`: counted in its
+    /// transaction, unless no limit applies or the tenant is far under it.
+    fn admission(&self, tenant: &str, max_active: Option<i64>) -> Admission {
+        match max_active {
+            Some(max) if !self.far_under_limit(tenant, max) => Admission::Count { max },
+            _ => Admission::Free,
         }
     }
 

@@ -5,8 +5,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::PgDialect;
-use crate::store::StoreError;
 use crate::store::groups::{GroupHead, GroupWrite, LinkRow, NewGroup};
+use crate::store::{Admission, Inserted, StoreError};
 
 impl PgDialect {
     /// The group's row, its spec, its `created` event, its webhooks, its mode and
@@ -17,9 +17,15 @@ impl PgDialect {
         now: DateTime<Utc>,
         g: &NewGroup<'_>,
         idempotency: Option<(&str, &str)>,
-    ) -> Result<bool, StoreError> {
+        admission: Admission,
+    ) -> Result<Inserted, StoreError> {
         let nw = g.wait;
         let mut tx = self.pool.begin().await?;
+        // The group is a running wait of the tenant's, counted as any other.
+        let counted = match super::waits::admit(&mut tx, tenant, admission).await? {
+            Ok(counted) => counted,
+            Err(n) => return Ok(Inserted::Full(n)),
+        };
         sqlx::query(
             "INSERT INTO waits (id, tenant, status, state, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
              VALUES ($1, $2, 'running', $3, $4, $4, $5, NULL, NULL, $6, $7, 1)",
@@ -46,7 +52,7 @@ impl PgDialect {
             && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
         {
             tx.rollback().await?;
-            return Ok(false);
+            return Ok(Inserted::KeyTaken);
         }
         for n in &nw.notify {
             sqlx::query(
@@ -100,7 +106,7 @@ impl PgDialect {
         }
         tx.commit().await?;
         self.committed.notify_one();
-        Ok(true)
+        Ok(Inserted::Yes { counted })
     }
 
     pub(in crate::store) async fn group_links(

@@ -44,33 +44,10 @@ impl PgDialect {
             return Ok(Inserted::Yes { counted: None });
         }
         let mut tx = self.pool.begin().await?;
-        let mut counted = None;
-        if let Admission::Count { max } = admission {
-            const COUNT: &str =
-                "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1";
-            let (mut n,): (i64,) = sqlx::query_as(COUNT)
-                .bind(tenant)
-                .fetch_one(&mut *tx)
-                .await?;
-            if n + LIMIT_MARGIN >= max {
-                // Far from the limit, concurrent creates (at most one per pooled
-                // connection of every replica) cannot reach it and go in parallel.
-                sqlx::query(
-                    "SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))",
-                )
-                .bind(tenant)
-                .execute(&mut *tx)
-                .await?;
-                (n,) = sqlx::query_as(COUNT)
-                    .bind(tenant)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            }
-            if n >= max {
-                return Ok(Inserted::Full(n));
-            }
-            counted = Some(n);
-        }
+        let counted = match admit(&mut tx, tenant, admission).await? {
+            Ok(counted) => counted,
+            Err(n) => return Ok(Inserted::Full(n)),
+        };
         insert_wait(tenant, now, nw).execute(&mut *tx).await?;
         if let Some((key, hash)) = idempotency
             && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
@@ -265,4 +242,36 @@ pub(in crate::store) async fn take_key(
     .await?
     .rows_affected();
     Ok(inserted > 0)
+}
+
+/// Admission within a create's transaction: the tenant's running count when one
+/// is to be taken (again under the tenant's lock near the limit, so the count
+/// and the insert cannot interleave), or `Err` with the count when the tenant
+/// is at `max`.
+pub(super) async fn admit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tenant: &str,
+    admission: Admission,
+) -> Result<Result<Option<i64>, i64>, StoreError> {
+    let Admission::Count { max } = admission else {
+        return Ok(Ok(None));
+    };
+    const COUNT: &str = "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = $1";
+    let (mut n,): (i64,) = sqlx::query_as(COUNT)
+        .bind(tenant)
+        .fetch_one(&mut **tx)
+        .await?;
+    if n + LIMIT_MARGIN >= max {
+        // Far from the limit, concurrent creates (at most one per pooled
+        // connection of every replica) cannot reach it and go in parallel.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('waitd-tenant:' || $1, 0))")
+            .bind(tenant)
+            .execute(&mut **tx)
+            .await?;
+        (n,) = sqlx::query_as(COUNT)
+            .bind(tenant)
+            .fetch_one(&mut **tx)
+            .await?;
+    }
+    Ok(if n >= max { Err(n) } else { Ok(Some(n)) })
 }

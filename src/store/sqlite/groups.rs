@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use super::events::append_events;
 use super::{SqliteDialect, ms};
-use crate::store::StoreError;
 use crate::store::groups::{GroupHead, LinkRow, NewGroup};
+use crate::store::{Admission, Inserted, StoreError};
 
 /// `?, ?, …` for `n` parameters.
 fn params(n: usize) -> String {
@@ -23,9 +23,15 @@ impl SqliteDialect {
         now: DateTime<Utc>,
         g: &NewGroup<'_>,
         idempotency: Option<(&str, &str)>,
-    ) -> Result<bool, StoreError> {
+        admission: Admission,
+    ) -> Result<Inserted, StoreError> {
         let nw = g.wait;
         let mut tx = self.pool.begin().await?;
+        // The group is a running wait of the tenant's, counted as any other.
+        let counted = match super::waits::admit(&mut tx, tenant, admission).await? {
+            Ok(counted) => counted,
+            Err(n) => return Ok(Inserted::Full(n)),
+        };
         sqlx::query(
             "INSERT INTO waits (id, tenant, status, state, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
              VALUES (?, ?, 'running', ?, ?, ?, ?, NULL, ?, ?, 1)",
@@ -51,7 +57,7 @@ impl SqliteDialect {
             && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
         {
             tx.rollback().await?;
-            return Ok(false);
+            return Ok(Inserted::KeyTaken);
         }
         for n in &nw.notify {
             sqlx::query(
@@ -106,7 +112,7 @@ impl SqliteDialect {
         .await?;
         tx.commit().await?;
         self.publish(notice.into_iter().collect());
-        Ok(true)
+        Ok(Inserted::Yes { counted })
     }
 
     pub(in crate::store) async fn group_links(

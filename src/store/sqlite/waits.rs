@@ -36,19 +36,10 @@ impl SqliteDialect {
         admission: Admission,
     ) -> Result<Inserted, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let mut counted = None;
-        if let Admission::Count { max } = admission {
-            let (n,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM waits WHERE status = 'running' AND tenant = ?",
-            )
-            .bind(tenant)
-            .fetch_one(&mut *tx)
-            .await?;
-            if n >= max {
-                return Ok(Inserted::Full(n));
-            }
-            counted = Some(n);
-        }
+        let counted = match admit(&mut tx, tenant, admission).await? {
+            Ok(counted) => counted,
+            Err(n) => return Ok(Inserted::Full(n)),
+        };
         sqlx::query(
             "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, labels, engine, seq)
              VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, 1)",
@@ -222,4 +213,23 @@ pub(in crate::store) async fn take_key(
     .await?
     .rows_affected();
     Ok(inserted > 0)
+}
+
+/// Admission within a create's transaction: the tenant's running count when one
+/// is to be taken (one connection is the only writer, so it holds until the
+/// insert), or `Err` with the count when the tenant is at `max`.
+pub(super) async fn admit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tenant: &str,
+    admission: Admission,
+) -> Result<Result<Option<i64>, i64>, StoreError> {
+    let Admission::Count { max } = admission else {
+        return Ok(Ok(None));
+    };
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM waits WHERE status = 'running' AND tenant = ?")
+            .bind(tenant)
+            .fetch_one(&mut **tx)
+            .await?;
+    Ok(if n >= max { Err(n) } else { Ok(Some(n)) })
 }
