@@ -302,6 +302,15 @@ async fn streams_are_capped_per_tenant_and_per_replica_with_a_429_and_a_sentence
     );
     let (status, _, body) = answer(app.client.get(app.url(&format!("/waits/{id}?wait=10s")))).await;
     assert_eq!(status, 429, "{body}");
+    // A blocking create at the cap makes nothing: a client that retries on the
+    // 429 makes no twins.
+    for body in [spec(&url), json!({"all": [spec(&url)]})] {
+        let (status, _, text) =
+            answer(app.client.post(app.url("/waits?wait=10s")).json(&body)).await;
+        assert_eq!(status, 429, "{text}");
+    }
+    let (_, page) = app.get("/waits").await;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(1), "{page}");
     // Closing one frees its place.
     drop(a);
     let ok = support::eventually(Duration::from_secs(3), || async {

@@ -114,6 +114,7 @@ pub(super) async fn create(
         .as_ref()
         .map(|_| hex::encode(Sha256::digest(body.to_string().as_bytes())));
     let idem = key.as_deref().zip(hash.as_deref());
+    let slot = hold.map(|_| s.streams.acquire(&tenant)).transpose()?;
     let created = s
         .store
         .create_group(
@@ -166,9 +167,9 @@ pub(super) async fn create(
             .annotate_groups(std::slice::from_mut(&mut wait))
             .await?;
     }
-    let mut res = match hold {
-        Some(hold) if wait.is_running() => {
-            let (wait, why) = block(&s, &tenant, id, hold).await?;
+    let mut res = match hold.zip(slot) {
+        Some((hold, slot)) if wait.is_running() => {
+            let (wait, why) = block(&s, &tenant, id, hold, slot).await?;
             blocked_response(&wait, why, true)
         }
         Some(_) => blocked_response(&wait, Held::Ended, true),

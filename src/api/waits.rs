@@ -112,14 +112,16 @@ async fn current(s: &AppState, waits: &mut [Wait]) {
 /// Holds until the wait ends, `hold` runs out, or the server stops; returns the wait
 /// as it then stands (read again, not as it was when the request began) and why
 /// the hold ended. Costs no database polling: it re-reads only when the bus says
-/// this wait ended (or that notices may have been missed).
+/// this wait ended (or that notices may have been missed). `slot` is the
+/// tenant's place among open streams, taken first (a create takes it before it
+/// stores anything, so that a `429` at the cap has made nothing).
 pub(super) async fn block(
     s: &AppState,
     tenant: &str,
     id: Uuid,
     hold: Hold,
+    _slot: super::streams::Slot,
 ) -> ApiResult<(Wait, Held)> {
-    let _slot = s.streams.acquire(tenant)?;
     let mut rx = s.bus.subscribe_wait(id);
     // Read after subscribing, so an end between the two is not missed.
     let mut wait = read(s, tenant, id).await?;
@@ -298,6 +300,7 @@ pub async fn create_wait(
         hex::encode(Sha256::digest(body.to_string().as_bytes()))
     });
     let idem = key.as_deref().zip(hash.as_deref());
+    let slot = hold.map(|_| s.streams.acquire(&tenant)).transpose()?;
     let created = s
         .store
         .create_within(
@@ -315,9 +318,9 @@ pub async fn create_wait(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %created.wait.id, "wait created");
     }
-    let mut res = match hold {
-        Some(hold) if created.wait.is_running() => {
-            let (wait, why) = block(&s, &tenant, created.wait.id, hold).await?;
+    let mut res = match hold.zip(slot) {
+        Some((hold, slot)) if created.wait.is_running() => {
+            let (wait, why) = block(&s, &tenant, created.wait.id, hold, slot).await?;
             blocked_response(&wait, why, true)
         }
         Some(_) => blocked_response(&created.wait, Held::Ended, true),
@@ -367,7 +370,8 @@ pub async fn get_wait(
     match q.hold()? {
         None => Ok(json_response(StatusCode::OK, read(&s, &tenant, id).await?)),
         Some(hold) => {
-            let (wait, why) = block(&s, &tenant, id, hold).await?;
+            let slot = s.streams.acquire(&tenant)?;
+            let (wait, why) = block(&s, &tenant, id, hold, slot).await?;
             Ok(blocked_response(&wait, why, false))
         }
     }
