@@ -591,7 +591,7 @@ fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
         ParamKind::Duration => {
             if !is_cel_duration(value) {
                 return Err(format!(
-                    "must be a duration such as \"5m\", \"90s\" or \"1h30m\" (numbers with units h, m, s, ms, us or ns, at most 10,000 years), not \"{value}\""
+                    "must be a duration such as \"5m\", \"90s\" or \"1h30m\" (numbers with units h, m, s, ms, us or ns, at most 2,562,047h, about 292 years), not \"{value}\""
                 ));
             }
         }
@@ -619,11 +619,15 @@ fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
 }
 
 /// Whether `value` is a duration CEL's `duration()` accepts and can hold: `0`, or
-/// one or more of digits (with an optional fraction) and a unit, adding up to at most
-/// CEL's bound of 10,000 years. Written here because the `cel` crate keeps its
-/// parser private; this is its grammar without the sign.
+/// one or more of digits (with an optional fraction) and a unit, adding up to what
+/// the `cel` crate's `duration()` holds: an `i64` count of nanoseconds, so at most
+/// 9,223,372,036 whole seconds (2,562,047 hours, about 292 years). Written here
+/// because the `cel` crate keeps its parser private; this is its grammar without
+/// the sign.
 fn is_cel_duration(value: &str) -> bool {
-    const MAX_SECONDS: f64 = 315_576_000_000.0;
+    // i64::MAX nanoseconds is 9,223,372,036.85 s; the whole seconds below it leave
+    // room for the sum's rounding.
+    const MAX_SECONDS: f64 = 9_223_372_036.0;
     if value == "0" {
         return true;
     }

@@ -584,6 +584,33 @@ async fn kubernetes_condition_succeeds_when_the_condition_turns_true() {
     finish(app, db).await;
 }
 
+/// A `duration` parameter is refused past what CEL's `duration()` holds (an `i64`
+/// of nanoseconds), and one at the bound is evaluated without an error.
+#[tokio::test]
+async fn a_duration_parameter_is_held_to_what_cel_can_hold() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let path = "/apis/apps/v1/namespaces/default/deployments/held";
+    up.script(path, vec![deployment("True")]);
+    let app = App::start(&db).await;
+    let req = |held_for: &str| {
+        let params = json!({"base_url": up.base, "path": path, "condition": "Available", "held_for": held_for});
+        with_preset("kubernetes.condition", params, json!({"timeout": "300ms"}))
+    };
+    for over in ["2562048h", "2562047h47m17s", "9223372037s"] {
+        let (status, p) = app.create(req(over)).await;
+        assert_eq!(status, 422, "{over}: {p}");
+        assert!(p.to_string().contains("held_for"), "{p}");
+    }
+    // At the bound: never held that long, so the deadline ends it, and no poll
+    // met an error on the way.
+    let id = created_id(&app, req("2562047h47m16s")).await;
+    let end = app.wait_end(&id).await;
+    assert_eq!(end["status"], "timed_out", "{end}");
+    assert_eq!(end["last_error"], Value::Null, "{end}");
+    finish(app, db).await;
+}
+
 #[tokio::test]
 async fn github_workflow_run_succeeds_only_when_completed_with_success() {
     let db = TestDb::new().await;
