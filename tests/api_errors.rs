@@ -612,7 +612,7 @@ async fn bad_event_stream_parameters_are_400_problems() {
 }
 
 #[tokio::test]
-async fn an_empty_idempotency_key_or_one_too_long_is_a_400_problem() {
+async fn an_idempotency_key_empty_too_long_with_spaces_or_twice_is_a_400_problem() {
     let app = setup().await;
     problem(
         app.post("/waits")
@@ -628,6 +628,26 @@ async fn an_empty_idempotency_key_or_one_too_long_is_a_400_problem() {
         400,
     )
     .await;
+    // Spaces and tabs are not visible characters, and two keys are not one.
+    for key in ["deploy 1", "deploy\t1", " deploy-1"] {
+        problem(
+            app.post("/waits")
+                .header("Idempotency-Key", key)
+                .json(&valid()),
+            400,
+        )
+        .await;
+    }
+    problem(
+        app.post("/waits")
+            .header("Idempotency-Key", "deploy-1")
+            .header("Idempotency-Key", "deploy-2")
+            .json(&valid()),
+        400,
+    )
+    .await;
+    let (_, page) = app.get("/waits").answer().await;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(0), "{page}");
     teardown(app).await;
 }
 

@@ -367,20 +367,29 @@ pub struct IdempotencyHeader {
     pub idempotency_key: Option<String>,
 }
 
-/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+/// The `Idempotency-Key` header: one, of 1 to 255 visible ASCII characters (no
+/// space or tab, which a header value may hold but a key should not: `a b` and
+/// `a  b` would be two keys a person cannot tell apart).
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else {
+    let mut all = headers.get_all("idempotency-key").iter();
+    let Some(v) = all.next() else {
         return Ok(None);
     };
-    v.to_str()
-        .ok()
-        .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY)
-        .map(|k| Some(k.to_string()))
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
-            ))
-        })
+    if all.next().is_some() {
+        return Err(ApiError::bad_request(
+            "Idempotency-Key was sent more than once; send it once",
+        ));
+    }
+    let bytes = v.as_bytes();
+    if bytes.is_empty()
+        || bytes.len() > MAX_IDEMPOTENCY_KEY
+        || !bytes.iter().all(u8::is_ascii_graphic)
+    {
+        return Err(ApiError::bad_request(format!(
+            "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters, without spaces"
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 /// A JSON request body, with every failure rendered as problem+json: a wrong
