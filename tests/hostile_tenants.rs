@@ -403,3 +403,62 @@ async fn many_followers_of_events_each_see_every_event_once_in_order_on_both_sto
     }
     stop_all(apps, db).await;
 }
+
+/// A wait let go stops its poll: one in flight to a target that never answers
+/// gives its host's place back at once, and one waiting for that place is never
+/// sent.
+#[tokio::test]
+async fn a_canceled_waits_poll_gives_its_hosts_place_back_and_a_queued_one_is_never_sent() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let mut hang = Reply::status("deploying");
+    hang.delay = Duration::from_secs(120);
+    let busy = up.script("/busy", vec![hang]);
+    let queued = up.script("/queued", vec![Reply::status("deploying")]);
+    let last = up.script("/last", vec![Reply::status("on")]);
+    let app = App::start_with(
+        &db,
+        &["--per-host-concurrency", "1", "--probe-timeout", "60s"],
+    )
+    .await;
+    let create = |url: &str| {
+        let mut s = spec(url);
+        s["timeout"] = json!("60s");
+        app.create(s)
+    };
+    let (_, b) = create(&busy).await;
+    // The host's one place is taken by a request that is never answered.
+    assert!(
+        up.requested(Duration::from_secs(10), |u| u.hits("/busy") == 1)
+            .await
+    );
+    let (_, q) = create(&queued).await;
+    // Its first poll is due at once: wait until its timer has fired (the second
+    // poll begun), so that it waits for the host's place.
+    let begun = support::eventually(Duration::from_secs(10), || async {
+        app.metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("waitd_schedule_lag_seconds_count "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .is_some_and(|n| n >= 2.0)
+    })
+    .await;
+    assert!(begun, "the queued wait's poll never began");
+    for w in [&q, &b] {
+        let id = w["id"].as_str().unwrap();
+        let (status, _) = app.post(&format!("/waits/{id}/cancel")).await;
+        assert_eq!(status, 200);
+    }
+    // The place is free again: a new wait on the host is polled and ends.
+    let (_, l) = create(&last).await;
+    let end = app.wait_end(l["id"].as_str().unwrap()).await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(
+        up.hits("/queued"),
+        0,
+        "a canceled wait's queued poll was sent"
+    );
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}

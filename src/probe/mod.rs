@@ -230,6 +230,14 @@ pub struct Target {
 #[derive(Debug, Default)]
 struct Came(AtomicU8);
 
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            share::Group::release(group);
+        }
+    }
+}
+
 impl Came {
     fn set(&self, how: LastPoll) {
         let b = match how {
@@ -435,20 +443,27 @@ impl Prober {
                 let auth = target.auth.clone();
                 let traced = self.inner.client.traces().is_on();
                 let send = async move {
-                    let fetched = prober
-                        .fetch_authed(
-                            wait,
-                            auth::Via {
-                                client: &client,
-                                auth: auth.as_ref(),
-                                minting: Some(&held.minting),
-                            },
-                            host,
-                            request,
-                            true,
-                            &held.kept,
-                        )
-                        .await;
+                    // The waits that hold the request hold its group: when the
+                    // task here holds the last of it, every one was let go, and
+                    // the request is not sent, or is given up while in flight.
+                    let fetch = prober.fetch_authed(
+                        wait,
+                        auth::Via {
+                            client: &client,
+                            auth: auth.as_ref(),
+                            minting: Some(&held.minting),
+                        },
+                        host,
+                        request,
+                        true,
+                        &held.kept,
+                    );
+                    let fetched = tokio::select! {
+                        fetched = fetch => fetched,
+                        () = share::Group::unwanted(&held) => {
+                            (Arc::new(Fetched::Failed(abandoned())), LastPoll::Sent)
+                        }
+                    };
                     drop(held);
                     tx.send_replace(Some(fetched));
                     // A request only this wait sends is not kept; another's is

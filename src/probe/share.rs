@@ -75,6 +75,8 @@ pub(crate) struct Group {
     pub kept: super::conditional::Slot,
     /// The request in flight waits for its credential's token endpoint.
     pub minting: std::sync::atomic::AtomicBool,
+    /// Told whenever a wait's target lets go of the group.
+    let_go: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Group {
@@ -135,6 +137,7 @@ impl Registry {
             registry: Arc::downgrade(self),
             kept: Mutex::new(None),
             minting: Default::default(),
+            let_go: Default::default(),
         });
         if groups.insert(hash, Arc::downgrade(&group)).is_none() {
             self.counts.held.fetch_add(1, Relaxed);
@@ -149,6 +152,28 @@ impl Registry {
 }
 
 impl Group {
+    /// Lets go of `group` for a wait's target, and tells a request in flight
+    /// for it, which may now be the only one that holds it.
+    pub fn release(group: Arc<Group>) {
+        let told = group.let_go.clone();
+        drop(group);
+        told.notify_waiters();
+    }
+
+    /// Resolves once nothing but the caller's own `Arc` holds `group`: every
+    /// wait that would read the answer of its request has been let go.
+    pub async fn unwanted(group: &Arc<Group>) {
+        loop {
+            let told = group.let_go.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if Arc::strong_count(group) <= 1 {
+                return;
+            }
+            told.await;
+        }
+    }
+
     /// The turn of a wait due `now` whose previous poll was at `previous` (or
     /// which was taken up then): join a request begun after `previous` that is
     /// still in flight or began within `window`, or send one.

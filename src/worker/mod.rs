@@ -139,6 +139,19 @@ struct Held {
     memo: Option<crate::probe::Memo>,
     /// The `traceparent` its polls join, kept only while traces are on.
     trace: Option<Box<str>>,
+    /// Its poll's task, while one may be in flight.
+    polling: Option<Polling>,
+}
+
+/// A poll's task, stopped when the wait it polls for is let go (ended elsewhere,
+/// canceled, taken over, given back): a poll still waiting for its host's turn
+/// is then never sent.
+struct Polling(tokio::task::AbortHandle);
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Held {
@@ -477,6 +490,7 @@ impl Loop {
             dirty: false,
             memo: None,
             trace: c.trace.filter(|_| self.w.prober.client().traces().is_on()),
+            polling: None,
         };
         self.held.insert(c.id, Box::new(held));
         if c.claims >= MAX_CLAIMS {

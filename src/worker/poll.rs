@@ -39,7 +39,7 @@ impl Loop {
             h.engine.polls.saturating_add(1),
         );
         let polled = target.as_ref().ok().cloned();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let probe = async {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;
@@ -79,6 +79,9 @@ impl Loop {
                 at: clock.now(),
             });
         });
+        if let Some(h) = self.held.get_mut(&id) {
+            h.polling = Some(super::Polling(task.abort_handle()));
+        }
     }
 
     /// A probe came back: keep what its conditions decided, and step the engine.
