@@ -130,7 +130,9 @@ proptest! {
                     );
                 }
             }
-            Err(Refusal::Expand(e)) => prop_assert!(false, "the expansion never refuses: {}", e),
+            Err(Refusal::Expand { refused, .. }) => {
+                prop_assert!(false, "the expansion never refuses: {}", refused)
+            }
         }
     }
 }

@@ -324,12 +324,37 @@ async fn bad_groups_are_refused_with_a_sentence(app: &App) {
             404,
             "there is no wait",
         ),
+        // A member's first poll past the group's timeout, which is its own.
+        (
+            json!({"all": [{"target": {"url": url}, "state": "/data/attributes/status", "want": ["on"],
+                            "timeout": "1h", "poll": {"delay": "30m"}}],
+                   "timeout": "1m"}),
+            400,
+            "all[0].poll.delay",
+        ),
     ];
     for (body, want, says) in cases {
         let (code, p) = post(app, "/waits", &body).await;
         assert_eq!(code, want, "{body} → {p}");
         assert!(p.to_string().contains(says), "{body} → {p}");
     }
+    // A member's preset refusal names the member.
+    let body =
+        json!({"all": [member(&url), {"preset": "http.ok", "params": {"url": url, "zz": 1}}]});
+    let (code, p) = post(app, "/waits", &body).await;
+    assert_eq!(code, 422, "{p}");
+    assert_eq!(p["errors"][0]["field"], "all[1].params.zz", "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("all[1].params.zz "),
+        "{p}"
+    );
+    let body = json!({"any": [member(&url), {"preset": "no.such"}]});
+    let (code, p) = post(app, "/waits", &body).await;
+    assert_eq!(code, 422, "{p}");
+    assert_eq!(p["errors"][0]["field"], "any[1].preset", "{p}");
     let (_, g) = app.create(json!({"all": [member(&url)]})).await;
     let (code, p) = post(app, "/waits", &json!({"all": [{"id": g["id"]}]})).await;
     assert_eq!(code, 400, "{p}");

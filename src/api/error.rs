@@ -51,6 +51,23 @@ impl ApiError {
         }
     }
 
+    /// This refusal of a part of a request (a group's member at `at`, such as
+    /// `all[2]`), its fields named from the whole request.
+    pub fn within(mut self, at: &str) -> ApiError {
+        for e in &mut self.errors {
+            e.field = if e.field.is_empty() {
+                at.to_string()
+            } else {
+                format!("{at}.{}", e.field)
+            };
+        }
+        self.detail = match self.errors.as_slice() {
+            [one] => format!("{} {}", one.field, one.message),
+            _ => format!("{at}: {}", self.detail),
+        };
+        self
+    }
+
     pub fn bad_request(detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "Bad request", detail)
     }

@@ -101,7 +101,7 @@ pub(super) async fn create(
         })?;
     let req = parsed.map_err(|r| match r {
         Refusal::Invalid(errors) => ApiError::validation(errors),
-        Refusal::Expand(e) => e,
+        Refusal::Expand { at, refused } => refused.within(&at),
     })?;
     let name = req.mode.as_str();
     for (i, m) in req.members.iter().enumerate() {

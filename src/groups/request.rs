@@ -42,11 +42,12 @@ pub struct GroupRequest {
     pub spec: Value,
 }
 
-/// Why a group request is refused: its fields, or (from `expand`) a member's preset.
+/// Why a group request is refused: its fields, or (from `expand`) a member's
+/// preset, with where that member is in the request (`all[2]`).
 #[derive(Debug)]
 pub enum Refusal<E> {
     Invalid(Vec<FieldError>),
-    Expand(E),
+    Expand { at: String, refused: E },
 }
 
 /// Whether a create body asks for a group.
@@ -198,13 +199,25 @@ pub fn parse<E>(
             }
             continue;
         }
-        let request = expand(&Value::Object(m)).map_err(Refusal::Expand)?;
+        let request = match expand(&Value::Object(m)) {
+            Ok(request) => request,
+            Err(refused) => return Err(Refusal::Expand { at, refused }),
+        };
         match Spec::from_request(&request, limits) {
             Ok(mut spec) => {
                 if let Some(shell) = &shell
                     && spec.timeout > shell.timeout
                 {
+                    // A member lives no longer than its group; what it asked of
+                    // its own timeout must still hold under the group's.
                     spec.timeout = shell.timeout;
+                    if spec.poll.delay > spec.timeout {
+                        errs.push(err(
+                            format!("{at}.poll.delay"),
+                            "is longer than the group's timeout, which is the member's too, so the target would never be polled",
+                        ));
+                        continue;
+                    }
                 }
                 shown.push(shown_member(
                     serde_json::to_value(spec.redacted()).unwrap_or_default(),
