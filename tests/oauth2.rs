@@ -183,6 +183,39 @@ async fn an_invalid_client_ends_the_wait_with_the_endpoints_words_but_not_the_se
     app.stop().await.0.unwrap();
 }
 
+/// A secret that form-encoding changes, sent either way, and echoed by the
+/// endpoint in every form it went out in: none of them comes back.
+#[tokio::test]
+async fn an_echoed_secret_is_hidden_in_every_form_it_was_sent_in() {
+    use base64::Engine as _;
+    const ODD: &str = "p/q+r&s t=u%v~";
+    let dir = TempDir::new("waitd-oauth-echo");
+    let app = sqlite_app(&dir).await;
+    let issuer = Issuer::start(ODD).await;
+    issuer.set_mode(Mode::InvalidClient);
+    let enc: String = url::form_urlencoded::byte_serialize(ODD.as_bytes()).collect();
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+        "{}:{enc}",
+        url::form_urlencoded::byte_serialize(CLIENT_ID.as_bytes()).collect::<String>()
+    ));
+    for how in ["body", "basic"] {
+        let mut s = oauth_spec(&issuer);
+        s["target"]["auth"]["oauth2"]["client_secret"] = json!(ODD);
+        s["target"]["auth"]["oauth2"]["client_auth"] = json!(how);
+        let (code, w) = app.create(s).await;
+        assert_eq!(code, 201, "{w}");
+        let w = app.wait_end(w["id"].as_str().unwrap()).await;
+        assert_eq!(w["status"], "error", "{w}");
+        let reason = w["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("is not valid for this tenant"), "{reason}");
+        assert!(reason.contains("grant_type=client_credentials"), "{reason}");
+        for form in [ODD, &enc, &enc.to_ascii_lowercase(), &basic] {
+            assert!(!reason.contains(form), "{how}: {form} came back: {reason}");
+        }
+    }
+    app.stop().await.0.unwrap();
+}
+
 /// A token endpoint that answers `503` for a while: the wait rides it out as
 /// transient errors and succeeds once a token comes.
 #[tokio::test]

@@ -30,7 +30,8 @@ pub enum Mode {
     Issue,
     /// `503` to the next `n` requests, then issues.
     DownFor(usize),
-    /// `401 invalid_client`, with a description that repeats the secret.
+    /// `401 invalid_client`, with a description that repeats the secret and
+    /// echoes the request.
     InvalidClient,
     /// Takes the request and never answers.
     Hang,
@@ -228,7 +229,14 @@ async fn token(
                 StatusCode::UNAUTHORIZED,
                 axum::Json(json!({
                     "error": "invalid_client",
-                    "error_description": format!("client secret '{}' is not valid for this tenant", s.secret),
+                    // It repeats the secret, and echoes the request in which
+                    // it came (form-encoded, or inside the Basic credentials).
+                    "error_description": format!(
+                        "client secret '{}' is not valid for this tenant; sent: {body}; authorization: {}; as escaped by some: {}",
+                        s.secret,
+                        headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("none"),
+                        body.to_ascii_lowercase(),
+                    ),
                 })),
             )
                 .into_response(),

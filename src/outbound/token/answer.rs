@@ -27,9 +27,14 @@ pub fn margin(lifetime: Duration) -> Duration {
     (lifetime / 10).min(Duration::from_secs(60))
 }
 
-/// Reads a token endpoint's answer (RFC 6749 §5.1, §5.2). `secret` never appears
-/// in what it returns.
-pub fn read_answer(status: StatusCode, body: &[u8], secret: &str) -> Result<Minted, TokenError> {
+/// Reads a token endpoint's answer (RFC 6749 §5.1, §5.2). None of `secrets` (the
+/// client's secret in every form the request carried it) appears in what it
+/// returns, whatever the case of its percent-escapes.
+pub fn read_answer(
+    status: StatusCode,
+    body: &[u8],
+    secrets: &[&str],
+) -> Result<Minted, TokenError> {
     let json: Option<serde_json::Map<String, Value>> = serde_json::from_slice(body).ok();
     if status.is_success() {
         let Some(json) = json else {
@@ -64,7 +69,7 @@ pub fn read_answer(status: StatusCode, body: &[u8], secret: &str) -> Result<Mint
         {
             return Err(TokenError::Refused(format!(
                 "the token endpoint issued a token of type {}; waitd sends bearer tokens only",
-                clean(&kind.to_string(), secret)
+                clean(&kind.to_string(), secrets)
             )));
         }
         let seconds = match json.get("expires_in") {
@@ -89,12 +94,12 @@ pub fn read_answer(status: StatusCode, body: &[u8], secret: &str) -> Result<Mint
         .as_ref()
         .and_then(|j| j.get("error"))
         .and_then(Value::as_str)
-        .map(|c| clean(c, secret));
+        .map(|c| clean(c, secrets));
     let description = json
         .as_ref()
         .and_then(|j| j.get("error_description"))
         .and_then(Value::as_str)
-        .map(|d| clean(d, secret));
+        .map(|d| clean(d, secrets));
     let said = match (&code, &description) {
         (Some(c), Some(d)) => format!(": {c}: {d}"),
         (Some(c), None) => format!(": {c}"),
@@ -117,31 +122,47 @@ pub fn read_answer(status: StatusCode, body: &[u8], secret: &str) -> Result<Mint
 }
 
 /// A stranger's text made fit for a reason: at most [`MAX_DESCRIPTION`]
-/// characters, control characters as spaces, the secret as `<redacted>`.
-fn clean(text: &str, secret: &str) -> String {
-    let scrubbed = if secret.is_empty() {
-        text.to_string()
-    } else {
-        text.replace(secret, crate::engine::spec::REDACTED)
-    };
+/// characters, control characters as spaces, each of `secrets` as `<redacted>`
+/// (matched ignoring ASCII case, as a percent-escape may come back in either).
+fn clean(text: &str, secrets: &[&str]) -> String {
+    let mut scrubbed = text.to_string();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        scrubbed = redact(&scrubbed, secret);
+    }
+    let cut = scrubbed.chars().count() > MAX_DESCRIPTION;
     let mut out: String = scrubbed
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(MAX_DESCRIPTION)
         .collect();
-    if scrubbed.chars().count() > MAX_DESCRIPTION {
-        out.push('…');
-    }
-    // A cut may have left the start of the secret at the end.
-    if !secret.is_empty() {
-        for n in (1..secret.len().min(out.len())).rev() {
-            if secret.is_char_boundary(n) && out.ends_with(&secret[..n]) && n >= 4 {
+    if cut {
+        // The cut may have left the start of a secret at the end.
+        for secret in secrets {
+            let lower = out.to_ascii_lowercase();
+            if let Some(n) = (4..secret.len().min(out.len())).rev().find(|&n| {
+                secret.is_char_boundary(n) && lower.ends_with(&secret[..n].to_ascii_lowercase())
+            }) {
                 out.truncate(out.len() - n);
-                out.push('…');
-                break;
             }
         }
+        out.push('…');
     }
+    out
+}
+
+/// `text` with every occurrence of `secret`, ignoring ASCII case, replaced by
+/// the redaction mark. ASCII case changes no byte's place, so what is found in
+/// the lowered text is cut from the text itself.
+fn redact(text: &str, secret: &str) -> String {
+    let (lower, needle) = (text.to_ascii_lowercase(), secret.to_ascii_lowercase());
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(&needle) {
+        out.push_str(&text[from..from + i]);
+        out.push_str(crate::engine::spec::REDACTED);
+        from += i + needle.len();
+    }
+    out.push_str(&text[from..]);
     out
 }
 
@@ -153,7 +174,7 @@ mod tests {
     const SECRET: &str = "s3cret-value";
 
     fn ok(body: &str) -> Result<Minted, TokenError> {
-        read_answer(StatusCode::OK, body.as_bytes(), SECRET)
+        read_answer(StatusCode::OK, body.as_bytes(), &[SECRET])
     }
 
     #[test]
@@ -197,7 +218,7 @@ mod tests {
         let body = format!(
             r#"{{"error":"invalid_client","error_description":"client secret {SECRET} is wrong\r\nreally"}}"#
         );
-        let err = read_answer(StatusCode::UNAUTHORIZED, body.as_bytes(), SECRET).unwrap_err();
+        let err = read_answer(StatusCode::UNAUTHORIZED, body.as_bytes(), &[SECRET]).unwrap_err();
         let TokenError::Refused(why) = err else {
             panic!("{err:?}")
         };
@@ -212,12 +233,15 @@ mod tests {
         for status in [500, 502, 503, 504, 429, 408] {
             let s = StatusCode::from_u16(status).unwrap();
             assert!(
-                matches!(read_answer(s, b"", SECRET), Err(TokenError::Transient(_))),
+                matches!(
+                    read_answer(s, b"", &[SECRET]),
+                    Err(TokenError::Transient(_))
+                ),
                 "{status}"
             );
         }
         assert!(matches!(
-            read_answer(StatusCode::NOT_FOUND, b"", SECRET),
+            read_answer(StatusCode::NOT_FOUND, b"", &[SECRET]),
             Err(TokenError::Refused(w)) if w.contains("token_url")
         ));
     }
@@ -276,7 +300,7 @@ mod tests {
             status in prop_oneof![Just(200u16), Just(400), Just(401), Just(500), 100u16..600],
         ) {
             let status = StatusCode::from_u16(status).unwrap();
-            match read_answer(status, &body, SECRET) {
+            match read_answer(status, &body, &[SECRET]) {
                 Ok(m) => {
                     prop_assert!(status.is_success());
                     prop_assert!(m.token.len() <= MAX_TOKEN);

@@ -249,9 +249,12 @@ impl Credential {
     }
 
     /// The token request's body and its `Authorization: Basic`, if any, with
-    /// the proof read now; and the proof, to keep out of every text.
-    fn request_parts(&self) -> Result<(String, Option<HeaderValue>, String), TokenError> {
+    /// the proof read now; and every form the proof goes out in (itself,
+    /// form-encoded, inside the Basic credentials), to keep out of every text.
+    fn request_parts(&self) -> Result<(String, Option<HeaderValue>, Vec<String>), TokenError> {
         let proof = self.secret.read()?;
+        let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        let mut hide = vec![enc(&proof), proof.clone()];
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         form.append_pair("grant_type", "client_credentials");
         let mut basic = None;
@@ -267,11 +270,9 @@ impl Credential {
             }
             (_, ClientAuth::Basic) => {
                 // RFC 6749 §2.3.1: each part form-encoded before it is joined.
-                let enc = |s: &str| {
-                    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
-                };
                 let pair = format!("{}:{}", enc(&self.client_id), enc(&proof));
                 let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
+                hide.push(b64.clone());
                 let mut v = HeaderValue::from_str(&format!("Basic {b64}")).map_err(|_| {
                     TokenError::Refused("the client credentials cannot be sent in a header".into())
                 })?;
@@ -284,7 +285,7 @@ impl Credential {
             body.push('&');
             body.push_str(&self.fields);
         }
-        Ok((body, basic, proof))
+        Ok((body, basic, hide))
     }
 
     /// Names the credential without revealing it (a digest of the tenant and
@@ -383,7 +384,7 @@ impl Credential {
     }
 
     async fn mint(&self, client: &Client) -> Result<Minted, TokenError> {
-        let (body, basic, proof) = self.request_parts()?;
+        let (body, basic, hide) = self.request_parts()?;
         let mut request = Request::new(Body::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
@@ -427,7 +428,8 @@ impl Credential {
             }
             Err(e) => return Err(failed(e)),
         };
-        read_answer(status, &body, &proof)
+        let hide: Vec<&str> = hide.iter().map(String::as_str).collect();
+        read_answer(status, &body, &hide)
     }
 }
 
