@@ -112,6 +112,25 @@ async fn malformed_json_is_a_400_problem() {
     teardown(app).await;
 }
 
+/// A key named twice means neither silently: `{"want": ["on"], "want": ["off"]}`
+/// is refused, at any depth, and nothing is made.
+#[tokio::test]
+async fn a_key_named_twice_is_a_400_problem_that_names_it() {
+    let app = setup().await;
+    for body in [
+        r#"{"target": {"url": "https://api.example.com/s/1"}, "state": "/status", "want": ["on"], "want": ["off"]}"#,
+        r#"{"target": {"url": "https://api.example.com/s/1", "url": "https://other.example.com/"}, "state": "/status", "want": ["on"]}"#,
+        r#"{"all": [{"target": {"url": "https://api.example.com/s/1"}, "state": "/s", "state": "/t", "want": ["on"]}]}"#,
+    ] {
+        let p = problem(raw_post(&app, "/waits", "application/json", body), 400).await;
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.contains("appears twice"), "{p}");
+    }
+    let (_, page) = app.get("/waits").answer().await;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(0), "{page}");
+    teardown(app).await;
+}
+
 #[tokio::test]
 async fn an_empty_body_is_a_400_problem() {
     let app = setup().await;

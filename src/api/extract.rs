@@ -396,7 +396,7 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 /// content type (415), a body over [`MAX_BODY`] (413, at once when its
 /// `Content-Length` says so), a body not sent within `--body-timeout` (408), a body
 /// that breaks off or whose chunked framing is malformed (400), or JSON that does
-/// not parse (400).
+/// not parse or names a key twice in one object (400, [`super::strict`]).
 pub struct JsonBody(pub Value);
 
 impl FromRequest<AppState> for JsonBody {
@@ -430,7 +430,7 @@ impl FromRequest<AppState> for JsonBody {
                 "the request body is empty; send the wait as a JSON object",
             ));
         }
-        serde_json::from_slice(&bytes)
+        super::strict::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
     }

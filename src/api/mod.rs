@@ -19,6 +19,7 @@ mod ops;
 mod presets;
 mod sse;
 pub mod streams;
+mod strict;
 mod traced;
 mod ui;
 mod waits;
