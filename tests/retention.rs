@@ -57,6 +57,14 @@ async fn retention_keeps_what_it_must_and_deletes_the_rest(app: &App) {
         s["notify"] = json!([{"url": hook, "secret": SECRET}]);
         created(app, s).await
     };
+    // A running group's member that has ended is kept while the group runs: the
+    // group shows each of its members.
+    let (st, group) = app
+        .create(json!({"all": [support::spec(&done_url), {"id": running}], "timeout": "10m"}))
+        .await;
+    assert_eq!(st, 201, "{group}");
+    let member = group["members"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(app.wait_end(&member).await["status"], "succeeded");
     let mut ended = Vec::new();
     for _ in 0..20 {
         ended.push(created(app, support::spec(&done_url)).await);
@@ -96,6 +104,12 @@ async fn retention_keeps_what_it_must_and_deletes_the_rest(app: &App) {
     assert_eq!((st, w["status"].as_str()), (200, Some("running")), "{w}");
     let (st, w) = app.get(&format!("/waits/{owed}")).await;
     assert_eq!(st, 200, "the wait with a pending delivery was deleted: {w}");
+    let (st, w) = app.get(&format!("/waits/{member}")).await;
+    assert_eq!(st, 200, "a running group's ended member was deleted: {w}");
+    let (_, g) = app
+        .get(&format!("/waits/{}", group["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(g["members"].as_array().map(Vec::len), Some(2), "{g}");
 
     // A cursor before the deleted events would skip them: a 410 that says so.
     let (st, p) = app.get(&format!("/events?after={first}")).await;
