@@ -577,6 +577,14 @@ async fn a_group_counts_against_the_running_wait_limit(app: &App) {
         "{p}"
     );
     assert_eq!(running().await, 0);
+    let r = app.client.get(app.url("/waits?status=canceled")).send();
+    let page: Value = r.await.unwrap().json().await.unwrap();
+    let undone = page["items"].as_array().unwrap();
+    assert_eq!(undone.len(), 3, "{page}");
+    for w in undone {
+        let reason = w["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("running-wait limit"), "{reason}");
+    }
     let (status, group) = post(app, "/waits", &json!({"all": [member(&url), member(&url)]})).await;
     assert_eq!(status, 201, "{group}");
     assert_eq!(running().await, 3);

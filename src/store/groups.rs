@@ -171,6 +171,13 @@ fn state_event(group: &Group, state: &str) -> (&'static str, Value) {
     .to_parts()
 }
 
+/// Why a member made for a group that was not made is canceled.
+const UNDONE_REFUSED: &str = "canceled: the group it was created for could not be stored";
+const UNDONE_FULL: &str =
+    "canceled: the group it was created for would have passed the tenant's running-wait limit";
+const UNDONE_RACE: &str =
+    "canceled: another request with the same Idempotency-Key made the group first";
+
 impl Store {
     /// Creates a group: its new members (each a wait, counted against the
     /// tenant's limit), then the group row (a running wait, counted too) with its
@@ -230,7 +237,7 @@ impl Store {
                             c.wait.id
                         }
                         Err(e) => {
-                            self.undo_members(tenant, &made, now).await;
+                            self.undo_members(tenant, &made, now, UNDONE_REFUSED).await;
                             return Err(e.into());
                         }
                     }
@@ -278,13 +285,13 @@ impl Store {
                 }
             }
             Ok(Inserted::Full(n)) => {
-                self.undo_members(tenant, &made, now).await;
+                self.undo_members(tenant, &made, now, UNDONE_FULL).await;
                 self.counted(tenant, n);
                 return Err(StoreError::TooManyActive(n).into());
             }
             Ok(Inserted::KeyTaken) => {
                 // Another request with this key won the race: answer with its group.
-                self.undo_members(tenant, &made, now).await;
+                self.undo_members(tenant, &made, now, UNDONE_RACE).await;
                 let (key, hash) = idempotency.expect("only a key can be taken");
                 return match self.find_idempotent(tenant, key, hash).await? {
                     Some(found) => Ok(Created {
@@ -299,7 +306,7 @@ impl Store {
                 };
             }
             Err(e) => {
-                self.undo_members(tenant, &made, now).await;
+                self.undo_members(tenant, &made, now, UNDONE_REFUSED).await;
                 return Err(e.into());
             }
         }
@@ -327,16 +334,10 @@ impl Store {
     }
 
     /// Cancels the members a group create made before it failed.
-    async fn undo_members(&self, tenant: &str, made: &[Uuid], now: DateTime<Utc>) {
+    async fn undo_members(&self, tenant: &str, made: &[Uuid], now: DateTime<Utc>, why: &str) {
         for id in made {
             let _ = self
-                .end_member(
-                    tenant,
-                    *id,
-                    now,
-                    Status::Canceled,
-                    "canceled: the group it was created for could not be stored",
-                )
+                .end_member(tenant, *id, now, Status::Canceled, why)
                 .await;
         }
     }
