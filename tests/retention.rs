@@ -65,6 +65,16 @@ async fn retention_keeps_what_it_must_and_deletes_the_rest(app: &App) {
     assert_eq!(st, 201, "{group}");
     let member = group["members"][0]["id"].as_str().unwrap().to_string();
     assert_eq!(app.wait_end(&member).await["status"], "succeeded");
+    // An ended group kept for its pending delivery keeps its member, and is still
+    // a group.
+    let owed_group = created(
+        app,
+        json!({"all": [support::spec(&done_url)], "notify": [{"url": hook, "secret": SECRET}]}),
+    )
+    .await;
+    let g = app.wait_end(&owed_group).await;
+    assert_eq!(g["status"], "succeeded", "{g}");
+    let owed_member = g["members"][0]["id"].as_str().unwrap().to_string();
     let mut ended = Vec::new();
     for _ in 0..20 {
         ended.push(created(app, support::spec(&done_url)).await);
@@ -110,6 +120,12 @@ async fn retention_keeps_what_it_must_and_deletes_the_rest(app: &App) {
         .get(&format!("/waits/{}", group["id"].as_str().unwrap()))
         .await;
     assert_eq!(g["members"].as_array().map(Vec::len), Some(2), "{g}");
+    let (st, w) = app.get(&format!("/waits/{owed_member}")).await;
+    assert_eq!(st, 200, "a kept group's member was deleted: {w}");
+    let (_, g) = app.get(&format!("/waits/{owed_group}")).await;
+    assert_eq!(g["members"].as_array().map(Vec::len), Some(1), "{g}");
+    let (st, p) = app.create(json!({"all": [{"id": owed_group}]})).await;
+    assert_eq!(st, 400, "a kept group became a member: {p}");
 
     // A cursor before the deleted events would skip them: a 410 that says so.
     let (st, p) = app.get(&format!("/events?after={first}")).await;

@@ -31,8 +31,7 @@ impl PgDialect {
                                WHERE d.wait_id = w.id AND d.status = 'pending')
                AND NOT EXISTS (SELECT 1 FROM wait_events e
                                WHERE e.wait_id = w.id AND e.gid IS NULL)
-               AND NOT EXISTS (SELECT 1 FROM group_members m JOIN waits g ON g.id = m.group_id
-                               WHERE m.member_id = w.id AND g.status = 'running')
+               AND NOT EXISTS (SELECT 1 FROM group_members m WHERE m.member_id = w.id)
              ORDER BY w.finished_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED",

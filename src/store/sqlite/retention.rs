@@ -21,8 +21,7 @@ impl SqliteDialect {
              WHERE w.status <> 'running' AND w.finished_at < ?
                AND NOT EXISTS (SELECT 1 FROM deliveries d
                                WHERE d.wait_id = w.id AND d.status = 'pending')
-               AND NOT EXISTS (SELECT 1 FROM group_members m JOIN waits g ON g.id = m.group_id
-                               WHERE m.member_id = w.id AND g.status = 'running')
+               AND NOT EXISTS (SELECT 1 FROM group_members m WHERE m.member_id = w.id)
              ORDER BY w.finished_at
              LIMIT ?",
         )
