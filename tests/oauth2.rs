@@ -209,7 +209,9 @@ async fn an_echoed_secret_is_hidden_in_every_form_it_was_sent_in() {
         let reason = w["reason"].as_str().unwrap_or_default();
         assert!(reason.contains("is not valid for this tenant"), "{reason}");
         assert!(reason.contains("grant_type=client_credentials"), "{reason}");
-        for form in [ODD, &enc, &enc.to_ascii_lowercase(), &basic] {
+        let uri = crate::support::issuer::uri_encoded(ODD);
+        assert!(reason.contains("read as: "), "{reason}");
+        for form in [ODD, &enc, &enc.to_ascii_lowercase(), &basic, &uri] {
             assert!(!reason.contains(form), "{how}: {form} came back: {reason}");
         }
     }

@@ -232,8 +232,9 @@ async fn token(
                     // It repeats the secret, and echoes the request in which
                     // it came (form-encoded, or inside the Basic credentials).
                     "error_description": format!(
-                        "client secret '{}' is not valid for this tenant; sent: {body}; authorization: {}; as escaped by some: {}",
+                        "client secret '{}' is not valid for this tenant; read as: {}; sent: {body}; authorization: {}; as escaped by some: {}",
                         s.secret,
+                        uri_encoded(&secret),
                         headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("none"),
                         body.to_ascii_lowercase(),
                     ),
@@ -304,4 +305,18 @@ async fn target(
     };
     heard.notify_waiters();
     answer
+}
+
+/// `text` percent-encoded as RFC 3986 encodes a URI component: how an endpoint
+/// that decoded the form may write the secret back.
+pub fn uri_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }

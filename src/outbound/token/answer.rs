@@ -69,7 +69,12 @@ pub fn read_answer(
         {
             return Err(TokenError::Refused(format!(
                 "the token endpoint issued a token of type {}; waitd sends bearer tokens only",
-                clean(&kind.to_string(), secrets)
+                // The text itself, not its JSON, in which a secret's quotes and
+                // backslashes would be escaped out of the redaction's reach.
+                match kind.as_str() {
+                    Some(text) => format!("\"{}\"", clean(text, secrets)),
+                    None => clean(&kind.to_string(), secrets),
+                }
             )));
         }
         let seconds = match json.get("expires_in") {
@@ -175,6 +180,20 @@ mod tests {
 
     fn ok(body: &str) -> Result<Minted, TokenError> {
         read_answer(StatusCode::OK, body.as_bytes(), &[SECRET])
+    }
+
+    /// A token type that repeats the secret, with the quotes and backslashes its
+    /// JSON escapes, shows neither the secret nor its escaped form.
+    #[test]
+    fn a_token_type_that_repeats_a_secret_with_quotes_hides_it() {
+        let secret = r#"ab"cd\ef-Q"#;
+        let body = serde_json::json!({"access_token": "t", "token_type": format!("x {secret} y")})
+            .to_string();
+        let e = read_answer(StatusCode::OK, body.as_bytes(), &[secret]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("of type"), "{text}");
+        assert!(!text.contains(secret), "{text}");
+        assert!(!text.contains(r#"ab\"cd"#), "{text}");
     }
 
     #[test]

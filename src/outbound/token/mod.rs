@@ -254,7 +254,7 @@ impl Credential {
     fn request_parts(&self) -> Result<(String, Option<HeaderValue>, Vec<String>), TokenError> {
         let proof = self.secret.read()?;
         let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-        let mut hide = vec![enc(&proof), proof.clone()];
+        let mut hide = vec![enc(&proof), uri_encoded(&proof), proof.clone()];
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         form.append_pair("grant_type", "client_credentials");
         let mut basic = None;
@@ -454,4 +454,20 @@ fn digest(tenant: &str, spec: &OAuth2) -> [u8; 32] {
         ClientAuth::Basic => "basic",
     });
     h.finalize().into()
+}
+
+/// `text` percent-encoded as RFC 3986 encodes a URI component (every byte but
+/// the unreserved `A-Z a-z 0-9 - . _ ~`): the other way an endpoint that decodes
+/// a form may write a secret back.
+fn uri_encoded(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len() * 3);
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
