@@ -74,10 +74,11 @@ impl<'de> Visitor<'de> for Read {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if out.contains_key(&key) {
-                let shown: String = key.chars().take(64).collect();
-                return Err(A::Error::custom(format!(
-                    "the key \"{shown}\" appears twice in one object; send it once"
-                )));
+                // The key is not quoted: a key may be a header's name, and one
+                // sent by mistake may hold a credential.
+                return Err(A::Error::custom(
+                    "a key appears twice in one object; send each key once",
+                ));
             }
             let Strict(v) = map.next_value()?;
             out.insert(key, v);
