@@ -585,6 +585,19 @@ async fn a_group_counts_against_the_running_wait_limit(app: &App) {
         let reason = w["reason"].as_str().unwrap_or_default();
         assert!(reason.contains("running-wait limit"), "{reason}");
     }
+    // A member past the limit: the ones made before it are canceled, saying why.
+    let four = json!({"all": [member(&url), member(&url), member(&url), member(&url)]});
+    let (status, p) = post(app, "/waits", &four).await;
+    assert_eq!(status, 429, "{p}");
+    assert_eq!(running().await, 0);
+    let r = app.client.get(app.url("/waits?status=canceled")).send();
+    let page: Value = r.await.unwrap().json().await.unwrap();
+    let undone = page["items"].as_array().unwrap();
+    assert_eq!(undone.len(), 6, "{page}");
+    for w in undone {
+        let reason = w["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("running-wait limit"), "{reason}");
+    }
     let (status, group) = post(app, "/waits", &json!({"all": [member(&url), member(&url)]})).await;
     assert_eq!(status, 201, "{group}");
     assert_eq!(running().await, 3);
@@ -593,6 +606,48 @@ async fn a_group_counts_against_the_running_wait_limit(app: &App) {
     let (status, p) = post(app, "/waits", &json!({"any": [{"id": first}]})).await;
     assert_eq!(status, 429, "{p}");
     assert_eq!(running().await, 3);
+}
+
+/// Creates with one key racing near the limit: the group the winner made is every
+/// answer, never a 429 for the places the winner's own rows take.
+async fn racing_creates_with_one_key_near_the_limit_answer_with_the_winner(app: &App) {
+    let up = Upstream::start().await;
+    let url = up.script("/race", vec![Reply::status("deploying")]);
+    // Each request makes three members before its group: the losers pass the
+    // key's first look before the winner's group is in, and count its rows after.
+    let body = json!({"all": [member(&url), member(&url), member(&url)]});
+    let sends = (0..4).map(|_| {
+        app.client
+            .post(app.url("/waits"))
+            .header("Idempotency-Key", "one-group")
+            .json(&body)
+            .send()
+    });
+    let mut ids = std::collections::BTreeSet::new();
+    for r in futures_util::future::join_all(sends).await {
+        let r = r.unwrap();
+        let status = r.status().as_u16();
+        let w: Value = r.json().await.unwrap();
+        assert_eq!(status, 201, "{w}");
+        ids.insert(w["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+}
+
+#[tokio::test]
+async fn racing_creates_with_one_key_near_the_limit_answer_with_the_winner_on_both_stores() {
+    let dir = TempDir::new("waitd-groups-race");
+    let mut args = test_args(&dir.sqlite_url());
+    // Four requests' twelve members and the winner's group fill the limit.
+    args.extend(["--max-active-waits", "13"].map(String::from));
+    let app = App::start_args(args).await;
+    racing_creates_with_one_key_near_the_limit_answer_with_the_winner(&app).await;
+    app.stop().await.0.unwrap();
+    let db = TestDb::new().await;
+    let app = App::start_with(&db, &["--max-active-waits", "13"]).await;
+    racing_creates_with_one_key_near_the_limit_answer_with_the_winner(&app).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
 }
 
 #[tokio::test]

@@ -236,6 +236,9 @@ impl Store {
                             made.push(c.wait.id);
                             c.wait.id
                         }
+                        Err(StoreError::TooManyActive(n)) => {
+                            return self.at_limit(tenant, &made, now, idempotency, n).await;
+                        }
                         Err(e) => {
                             self.undo_members(tenant, &made, now, UNDONE_REFUSED).await;
                             return Err(e.into());
@@ -285,9 +288,8 @@ impl Store {
                 }
             }
             Ok(Inserted::Full(n)) => {
-                self.undo_members(tenant, &made, now, UNDONE_FULL).await;
                 self.counted(tenant, n);
-                return Err(StoreError::TooManyActive(n).into());
+                return self.at_limit(tenant, &made, now, idempotency, n).await;
             }
             Ok(Inserted::KeyTaken) => {
                 // Another request with this key won the race: answer with its group.
@@ -331,6 +333,31 @@ impl Store {
             wait,
             existing: false,
         })
+    }
+
+    /// A group create that found the tenant at its running-wait limit: the members
+    /// made for it are canceled, and the answer is the limit, unless a request
+    /// with the same key made the group meanwhile (its places are what the limit
+    /// counted): then the answer is that group.
+    async fn at_limit(
+        &self,
+        tenant: &str,
+        made: &[Uuid],
+        now: DateTime<Utc>,
+        idempotency: Option<(&str, &str)>,
+        n: i64,
+    ) -> Result<Created, GroupRefused> {
+        if let Some((key, hash)) = idempotency
+            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+        {
+            self.undo_members(tenant, made, now, UNDONE_RACE).await;
+            return Ok(Created {
+                wait: found,
+                existing: true,
+            });
+        }
+        self.undo_members(tenant, made, now, UNDONE_FULL).await;
+        Err(StoreError::TooManyActive(n).into())
     }
 
     /// Cancels the members a group create made before it failed.

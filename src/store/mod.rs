@@ -395,6 +395,16 @@ impl Store {
             }
             Inserted::Full(n) => {
                 self.counted(tenant, n);
+                // A request with the same key may have made the wait meanwhile (its
+                // place is what the limit counted): then the answer is that wait.
+                if let Some((key, hash)) = idempotency
+                    && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+                {
+                    return Ok(Created {
+                        wait: found,
+                        existing: true,
+                    });
+                }
                 Err(StoreError::TooManyActive(n))
             }
             Inserted::KeyTaken => {
