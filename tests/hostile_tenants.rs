@@ -462,3 +462,49 @@ async fn a_canceled_waits_poll_gives_its_hosts_place_back_and_a_queued_one_is_ne
     app.stop().await.0.unwrap();
     db.drop_db().await;
 }
+
+/// Requests in flight for waits of one request, each sent on its own, give their
+/// host places back once every one of those waits is let go.
+#[tokio::test]
+async fn requests_in_flight_for_one_request_stop_when_its_waits_are_let_go() {
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let mut hang = Reply::status("deploying");
+    hang.delay = Duration::from_secs(120);
+    let shared = up.script("/shared", vec![hang]);
+    let last = up.script("/last", vec![Reply::status("on")]);
+    let app = App::start_with(
+        &db,
+        &["--per-host-concurrency", "2", "--probe-timeout", "60s"],
+    )
+    .await;
+    let long = |url: &str| {
+        let mut s = spec(url);
+        s["timeout"] = json!("60s");
+        s
+    };
+    // Two waits of one request, the second taken up after the first's request
+    // began: each sends its own, and both of the host's places are taken.
+    let (_, a) = app.create(long(&shared)).await;
+    assert!(
+        up.requested(Duration::from_secs(10), |u| u.hits("/shared") == 1)
+            .await
+    );
+    let (_, b) = app.create(long(&shared)).await;
+    assert!(
+        up.requested(Duration::from_secs(10), |u| u.hits("/shared") == 2)
+            .await
+    );
+    for w in [&a, &b] {
+        let (status, _) = app
+            .post(&format!("/waits/{}/cancel", w["id"].as_str().unwrap()))
+            .await;
+        assert_eq!(status, 200);
+    }
+    let (_, l) = app.create(long(&last)).await;
+    let end = app.wait_end(l["id"].as_str().unwrap()).await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}

@@ -437,32 +437,35 @@ impl Prober {
                 let request = self.request(target);
                 let client = self.client_of(target).clone();
                 let host = target.host.clone();
-                let held = group.clone();
+                let held = share::Sending::new(group.clone());
                 let group = Arc::downgrade(group);
                 let window = self.inner.share_window;
                 let auth = target.auth.clone();
                 let traced = self.inner.client.traces().is_on();
                 let send = async move {
-                    // The waits that hold the request hold its group: when the
-                    // task here holds the last of it, every one was let go, and
-                    // the request is not sent, or is given up while in flight.
+                    // The waits that hold the request hold its group: when only
+                    // requests in flight hold it, every one was let go, and the
+                    // request is not sent, or is given up while in flight.
                     let fetch = prober.fetch_authed(
                         wait,
                         auth::Via {
                             client: &client,
                             auth: auth.as_ref(),
-                            minting: Some(&held.minting),
+                            minting: Some(&held.0.minting),
                         },
                         host,
                         request,
                         true,
-                        &held.kept,
+                        &held.0.kept,
                     );
+                    // Looked at first: a request whose host place comes just as
+                    // its last wait goes is not sent.
                     let fetched = tokio::select! {
-                        fetched = fetch => fetched,
+                        biased;
                         () = share::Group::unwanted(&held) => {
                             (Arc::new(Fetched::Failed(abandoned())), LastPoll::Sent)
                         }
+                        fetched = fetch => fetched,
                     };
                     drop(held);
                     tx.send_replace(Some(fetched));

@@ -77,6 +77,27 @@ pub(crate) struct Group {
     pub minting: std::sync::atomic::AtomicBool,
     /// Told whenever a wait's target lets go of the group.
     let_go: Arc<tokio::sync::Notify>,
+    /// Requests in flight for the group, each holding it through a [`Sending`].
+    sending: std::sync::atomic::AtomicUsize,
+}
+
+/// A request's hold on its group while it is in flight: counted, so that the
+/// holds of the waits can be told from those of the requests.
+pub(super) struct Sending(pub Arc<Group>);
+
+impl Sending {
+    pub fn new(group: Arc<Group>) -> Sending {
+        group.sending.fetch_add(1, Relaxed);
+        Sending(group)
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        // Uncounted before its hold goes (the field drops after this), so the
+        // count never exceeds the requests' holds.
+        self.0.sending.fetch_sub(1, Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Group {
@@ -138,6 +159,7 @@ impl Registry {
             kept: Mutex::new(None),
             minting: Default::default(),
             let_go: Default::default(),
+            sending: Default::default(),
         });
         if groups.insert(hash, Arc::downgrade(&group)).is_none() {
             self.counts.held.fetch_add(1, Relaxed);
@@ -160,14 +182,15 @@ impl Group {
         told.notify_waiters();
     }
 
-    /// Resolves once nothing but the caller's own `Arc` holds `group`: every
-    /// wait that would read the answer of its request has been let go.
-    pub async fn unwanted(group: &Arc<Group>) {
+    /// Resolves once only requests in flight hold the group: every wait that
+    /// would read the answer of one has been let go.
+    pub async fn unwanted(held: &Sending) {
+        let group = &held.0;
         loop {
             let told = group.let_go.notified();
             tokio::pin!(told);
             told.as_mut().enable();
-            if Arc::strong_count(group) <= 1 {
+            if Arc::strong_count(group) <= group.sending.load(Relaxed) {
                 return;
             }
             told.await;
