@@ -94,6 +94,11 @@ impl Loop {
         at: DateTime<Utc>,
     ) {
         if let Some(h) = self.held.get_mut(&id) {
+            if h.generation == generation {
+                // Its task is over: the handle would keep the task's memory (a
+                // few KiB) allocated until the next poll.
+                h.polling = None;
+            }
             // A memo is there when the conditions decided the response (not when
             // it never reached them, or they failed on it).
             if let Some(m) = memo {
