@@ -61,6 +61,7 @@ async fn the_group_deadline_caps_a_member_given_by_id_held_or_not(app: &App) {
     let mut held = spec(&url);
     held["timeout"] = json!("60s");
     let (_, held) = app.create(held).await;
+    assert!(up.hit("/c/held", 1, Duration::from_secs(5)).await);
     // Its first poll an hour away: nobody holds it when the group is made.
     let quiet_url = up.script("/c/quiet", vec![Reply::status("deploying")]);
     let mut quiet = spec(&quiet_url);

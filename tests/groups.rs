@@ -275,6 +275,9 @@ async fn the_group_deadline_ends_it_timed_out_and_cancels_its_members(app: &App)
     let up = Upstream::start().await;
     let url = up.script("/t/x", vec![Reply::status("deploying")]);
     let (_, w) = app.create(member(&url)).await;
+    // Held by its replica, under its own deadline, when the group is made: the
+    // group's deadline passes while it runs.
+    assert!(up.hit("/t/x", 1, Duration::from_secs(5)).await);
     let (code, g) = post(
         app,
         "/waits?wait=true",
