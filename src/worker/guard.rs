@@ -18,6 +18,7 @@ impl Loop {
     /// begin, then starts them: if a poll takes the replica down, the next claimer
     /// finds it counted ([`crate::store::MAX_CLAIMS`]). One write for every first poll due at once.
     pub(super) fn mark(&mut self, first: Vec<(WaitEpoch, u64)>) {
+        self.marking += first.len();
         let w = self.w.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -34,6 +35,7 @@ impl Loop {
         first: Vec<(WaitEpoch, u64)>,
         result: Result<Vec<Uuid>, StoreError>,
     ) {
+        self.marking = self.marking.saturating_sub(first.len());
         if let Err(e) = &result {
             tracing::warn!(error = %e, "could not record that polls begin; trying again shortly");
         }

@@ -236,6 +236,13 @@ struct Loop {
     claim_again: bool,
     renewing: bool,
     probes: Arc<Semaphore>,
+    /// Polls started and not yet over (waiting for a probe's place or in
+    /// flight): no more than [`timers::IN_FLIGHT`] times the concurrency are
+    /// started, the rest wait in the timer queue.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// First polls being recorded as begun: each starts a poll once recorded,
+    /// so they count against the same bound.
+    marking: usize,
     /// The tenants of the waits held, each name once for all their waits.
     tenants: HashSet<Arc<str>>,
     /// Progress waiting to be written: each batch is one transaction.
@@ -330,6 +337,8 @@ impl Loop {
         Loop {
             clock: Clock::new(),
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
+            in_flight: Arc::default(),
+            marking: 0,
             tenants: HashSet::new(),
             pending: Vec::new(),
             confirming: Vec::new(),
@@ -562,6 +571,7 @@ impl Loop {
             }
             // Marked while stopping: start nothing new.
             Msg::Marked { first, .. } => {
+                self.marking = self.marking.saturating_sub(first.len());
                 for (at, g) in first {
                     if let Some(h) = self.held.get_mut(&at.id)
                         && h.generation == g

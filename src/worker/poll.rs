@@ -39,7 +39,9 @@ impl Loop {
             h.engine.polls.saturating_add(1),
         );
         let polled = target.as_ref().ok().cloned();
+        let flight = super::timers::Flight::start(&self.in_flight);
         let task = tokio::spawn(async move {
+            let _flight = flight;
             let probe = async {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;

@@ -43,6 +43,10 @@ const TTL: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(30);
 
 async fn rig(lease_ttl: Duration) -> Rig {
+    rig_with(lease_ttl, WorkerConfig::default().concurrency).await
+}
+
+async fn rig_with(lease_ttl: Duration, concurrency: usize) -> Rig {
     let bus = Bus::new();
     let store = Store::open("sqlite::memory:", 1, bus.clone()).unwrap();
     store.migrate().await.unwrap();
@@ -58,6 +62,7 @@ async fn rig(lease_ttl: Duration) -> Rig {
         bus,
         cfg: WorkerConfig {
             lease_ttl,
+            concurrency,
             ..WorkerConfig::default()
         },
         metrics: Arc::new(Metrics::default()),
@@ -338,4 +343,40 @@ async fn a_claimed_wait_whose_stored_spec_cannot_be_read_is_ended_in_error_not_h
         "{reason}"
     );
     assert!(ended.last_error.is_some_and(|e| e.starts_with("spec:")));
+}
+
+#[tokio::test]
+async fn a_burst_of_due_waits_starts_twice_the_concurrency_and_the_rest_as_polls_end() {
+    // What a takeover finds: every wait held due at once.
+    let mut r = rig_with(LONG, 2).await;
+    for _ in 0..20 {
+        r.create().await;
+    }
+    r.claim().await;
+    r.renew().await;
+    assert_eq!(r.lp.held.len(), 20);
+    let started = |r: &Rig| {
+        r.lp.held
+            .values()
+            .filter(|h| h.phase != Phase::Claimed)
+            .count()
+    };
+    tokio::time::advance(Duration::from_secs(1)).await;
+    r.lp.fire_due();
+    assert_eq!(started(&r), 4, "twice the concurrency begin");
+    r.lp.fire_due();
+    assert_eq!(started(&r), 4, "no more while they are on their way");
+    assert!(!r.lp.timers_due(), "the loop does not spin on the ones left");
+    // Their first polls are recorded and the probes start (still four in all),
+    // then end (the host does not resolve here): room for the next four.
+    assert_eq!(r.next().await, "first polls marked");
+    assert_eq!(r.lp.in_flight.load(Relaxed), 4);
+    r.lp.fire_due();
+    assert_eq!(started(&r), 4);
+    for _ in 0..4 {
+        assert_eq!(r.next().await, "a probe");
+    }
+    assert_eq!(r.lp.in_flight.load(Relaxed), 0);
+    r.lp.fire_due();
+    assert_eq!(started(&r), 8, "four more once four polls ended");
 }

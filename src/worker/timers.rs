@@ -10,8 +10,33 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+
 use super::{Loop, Phase};
 use crate::store::WaitEpoch;
+
+/// Polls started and not over, at most, in multiples of the concurrency: enough
+/// waiting for a probe's place that one is always ready when a place frees.
+pub(super) const IN_FLIGHT: usize = 2;
+
+/// One poll started: counted until its task ends, however it ends (an answer, a
+/// deadline, or aborted because its wait was let go).
+pub(super) struct Flight(Arc<AtomicUsize>);
+
+impl Flight {
+    pub(super) fn start(count: &Arc<AtomicUsize>) -> Flight {
+        count.fetch_add(1, Relaxed);
+        Flight(count.clone())
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
 
 impl Loop {
     pub(super) fn next_wake(&self) -> Instant {
@@ -19,15 +44,30 @@ impl Loop {
             // Paused: look again shortly (a renewal may have come through).
             return Instant::now() + Duration::from_millis(50);
         }
+        if !self.room(0) {
+            // As many polls started as may be: a poll that ends makes room (its
+            // answer wakes the loop; one let go does not, hence the look).
+            return Instant::now() + Duration::from_millis(10);
+        }
         match self.timers.peek() {
             Some(Reverse((t, _, _))) => self.clock.instant_at(*t),
             None => Instant::now() + Duration::from_secs(3600),
         }
     }
 
-    /// True when the earliest timer is due (and polling is not paused).
+    /// True when the earliest timer is due (and polling is not paused, and there
+    /// is room for another poll).
     pub(super) fn timers_due(&self) -> bool {
-        !self.timers.is_empty() && self.next_wake() <= Instant::now()
+        !self.timers.is_empty() && self.room(0) && self.next_wake() <= Instant::now()
+    }
+
+    /// Whether another poll may start, with `more` about to: a takeover or a
+    /// restart finds hundreds of thousands of waits due at once, and a task each,
+    /// waiting for a probe's place, would cost memory and hold the loop (and the
+    /// lease renewals with it) for seconds.
+    fn room(&self, more: usize) -> bool {
+        self.in_flight.load(Relaxed) + self.marking + more
+            < self.w.cfg.concurrency.max(1) * IN_FLIGHT
     }
 
     pub(super) fn schedule(&mut self, id: Uuid, at: DateTime<Utc>) {
@@ -61,7 +101,7 @@ impl Loop {
         let now = self.clock.now();
         let mut first_polls = Vec::new();
         while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
-            if at > now {
+            if at > now || !self.room(first_polls.len()) {
                 break;
             }
             self.timers.pop();
