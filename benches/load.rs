@@ -748,8 +748,8 @@ struct Scale {
     insert_s: f64,
     /// From the insert's commit until every wait is held, s.
     hold_s: f64,
-    /// CPU meanwhile a wait held, waitd's replicas and Postgres (µs): its claim,
-    /// first-poll mark and confirmation, and the polls of the waits held already.
+    /// CPU meanwhile a wait held, waitd's replicas and Postgres (µs): its slot
+    /// taken and read, and the polls of the waits held already.
     hold_waitd_us: f64,
     hold_pg_us: f64,
     /// Resident memory of the replicas at the end, GiB, and per wait, KiB.
@@ -1179,7 +1179,8 @@ async fn scale(a: &Args) -> Scale {
     .fetch_one(&mut c)
     .await
     .unwrap();
-    clone_waits(&db, n - 1, interval).await;
+    // In slots nobody holds, as a fleet that stopped leaves its waits.
+    clone_waits(&db, n - 1, interval, SCALE_SLOTS).await;
     sqlx::query("ANALYZE waits").execute(&mut c).await.unwrap();
     let insert_s = t0.elapsed().as_secs_f64();
     let pids: Vec<String> = replicas.iter().map(|r| r.pid.to_string()).collect();
@@ -1453,7 +1454,7 @@ async fn rss_per_wait(n: usize) -> f64 {
     // One wait through the API, then n - 1 copies of its rows straight into the
     // database: the figure is memory per held wait, not create speed.
     create_waits(&r.base, &up, 1, "59m").await;
-    clone_waits(&db, n - 1, Duration::ZERO).await;
+    clone_waits(&db, n - 1, Duration::ZERO, 0).await;
     // Each is polled once when claimed, then idle for an hour: all held, none in flight.
     until_held(&r.base, n).await;
     // Lets the claims settle before the RSS is read.
@@ -1464,23 +1465,39 @@ async fn rss_per_wait(n: usize) -> f64 {
     (after.saturating_sub(before)) as f64 * 1024.0 / n as f64
 }
 
+/// Slots the scale phase's copies are spread over: a few thousand waits each at a
+/// million, as 64 slots each of a few replicas hold them.
+const SCALE_SLOTS: usize = 128;
+
 /// Copies the one wait in the database `n` times (new ids), due over `spread` from
-/// now (at random, uniformly; `Duration::ZERO`: due now).
-async fn clone_waits(db: &TestDb, n: usize, spread: Duration) {
+/// now (at random, uniformly; `Duration::ZERO`: due now), spread at random over
+/// `slots` new slots that nobody holds (none: unowned, each claimed on its own).
+async fn clone_waits(db: &TestDb, n: usize, spread: Duration, slots: usize) {
     if n == 0 {
         return;
     }
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let slots: Vec<uuid::Uuid> = (0..slots).map(|_| uuid::Uuid::now_v7()).collect();
+    // One transaction, as a create's rows are: a replica deletes a free slot it
+    // finds empty, and reads a slot's waits with their specs.
+    let mut tx = c.begin().await.unwrap();
+    sqlx::query("INSERT INTO slots (id, released_at) SELECT unnest($1::uuid[]), now()")
+        .bind(&slots)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     sqlx::query(
-        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq)
-         SELECT id, tenant, 'running', created_at, updated_at, deadline, due, due, labels, engine, 1
+        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq, owner)
+         SELECT id, tenant, 'running', created_at, updated_at, deadline, due, due, labels, engine, 1,
+                ($3::uuid[])[1 + floor(random() * cardinality($3::uuid[]))::int]
          FROM (SELECT gen_random_uuid() AS id, w.tenant, w.created_at, w.updated_at, w.deadline,
                       now() + random() * $2 * interval '1 millisecond' AS due, w.labels, w.engine
                FROM waits w, generate_series(1, $1) WHERE w.status = 'running') c",
     )
     .bind(n as i64)
     .bind(spread.as_millis() as f64)
-    .execute(&mut c)
+    .bind(&slots)
+    .execute(&mut *tx)
     .await
     .unwrap();
     sqlx::query(
@@ -1488,9 +1505,10 @@ async fn clone_waits(db: &TestDb, n: usize, spread: Duration) {
          SELECT w.id, s.spec, s.headers FROM waits w, (SELECT spec, headers FROM wait_specs LIMIT 1) s
          WHERE NOT EXISTS (SELECT 1 FROM wait_specs x WHERE x.wait_id = w.id)",
     )
-    .execute(&mut c)
+    .execute(&mut *tx)
     .await
     .unwrap();
+    tx.commit().await.unwrap();
 }
 
 /// An upstream whose answer flips from "deploying" to "on" when told to.
@@ -2015,7 +2033,7 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
     );
     let _ = writeln!(
         t,
-        "| 12g | CPU while holding, a wait held: waitd / Postgres (its claim, first-poll mark and confirmation, and the polls of the waits held already) | {:.1} / {:.1} µs | |",
+        "| 12g | CPU while holding, a wait held: waitd / Postgres (its slot taken and read, and the polls of the waits held already) | {:.1} / {:.1} µs | |",
         m(&|s| s.hold_waitd_us),
         m(&|s| s.hold_pg_us)
     );

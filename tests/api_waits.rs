@@ -916,6 +916,10 @@ async fn a_running_wait_survives_a_restart_on_the_same_database_and_ends() {
     db.drop_db().await;
 }
 
+/// Waits a replica holds: in a slot with a holder.
+const HELD: &str =
+    "SELECT count(*) FROM waits w JOIN slots s ON s.id = w.owner WHERE s.holder IS NOT NULL";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
     let db = TestDb::new().await;
@@ -970,7 +974,7 @@ async fn graceful_shutdown_exits_ok_promptly_and_releases_every_lease() {
         "{w}"
     );
     assert_eq!(
-        db_count(&db, "SELECT count(*) FROM waits WHERE owner IS NOT NULL").await,
+        db_count(&db, HELD).await,
         0,
         "leases left after a graceful stop"
     );
@@ -1003,7 +1007,7 @@ async fn graceful_shutdown_lets_an_in_flight_probe_finish_and_still_releases_its
     assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(4), "stop took {took:?}");
     assert_eq!(
-        db_count(&db, "SELECT count(*) FROM waits WHERE owner IS NOT NULL").await,
+        db_count(&db, HELD).await,
         0,
         "the lease of a wait with a probe in flight was not released"
     );
@@ -1087,6 +1091,14 @@ async fn a_wait_leased_by_a_dead_replica_is_taken_over_once_its_lease_expires() 
     let n = db_exec(
         &db,
         "UPDATE waits SET owner = '00000000-0000-7000-8000-000000000001', epoch = epoch + 1",
+    )
+    .await;
+    assert_eq!(n, 1);
+    // In a slot of its own, which the dead replica holds.
+    let n = db_exec(
+        &db,
+        "INSERT INTO slots (id, holder)
+         VALUES ('00000000-0000-7000-8000-000000000001', '00000000-0000-7000-8000-000000000001')",
     )
     .await;
     assert_eq!(n, 1);

@@ -134,8 +134,11 @@ async fn rows(db: &PgPool) -> HashMap<Uuid, Row> {
         Option<DateTime<Utc>>,
     );
     let v: Vec<Columns> = sqlx::query_as(
-        "SELECT w.id, w.status, w.state, w.owner, w.epoch, w.polls, w.seq, r.lease_until, w.finished_at
-         FROM waits w LEFT JOIN replicas r ON r.id = w.owner",
+        // The owner is the replica holding the wait's slot; the epoch counts the
+        // claims of the row and the takeovers of its slot.
+        "SELECT w.id, w.status, w.state, s.holder, w.epoch + coalesce(s.gen, 0), w.polls, w.seq,
+                r.lease_until, w.finished_at
+         FROM waits w LEFT JOIN slots s ON s.id = w.owner LEFT JOIN replicas r ON r.id = s.holder",
     )
     .fetch_all(db)
     .await
@@ -301,6 +304,10 @@ async fn start_all(
     rs
 }
 
+/// Running waits no replica holds (in no slot, or in a slot nobody holds).
+const UNHELD: &str = "SELECT count(*) FROM waits w LEFT JOIN slots s ON s.id = w.owner
+                      WHERE w.status = 'running' AND s.holder IS NULL";
+
 /// Whether every path is polled at least `n` times within 10 s (awaited hit by
 /// hit) and then every running wait has an owner (a wait is polled only once
 /// claimed, so one read of the table tells).
@@ -310,11 +317,7 @@ async fn all_owned_and_polled(db: &PgPool, up: &Recorder, paths: &[String], n: u
             each_hit(hits, paths, n, up.started())
         })
         .await;
-    let unowned: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM waits WHERE status = 'running' AND owner IS NULL")
-            .fetch_one(db)
-            .await
-            .unwrap_or(1);
+    let unowned: i64 = sqlx::query_scalar(UNHELD).fetch_one(db).await.unwrap_or(1);
     polled && unowned == 0
 }
 
@@ -717,6 +720,95 @@ async fn a_single_node_killed_and_restarted_loses_nothing() {
     }
     assert_no_panics(&[&r]);
     drop(r);
+    pg.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_polls_every_orphan_again_without_writing_its_row() {
+    let _serial = SERIAL.lock().await;
+    const INTERVAL: Duration = Duration::from_millis(200);
+    const N: usize = 40;
+    let db = TestDb::new().await;
+    let dir = TempDir::new("waitd-replicas");
+    let up = Recorder::start().await;
+    let mut rs = start_all(&["s0", "s1"], &dir, &db.url, "1s", &[]).await;
+    let pg = pool(&db.url).await;
+    let paths: Vec<String> = (0..N).map(|i| format!("/slot/{i}")).collect();
+    let urls: Vec<String> = paths
+        .iter()
+        .map(|p| up.set_status(p, "deploying"))
+        .collect();
+    let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "slot").await;
+    let path_of: HashMap<Uuid, String> = ids.iter().copied().zip(paths.iter().cloned()).collect();
+    assert!(
+        all_owned_and_polled(&pg, &up, &paths, 2).await,
+        "the waits were not all claimed and polled"
+    );
+    let owners: Vec<Uuid> = rs
+        .iter()
+        .map(|r| r.owner().expect("owner id in the log"))
+        .collect();
+    let before = rows(&pg).await;
+    let held = |o: Uuid| before.values().filter(|r| r.owner == Some(o)).count();
+    let victim = (0..2).max_by_key(|i| held(owners[*i])).unwrap();
+    let survivor = 1 - victim;
+    let orphans: Vec<Uuid> = before
+        .values()
+        .filter(|r| r.owner == Some(owners[victim]))
+        .map(|r| r.id)
+        .collect();
+    assert!(!orphans.is_empty());
+    // Each row's version: a write of any kind gives the row a new one.
+    let versions = || async {
+        let v: Vec<(Uuid, String)> =
+            sqlx::query_as("SELECT id, xmin::text FROM waits WHERE id = ANY($1)")
+                .bind(&orphans)
+                .fetch_all(&pg)
+                .await
+                .unwrap();
+        v.into_iter().collect::<HashMap<Uuid, String>>()
+    };
+    rs[victim].kill9();
+    let killed = Instant::now();
+    // The dead replica's writes are over: these are the versions the survivor finds.
+    let at_kill = versions().await;
+    let orphan_paths: Vec<String> = orphans.iter().map(|id| path_of[id].clone()).collect();
+    let polled = up
+        .hit_when(Duration::from_secs(15), |hits| {
+            each_hit(hits, &orphan_paths, 3, killed)
+        })
+        .await;
+    assert!(polled, "the orphans were not polled again");
+    let after = rows(&pg).await;
+    for id in &orphans {
+        assert_eq!(after[id].owner, Some(owners[survivor]), "{:?}", after[id]);
+        assert_eq!(after[id].status, "running");
+    }
+    // Taken over, and each polled three times since, with nothing written on its row.
+    assert_eq!(
+        versions().await,
+        at_kill,
+        "a takeover wrote the waits it took"
+    );
+    // Ending them still works under the survivor's hold.
+    up.set_all(&orphan_paths, "on");
+    let ended = until(Duration::from_secs(15), || async {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM waits WHERE id = ANY($1) AND status = 'running'",
+        )
+        .bind(&orphans)
+        .fetch_one(&pg)
+        .await
+        .unwrap_or(1);
+        running == 0
+    })
+    .await;
+    assert!(ended.is_some(), "the orphans did not end");
+    let done = rows(&pg).await;
+    assert!(orphans.iter().all(|id| done[id].status == "succeeded"));
+    assert_no_panics(&[&rs[survivor]]);
+    drop(rs);
     pg.close().await;
     db.drop_db().await;
 }

@@ -619,7 +619,8 @@ async fn a_host_pause_reaches_the_other_replicas() {
     }
     let owners = db_count(
         &db,
-        "SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'",
+        "SELECT count(DISTINCT s.holder) FROM waits w JOIN slots s ON s.id = w.owner
+         WHERE w.status = 'running'",
     )
     .await;
     assert_eq!(owners, 2, "both replicas hold waits on the host");
@@ -682,7 +683,8 @@ async fn a_host_rate_is_shared_by_the_replicas_alive() {
     assert!(counted.is_some(), "the replicas did not count each other");
     let owners = db_count(
         &db,
-        "SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'",
+        "SELECT count(DISTINCT s.holder) FROM waits w JOIN slots s ON s.id = w.owner
+         WHERE w.status = 'running'",
     )
     .await;
     assert_eq!(owners, 2, "both replicas hold waits on the host");

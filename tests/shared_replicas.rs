@@ -92,7 +92,8 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
     }
     let held = until(Duration::from_secs(60), || async {
         let unowned: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM waits WHERE status = 'running' AND owner IS NULL",
+            "SELECT count(*) FROM waits w LEFT JOIN slots s ON s.id = w.owner
+             WHERE w.status = 'running' AND s.holder IS NULL",
         )
         .fetch_one(&pool)
         .await
@@ -103,8 +104,8 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
     assert!(held.is_some(), "every wait is held");
     // Each URL's waits on one replica, and both replicas hold some.
     let owners: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT s.spec->'target'->>'url', count(DISTINCT w.owner)
-         FROM waits w JOIN wait_specs s ON s.wait_id = w.id
+        "SELECT s.spec->'target'->>'url', count(DISTINCT l.holder)
+         FROM waits w JOIN wait_specs s ON s.wait_id = w.id JOIN slots l ON l.id = w.owner
          WHERE w.status = 'running' GROUP BY 1",
     )
     .fetch_all(&pool)
@@ -112,11 +113,13 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
     .unwrap();
     assert_eq!(owners.len(), URLS);
     assert!(owners.iter().all(|(_, n)| *n == 1), "{owners:?}");
-    let replicas: i64 =
-        sqlx::query_scalar("SELECT count(DISTINCT owner) FROM waits WHERE status = 'running'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let replicas: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT s.holder) FROM waits w JOIN slots s ON s.id = w.owner
+             WHERE w.status = 'running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(replicas, 2, "both replicas hold waits");
 
     // The steady state: every URL polled about a second apart again, its waits'
@@ -144,7 +147,8 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
 
     // kill -9 the replica holding more; the survivor takes every wait over.
     let by_owner: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
-        "SELECT owner::text, count(*) FROM waits WHERE status = 'running' GROUP BY 1",
+        "SELECT s.holder::text, count(*) FROM waits w JOIN slots s ON s.id = w.owner
+         WHERE w.status = 'running' GROUP BY 1",
     )
     .fetch_all(&pool)
     .await
@@ -171,7 +175,8 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
     let killed = Instant::now();
     let taken = until(Duration::from_secs(60), || async {
         let others: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM waits WHERE status = 'running' AND owner IS DISTINCT FROM $1",
+            "SELECT count(*) FROM waits w LEFT JOIN slots s ON s.id = w.owner
+             WHERE w.status = 'running' AND s.holder IS DISTINCT FROM $1",
         )
         .bind(survivor)
         .fetch_one(&pool)

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{
-    Checkpoint, CheckpointRow, ClaimRow, Claimed, Dialect, Progress, Renewal, Store, StoreError,
-    WaitEpoch,
+    Checkpoint, CheckpointRow, ClaimRow, Claimed, Dialect, Progress, Renewal, SLOT_CLAIMS,
+    SlotToken, Store, StoreError, WaitEpoch,
 };
 use crate::engine::{EngineState, Spec};
 
@@ -26,32 +26,93 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
         let rows = sql!(self.claim(owner, ttl, lookahead, limit))?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            match self.decode_claim(&row) {
-                Ok((spec, engine)) => claimed.push(Claimed {
-                    id: row.id,
-                    epoch: row.epoch,
-                    claims: row.claims,
-                    tenant: row.tenant.clone(),
-                    next_poll_at: row.next_poll_at.map_or(engine.deadline, |t| t.0),
-                    spec,
-                    engine,
-                    trace: row.trace.as_deref().map(Box::from),
-                }),
-                Err(why) => {
-                    tracing::error!(wait_id = %row.id, error = %why, "cannot decode a claimed wait; ending it in error");
+        let decoded = self.decode_all(rows).await;
+        let mut claimed = Vec::with_capacity(decoded.len());
+        for c in decoded {
+            match c {
+                Ok(c) => claimed.push(c),
+                Err((id, epoch, why)) => {
+                    tracing::error!(wait_id = %id, error = %why, "cannot decode a claimed wait; ending it in error");
                     let _ = self
-                        .record(
-                            owner,
-                            Utc::now(),
-                            &Progress::undecodable(row.id, row.epoch, why),
-                        )
+                        .record(owner, Utc::now(), &Progress::undecodable(id, epoch, why))
                         .await;
                 }
             }
         }
         Ok(claimed)
+    }
+
+    /// The claimed rows decoded, off the async runtime's threads: a slot taken
+    /// over brings thousands at once (about 10 µs each), split over the cores.
+    async fn decode_all(&self, rows: Vec<ClaimRow>) -> Vec<Result<Claimed, (Uuid, i64, String)>> {
+        const SHARE: usize = 1024;
+        if rows.len() <= SHARE {
+            return rows.iter().map(|r| self.decode_one(r)).collect();
+        }
+        let parts = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, rows.len().div_ceil(SHARE));
+        let per = rows.len().div_ceil(parts);
+        let mut rows = rows;
+        let mut tasks = Vec::with_capacity(parts);
+        while !rows.is_empty() {
+            let rest = rows.split_off(per.min(rows.len()));
+            let share = std::mem::replace(&mut rows, rest);
+            let store = self.clone();
+            tasks.push(tokio::task::spawn_blocking(move || {
+                share
+                    .iter()
+                    .map(|r| store.decode_one(r))
+                    .collect::<Vec<_>>()
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            match t.await {
+                Ok(mut part) => out.append(&mut part),
+                // A panic in a decode: nothing to end the rows with; the claim
+                // sweep finds them owned and not held (strays).
+                Err(e) => tracing::error!(error = %e, "decoding claimed waits failed"),
+            }
+        }
+        out
+    }
+
+    /// One claimed row as the worker holds it, or why it cannot be read.
+    fn decode_one(&self, row: &ClaimRow) -> Result<Claimed, (Uuid, i64, String)> {
+        let (spec, engine) = self
+            .decode_claim(row)
+            .map_err(|why| (row.id, row.epoch, why))?;
+        Ok(Claimed {
+            resumed: row.slot.is_some() || self.row_epoch(row.epoch) > 1,
+            count_first_poll: row.slot.is_none()
+                || row.claims > 0
+                || row.slot_claims >= SLOT_CLAIMS,
+            settles: row
+                .slot
+                .filter(|_| row.slot_claims > 0)
+                .map(|slot| SlotToken {
+                    slot,
+                    token: row.epoch,
+                }),
+            id: row.id,
+            epoch: row.epoch,
+            claims: row.claims,
+            tenant: row.tenant.clone(),
+            next_poll_at: row.next_poll_at.map_or(engine.deadline, |t| t.0),
+            spec,
+            engine,
+            trace: row.trace.as_deref().map(Box::from),
+        })
+    }
+
+    /// How many times a wait's row was claimed, from the token it is held under
+    /// (on Postgres the row's epoch and its slot's gen; on SQLite the epoch).
+    fn row_epoch(&self, token: i64) -> i64 {
+        match &self.db {
+            Dialect::Postgres(_) => token >> 32,
+            Dialect::Sqlite(_) => token,
+        }
     }
 
     /// A claimed row's stored parts back into a spec (headers restored) and engine state.
@@ -217,6 +278,28 @@ impl Store {
     pub async fn release(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
         sql!(self.release(owner, &rows))
+    }
+
+    /// Graceful shutdown: writes the last checkpoints and gives up everything the
+    /// replica holds, so another replica takes it over at once. On Postgres the
+    /// replica's slots are given up whole and no wait is written but those whose
+    /// checkpoint carries a state; on SQLite every wait is given back.
+    pub async fn hand_over(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
+        let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
+        match &self.db {
+            Dialect::Postgres(d) => d.hand_over(owner, &rows).await,
+            Dialect::Sqlite(d) => d.release(owner, &rows).await,
+        }
+    }
+
+    /// Every wait taken over with a slot from a holder that died has been polled
+    /// once: the slot's count of such takeovers goes back to 0 (Postgres; SQLite
+    /// has no slots).
+    pub async fn settle(&self, owner: Uuid, slot: SlotToken) -> Result<(), StoreError> {
+        match &self.db {
+            Dialect::Postgres(d) => d.settle(owner, slot.slot, slot.token).await,
+            Dialect::Sqlite(_) => Ok(()),
+        }
     }
 
     /// Ends the replica's lease now, after its last release: it no longer counts

@@ -35,6 +35,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0014_placement.sql",
     "0015_deliveries_notice.sql",
     "0016_owner_claim_at.sql",
+    "0017_slots.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":

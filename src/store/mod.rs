@@ -59,7 +59,30 @@ pub struct Claimed {
     pub next_poll_at: DateTime<Utc>,
     /// The `traceparent` its polls join.
     pub trace: Option<Box<str>>,
+    /// Polled before, by another replica or an earlier run of this one.
+    pub resumed: bool,
+    /// Its first poll is counted in its own row before it begins ([`MAX_CLAIMS`]):
+    /// a wait claimed on its own, one whose poll began and never completed, or
+    /// one taken over in a slot whose holders kept dying ([`SLOT_CLAIMS`]).
+    pub count_first_poll: bool,
+    /// Taken over in a slot whose holder died: once every wait taken with it has
+    /// been polled, the slot is settled ([`Store::settle`]).
+    pub settles: Option<SlotToken>,
 }
+
+/// A slot taken over, and the token its waits were taken under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotToken {
+    pub slot: Uuid,
+    pub token: i64,
+}
+
+/// A slot taken from holders that died this many times in a row, without its
+/// waits all polled in between, has the first poll of each of its waits counted
+/// one by one, as a wait claimed on its own has: one of them may be what takes
+/// its replicas down. One death is not enough (a replica dies for many reasons),
+/// and counting every wait's first poll would write every row a takeover takes.
+pub const SLOT_CLAIMS: i32 = 2;
 
 /// A wait whose poll began this many times in a row without completing (each
 /// replica that polled it died meanwhile) is ended by its next claimer instead of

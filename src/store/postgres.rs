@@ -48,6 +48,7 @@ mod leases;
 mod outbox;
 mod progress;
 mod retention;
+mod slots;
 mod waits;
 
 /// Held by the one sequencer at a time that gives committed events their global

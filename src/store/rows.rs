@@ -118,6 +118,11 @@ pub(crate) struct ClaimRow {
     spec: Json,
     headers: Json,
     trace: Option<String>,
+    // The slot taken over whole that the row was read from (Postgres), and how
+    // many times in a row that slot was taken from a holder that died; `None`
+    // for a wait claimed on its own.
+    slot: Option<Uuid>,
+    slot_claims: i32,
 }
 }
 

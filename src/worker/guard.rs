@@ -90,10 +90,40 @@ impl Loop {
                 self.let_go(id);
             } else {
                 // No longer this replica's.
+                self.settled_one(id);
                 self.held.remove(&id);
             }
         }
         self.note_held();
+    }
+
+    /// A wait taken over with a slot whose holder died was polled once (or is
+    /// no longer held): when it was the last of that slot's, the slot's count of
+    /// takeovers goes back to 0, since none of its waits took this replica down.
+    pub(super) fn settled_one(&mut self, id: Uuid) {
+        if self.unsettled.is_empty() {
+            return;
+        }
+        let Some(slot) = self.unsettled.remove(&id) else {
+            return;
+        };
+        let Some(left) = self.settling.get_mut(&slot) else {
+            return;
+        };
+        *left -= 1;
+        if *left > 0 {
+            return;
+        }
+        self.settling.remove(&slot);
+        let w = self.w.clone();
+        tokio::spawn(async move {
+            if let Err(e) = w.store.settle(w.owner, slot).await {
+                // It stays counted: the next takeover of it counts its waits'
+                // first polls one by one, which costs writes, not safety.
+                tracing::warn!(error = %e, "could not record that a slot's waits were all polled");
+            }
+            w.metrics.write();
+        });
     }
 
     /// A wait claimed with [`crate::store::MAX_CLAIMS`] polls begun and none completed: every

@@ -330,6 +330,7 @@ impl Loop {
                         // was claimed again since the renewal left: the answer is
                         // about an older lease, so keep it.)
                         tracing::debug!(wait_id = %w.id, "lease lost");
+                        self.settled_one(w.id);
                         self.held.remove(&w.id);
                     }
                 }

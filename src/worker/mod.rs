@@ -39,7 +39,9 @@ use crate::bus::{Bus, BusMsg};
 use crate::engine::{EngineState, Observation, Spec};
 use crate::metrics::Metrics;
 use crate::probe::Prober;
-use crate::store::{Checkpoint, Claimed, MAX_CLAIMS, Progress, Store, StoreError, WaitEpoch};
+use crate::store::{
+    Checkpoint, Claimed, MAX_CLAIMS, Progress, SlotToken, Store, StoreError, WaitEpoch,
+};
 use clock::Clock;
 use lease::{Reconcile, Renewed, Sweep};
 pub use signal::{Signal, Signals};
@@ -271,6 +273,10 @@ struct Loop {
     /// whose answer was lost), with their epochs: given back when the next one
     /// finds them still so.
     strays: HashMap<Uuid, i64>,
+    /// Waits taken over with a slot whose holder died, not polled since, and
+    /// the slot; per slot, how many of them are left ([`guard`]).
+    unsettled: HashMap<Uuid, SlotToken>,
+    settling: HashMap<SlotToken, usize>,
     sweep: Option<Sweep>,
     reconcile: Option<Reconcile>,
 }
@@ -349,6 +355,8 @@ impl Loop {
             renewals: 0,
             need_full: true,
             strays: HashMap::new(),
+            unsettled: HashMap::new(),
+            settling: HashMap::new(),
             sweep: None,
             reconcile: None,
             w,
@@ -394,7 +402,7 @@ impl Loop {
         checkpoints.append(&mut self.let_go);
         let w = &self.w;
         w.metrics.write();
-        match w.store.release(w.owner, &checkpoints).await {
+        match w.store.hand_over(w.owner, &checkpoints).await {
             Ok(n) => {
                 // Gone from the replicas alive: the others claim every wait
                 // released, whatever its placement (§6.2).
@@ -451,7 +459,7 @@ impl Loop {
                 }
                 // Held before (its epoch counts claims), by an earlier run of
                 // this replica or by another.
-                let resumed = claimed.iter().filter(|c| c.epoch > 1).count();
+                let resumed = claimed.iter().filter(|c| c.resumed).count();
                 if resumed > 0 {
                     tracing::info!(
                         resumed,
@@ -495,13 +503,22 @@ impl Loop {
             epoch: c.epoch,
             next: c.next_poll_at,
             generation: 0,
-            phase: Phase::Claimed,
+            phase: if c.count_first_poll {
+                Phase::Claimed
+            } else {
+                Phase::Idle
+            },
             dirty: false,
             memo: None,
             trace: c.trace.filter(|_| self.w.prober.client().traces().is_on()),
             polling: None,
         };
         self.held.insert(c.id, Box::new(held));
+        self.settled_one(c.id);
+        if let Some(slot) = c.settles {
+            self.unsettled.insert(c.id, slot);
+            *self.settling.entry(slot).or_insert(0) += 1;
+        }
         if c.claims >= MAX_CLAIMS {
             self.end_crash_loop(c.id, c.claims);
             return;
@@ -512,6 +529,7 @@ impl Loop {
     /// Lets a held wait go: given back with the next renewal, so that another
     /// claim resumes it from its last checkpoint.
     fn let_go(&mut self, id: Uuid) {
+        self.settled_one(id);
         if let Some(h) = self.held.remove(&id) {
             self.let_go
                 .push(lease::named_only(WaitEpoch { id, epoch: h.epoch }));
@@ -548,6 +566,7 @@ impl Loop {
             Ok(BusMsg::Notice(n)) => {
                 if n.is_terminal() {
                     // Ended elsewhere (a cancel, another replica): stop polling it.
+                    self.settled_one(n.wait_id);
                     if self.held.remove(&n.wait_id).is_some() {
                         self.note_held();
                     }

@@ -95,6 +95,8 @@ impl Loop {
         memo: Option<crate::probe::Memo>,
         at: DateTime<Utc>,
     ) {
+        // A poll completed: this replica survived it.
+        self.settled_one(id);
         if let Some(h) = self.held.get_mut(&id) {
             if h.generation == generation {
                 // Its task is over: the handle would keep the task's memory (a

@@ -366,7 +366,10 @@ async fn a_burst_of_due_waits_starts_twice_the_concurrency_and_the_rest_as_polls
     assert_eq!(started(&r), 4, "twice the concurrency begin");
     r.lp.fire_due();
     assert_eq!(started(&r), 4, "no more while they are on their way");
-    assert!(!r.lp.timers_due(), "the loop does not spin on the ones left");
+    assert!(
+        !r.lp.timers_due(),
+        "the loop does not spin on the ones left"
+    );
     // Their first polls are recorded and the probes start (still four in all),
     // then end (the host does not resolve here): room for the next four.
     assert_eq!(r.next().await, "first polls marked");

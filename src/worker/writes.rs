@@ -117,6 +117,7 @@ impl Loop {
                 self.schedule(id, next);
             }
             Written::Yes | Written::Abandoned | Written::NotOwned => {
+                self.settled_one(id);
                 self.held.remove(&id);
             }
             Written::Failed(e) => {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::slots::{fence, fenced};
 use super::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
 use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
 
@@ -14,27 +15,79 @@ use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
 pub(in crate::store) const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
 
 impl PgDialect {
-    /// Claims up to `limit` running waits that are due within `lookahead` and unowned
-    /// or owned by a replica whose lease has run out. The same statement gives
-    /// `owner` a lease row if it has none yet, so a wait is never owned by a replica
-    /// without one; it does not extend an existing lease (only renewals do, so a
-    /// dead replica's lease runs out at most one TTL after its last renewal).
+    /// Claims up to `limit` running waits (more when a slot taken holds more):
+    /// first unowned waits due within `lookahead`, each put in one of `owner`'s
+    /// slots, then whole slots nobody holds ([`PgDialect::adopt`]: a released one,
+    /// or a dead replica's). The first statement gives `owner` a lease row if it
+    /// has none, so a wait is never held by a replica without one; it does not
+    /// extend an existing lease (only renewals do, so a dead replica's lease runs
+    /// out at most one TTL after its last renewal).
     ///
-    /// A lapsed replica's waits are read per replica in `claim_at` order from
-    /// `waits_owner` (`owner`, `claim_at`), so a batch reads the rows it takes,
-    /// not every wait the dead replica still holds.
-    ///
-    /// Of several replicas alive, each claims the waits whose placement falls to
-    /// it (placement modulo the replicas alive, against its rank among them by
-    /// id), so the waits of one tenant on one URL are held together and share
-    /// their polls; a wait without a placement, or overdue by [`PLACEMENT_GRACE`]
-    /// (its replica is full, or has just died), goes to any.
+    /// Of several replicas alive, each claims the unowned waits whose placement
+    /// falls to it (placement modulo the replicas alive, against its rank among
+    /// them by id), so the waits of one tenant on one URL are held together and
+    /// share their polls; they go to the slot of `owner`'s that their placement
+    /// picks, so a takeover keeps them together too. A wait without a placement,
+    /// or overdue by [`PLACEMENT_GRACE`] (its replica is full, or has just died),
+    /// goes to any.
     pub(in crate::store) async fn claim(
         &self,
         owner: Uuid,
         ttl: Duration,
         lookahead: Duration,
         limit: i64,
+    ) -> Result<Vec<ClaimRow>, StoreError> {
+        let mut rows = self
+            .claim_unowned(owner, ttl, lookahead, limit, false)
+            .await?;
+        // A replica that holds no slot (its first claim) makes its own, and claims
+        // the waits it could not put anywhere then, as a first claim does (any).
+        if self.enlist(owner).await? {
+            rows = self
+                .claim_unowned(owner, ttl, lookahead, limit, true)
+                .await?;
+        }
+        // Two slots at once: reading a slot's waits is most of a takeover's
+        // time in Postgres, one backend's work, and two use both of its cores.
+        while (rows.len() as i64) < limit {
+            let (a, b) = tokio::join!(
+                self.adopt(owner, PLACEMENT_GRACE),
+                self.adopt(owner, PLACEMENT_GRACE)
+            );
+            let (mut took, mut failed) = (false, None);
+            for r in [a, b] {
+                match r {
+                    Ok(Some(slot)) => {
+                        took = true;
+                        rows.extend(slot);
+                    }
+                    Ok(None) => {}
+                    Err(e) => failed = Some(e),
+                }
+            }
+            // What one of them took is held even when the other failed: its
+            // slot is this replica's now.
+            match failed {
+                Some(e) if rows.is_empty() => return Err(e),
+                Some(_) => break,
+                None if !took => break,
+                None => {}
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Claims up to `limit` unowned waits due within `lookahead` into `owner`'s
+    /// slots (none when it holds none). The statement gives `owner` a lease row if
+    /// it has none, and takes any wait on a replica's `first` claim (or while it is
+    /// not among the alive).
+    async fn claim_unowned(
+        &self,
+        owner: Uuid,
+        ttl: Duration,
+        lookahead: Duration,
+        limit: i64,
+        first: bool,
     ) -> Result<Vec<ClaimRow>, StoreError> {
         Ok(sqlx::query_as(
             "WITH me AS (
@@ -44,51 +97,50 @@ impl PgDialect {
                  SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank,
                         coalesce(bool_or(id = $1), false) AS listed
                  FROM replicas WHERE lease_until > now()),
-             unowned AS MATERIALIZED (
+             held AS MATERIALIZED (SELECT id, gen FROM slots WHERE holder = $1 FOR SHARE),
+             mine AS MATERIALIZED (
+                 SELECT array_agg(id ORDER BY id) AS ids, array_agg(gen ORDER BY id) AS gens FROM held),
+             due AS MATERIALIZED (
                  SELECT id FROM waits
                  WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
                    AND (placement IS NULL OR claim_at < now() - $5
-                        OR (SELECT n < 2 OR NOT listed FROM alive)
+                        OR (SELECT n < 2 OR NOT listed FROM alive) OR $6
                         OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
+                   AND (SELECT cardinality(ids) > 0 FROM mine)
                  ORDER BY claim_at
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
-             orphaned AS MATERIALIZED (
-                 SELECT o.id FROM (SELECT id FROM replicas WHERE lease_until <= now() AND id <> $1) r,
-                 LATERAL (
-                     SELECT id, claim_at FROM waits
-                     WHERE owner = r.id AND status = 'running' AND claim_at <= now() + $3
-                       AND (placement IS NULL OR claim_at < now() - $5
-                            OR (SELECT n < 2 OR NOT listed FROM alive)
-                            OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
-                     ORDER BY claim_at
-                     LIMIT $4
-                     FOR UPDATE SKIP LOCKED) o
-                 ORDER BY o.claim_at
-                 LIMIT $4),
-             due AS (SELECT id FROM unowned UNION ALL SELECT id FROM orphaned LIMIT $4)
-             UPDATE waits w SET owner = $1, epoch = w.epoch + 1, claim_at = w.next_poll_at
-             FROM due, wait_specs s
-             WHERE w.id = due.id AND s.wait_id = w.id
-             RETURNING w.id, w.epoch, w.claims, w.tenant, w.engine, w.next_poll_at, w.deadline, s.spec, s.headers, s.trace",
+             pick AS (
+                 SELECT due.id, 1 + (abs(coalesce(w.placement, hashtext(w.id::text)::bigint))
+                                     % cardinality(mine.ids))::int AS i
+                 FROM due JOIN waits w ON w.id = due.id, mine)
+             UPDATE waits w SET owner = mine.ids[pick.i], epoch = w.epoch + 1, claim_at = w.next_poll_at
+             FROM pick, mine, wait_specs s
+             WHERE w.id = pick.id AND s.wait_id = w.id
+             RETURNING w.id, (w.epoch << 32) | mine.gens[pick.i] AS epoch, w.claims, w.tenant, w.engine,
+                       w.next_poll_at, w.deadline, s.spec, s.headers, s.trace,
+                       NULL::uuid AS slot, 0 AS slot_claims",
         )
         .bind(owner)
         .bind(ttl)
         .bind(lookahead)
         .bind(limit)
         .bind(PLACEMENT_GRACE)
+        .bind(first)
         .fetch_all(&self.lease_pool)
         .await?)
     }
 
-    /// Every running wait `owner` owns, with its epoch (a full renewal compares them
-    /// with what it holds).
+    /// Every running wait in the slots `owner` holds, with its token (a full
+    /// renewal compares them with what it holds).
     pub(in crate::store) async fn owned(&self, owner: Uuid) -> Result<Vec<WaitEpoch>, StoreError> {
-        let rows: Vec<(Uuid, i64)> =
-            sqlx::query_as("SELECT id, epoch FROM waits WHERE owner = $1 AND status = 'running'")
-                .bind(owner)
-                .fetch_all(&self.lease_pool)
-                .await?;
+        let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT w.id, (w.epoch << 32) | s.gen FROM slots s JOIN waits w ON w.owner = s.id
+             WHERE s.holder = $1 AND w.status = 'running'",
+        )
+        .bind(owner)
+        .fetch_all(&self.lease_pool)
+        .await?;
         Ok(rows.into_iter().map(WaitEpoch::from).collect())
     }
 
@@ -144,8 +196,8 @@ impl PgDialect {
         Ok(())
     }
 
-    /// Writes the last checkpoints and gives the waits up, so another replica can
-    /// take them over at once (graceful shutdown, or waits this replica let go).
+    /// Writes the last checkpoints of these waits and takes them out of their
+    /// slots, so that any replica claims them again (waits this replica let go).
     pub(in crate::store) async fn release(
         &self,
         owner: Uuid,
@@ -183,7 +235,7 @@ impl PgDialect {
         let retries: Vec<Option<i32>> = chunk.iter().map(|c| c.retries).collect();
         let nexts: Vec<Option<DateTime<Utc>>> = chunk.iter().map(|c| c.next_poll_at).collect();
         let n = sqlx::query(
-            "UPDATE waits w SET owner = CASE WHEN $8 THEN NULL ELSE w.owner END,
+            concat!(fence!("$2"), "UPDATE waits w SET owner = CASE WHEN $8 THEN NULL ELSE w.owner END,
                     engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
                     polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
                     retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
@@ -193,10 +245,9 @@ impl PgDialect {
                     updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END,
                     claims = CASE WHEN u.polls > w.polls THEN 0 ELSE w.claims END
              FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[],
-                         array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
                          array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
-                  AS u(id, epoch, engine, polls, retries, next_poll_at, owner, running)
-             WHERE w.id = u.id AND w.owner IS NOT DISTINCT FROM u.owner AND w.epoch = u.epoch AND w.status = u.running",
+                  AS u(id, epoch, engine, polls, retries, next_poll_at, running), cur c, fence f
+             WHERE w.id = u.id AND w.status = u.running AND ", fenced!()),
         )
         .bind(owner)
         .bind(ids)
@@ -212,13 +263,22 @@ impl PgDialect {
         Ok(n)
     }
 
-    /// Forgets replicas gone for a day that own nothing (the lease condition is
-    /// checked again under the row lock, so a replica that claims at that moment
-    /// keeps its row).
+    /// Forgets slots nobody has held for a day that hold no running wait, then
+    /// replicas gone for a day that hold no slot (the conditions are checked again
+    /// under the row locks, so a replica that claims at that moment keeps its rows).
     pub(in crate::store) async fn maintain(&self) -> Result<(), StoreError> {
         sqlx::query(
+            "DELETE FROM slots s
+             WHERE coalesce(s.released_at, '-infinity') < now() - interval '1 day'
+               AND NOT EXISTS (SELECT 1 FROM replicas r
+                               WHERE r.id = s.holder AND r.lease_until > now() - interval '1 day')
+               AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.owner = s.id AND w.status = 'running')",
+        )
+        .execute(&self.lease_pool)
+        .await?;
+        sqlx::query(
             "DELETE FROM replicas r WHERE r.lease_until < now() - interval '1 day'
-               AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.owner = r.id AND w.status = 'running')",
+               AND NOT EXISTS (SELECT 1 FROM slots s WHERE s.holder = r.id)",
         )
         .execute(&self.lease_pool)
         .await?;

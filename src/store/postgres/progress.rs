@@ -8,6 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::events::sequence_in;
+use super::slots::{fence, fenced};
 use super::{PgDialect, SEQUENCER_LOCK};
 use crate::store::{ProgressRow, StoreError, WaitEpoch};
 
@@ -22,15 +23,17 @@ impl PgDialect {
         begun: bool,
     ) -> Result<Vec<Uuid>, StoreError> {
         let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().map(|w| (w.id, w.epoch)).unzip();
-        let rows: Vec<(Uuid,)> = sqlx::query_as(
+        let rows: Vec<(Uuid,)> = sqlx::query_as(concat!(
+            fence!("$2"),
             "UPDATE waits w SET claims = CASE WHEN $4 THEN w.claims + 1 ELSE 0 END
              FROM unnest($2::uuid[], $3::bigint[],
-                         array_fill($1::uuid, ARRAY[cardinality($2::uuid[])]),
                          array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
-                  AS u(id, epoch, owner, running)
-             WHERE w.id = u.id AND w.owner IS NOT DISTINCT FROM u.owner AND w.epoch = u.epoch AND w.status = u.running
-             RETURNING w.id",
-        )
+                  AS u(id, epoch, running), cur c, fence f
+             WHERE w.id = u.id AND w.status = u.running AND ",
+            fenced!(),
+            "
+             RETURNING w.id"
+        ))
         .bind(owner)
         .bind(id)
         .bind(epoch)
@@ -41,10 +44,10 @@ impl PgDialect {
     }
 
     /// Many waits' progress in one transaction of two statements: one update of the
-    /// rows (each fenced by owner and epoch), one insert of the events of the rows
-    /// that were still this owner's.
+    /// rows (each fenced by its slot and token, see [`super::slots`]), one insert of
+    /// the events of the rows that were still this owner's.
     ///
-    /// The fences (owner, epoch, `running`) are columns of the batch rather than
+    /// The fences (token, `running`) are columns of the batch rather than
     /// conditions on `waits` alone. Without statistics on `waits` (a new database,
     /// before autovacuum's first analyze), the planner took `owner = $1 AND status =
     /// 'running'` for one row, scanned every wait the replica owns and matched each
@@ -52,13 +55,13 @@ impl PgDialect {
     /// to filter `waits` by but the join, it looks each batch row up by primary key,
     /// whatever the statistics say (3 ms).
     ///
-    /// The owner fence is written `IS NOT DISTINCT FROM` (the same answer here, since
-    /// the batch's owner is never null) so that it cannot be an index condition:
+    /// The slot fence is written `IS NOT DISTINCT FROM` (the same answer here, since
+    /// a fenced slot's id is never null) so that it cannot be an index condition:
     /// with statistics taken while the waits were unowned, the planner otherwise
-    /// drove the join from `waits_owner` (`owner = u.owner`, thought to match one
-    /// row) and scanned every wait the replica owns for each batch row: 30 s for a
-    /// batch of a few hundred among a million waits, measured by the scale
-    /// benchmark. Each batch row is looked up by primary key instead.
+    /// drove the join from `waits_owner` (`owner = …`, thought to match one row)
+    /// and scanned every wait the replica owns for each batch row: 30 s for a batch
+    /// of a few hundred among a million waits, measured by the scale benchmark.
+    /// Each batch row is looked up by primary key instead.
     pub(in crate::store) async fn record(
         &self,
         owner: Uuid,
@@ -68,7 +71,7 @@ impl PgDialect {
         let c = RecordColumns::of(batch);
         let mut tx = self.pool.begin().await?;
         let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
-            "UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
+            concat!(fence!("$3"), "UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
                     error_detail = u.detail::jsonb, last_error = u.last_error, polls = u.polls,
                     retries = u.retries, engine = u.engine::jsonb, next_poll_at = u.next_poll_at,
                     updated_at = $2,
@@ -77,12 +80,11 @@ impl PgDialect {
                     seq = w.seq + u.n_events, claims = 0
              FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
                          $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
-                         array_fill($1::uuid, ARRAY[cardinality($3::uuid[])]),
                          array_fill('running'::text, ARRAY[cardinality($3::uuid[])]))
                   AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
-                       next_poll_at, n_events, owner, running)
-             WHERE w.id = u.id AND w.owner IS NOT DISTINCT FROM u.owner AND w.epoch = u.epoch AND w.status = u.running
-             RETURNING w.id, w.seq, w.tenant",
+                       next_poll_at, n_events, running), cur c, fence f
+             WHERE w.id = u.id AND w.status = u.running AND ", fenced!(), "
+             RETURNING w.id, w.seq, w.tenant"),
         )
         .bind(owner)
         .bind(now)

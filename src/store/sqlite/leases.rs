@@ -40,7 +40,8 @@ impl SqliteDialect {
              RETURNING id, epoch, claims, tenant, engine, next_poll_at, deadline,
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
                        (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers,
-                       (SELECT trace FROM wait_specs WHERE wait_id = waits.id) AS trace",
+                       (SELECT trace FROM wait_specs WHERE wait_id = waits.id) AS trace,
+                       NULL AS slot, 0 AS slot_claims",
         )
         .bind(owner)
         .bind(ms(now) + lookahead.as_millis() as i64)
