@@ -1492,7 +1492,8 @@ async fn after_a_database_stall_longer_than_the_lease_waits_resume_within_one_cl
         .collect();
 
     let mut locker = pg.begin().await.unwrap();
-    sqlx::query("LOCK TABLE waits IN ACCESS EXCLUSIVE MODE")
+    // Every table a replica writes to keep its waits: a lease renewal stalls too.
+    sqlx::query("LOCK TABLE waits, replicas, slots IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *locker)
         .await
         .unwrap();

@@ -228,7 +228,19 @@ impl Store {
         named: &[WaitEpoch],
         checkpoints: &[Checkpoint],
     ) -> Result<Renewal, StoreError> {
-        self.checkpoint(owner, ttl, checkpoints).await?;
+        self.renew_lease(owner, ttl).await?;
+        self.compare(owner, named, checkpoints).await
+    }
+
+    /// [`Store::renew`] after its lease row: writes `checkpoints`, then compares
+    /// `named` with what the owner owns.
+    pub async fn compare(
+        &self,
+        owner: Uuid,
+        named: &[WaitEpoch],
+        checkpoints: &[Checkpoint],
+    ) -> Result<Renewal, StoreError> {
+        self.write_checkpoints(owner, checkpoints).await?;
         let mut owned: std::collections::HashMap<Uuid, i64> = sql!(self.owned(owner))?
             .into_iter()
             .map(|w| (w.id, w.epoch))
@@ -256,6 +268,15 @@ impl Store {
         checkpoints: &[Checkpoint],
     ) -> Result<(), StoreError> {
         self.renew_lease(owner, ttl).await?;
+        self.write_checkpoints(owner, checkpoints).await
+    }
+
+    /// Writes `checkpoints` (those that carry a state), fenced.
+    pub async fn write_checkpoints(
+        &self,
+        owner: Uuid,
+        checkpoints: &[Checkpoint],
+    ) -> Result<(), StoreError> {
         let rows: Vec<CheckpointRow> = checkpoints.iter().map(CheckpointRow::from).collect();
         sql!(self.write_all_checkpoints(owner, &rows))
     }

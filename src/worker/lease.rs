@@ -111,6 +111,9 @@ impl Loop {
             );
         }
         if self.renewing {
+            // The last renewal is still writing checkpoints (seconds of them
+            // after a takeover or a restart): the lease goes on without it.
+            self.lease_alone();
             return;
         }
         // What the last full renewal left to compare is finished first: the next
@@ -229,13 +232,26 @@ impl Loop {
         tokio::spawn(async move {
             let started = Instant::now();
             let (owner, ttl) = (w.owner, w.cfg.lease_ttl);
-            let r = if full {
-                w.store.renew(owner, ttl, &named, &checkpoints).await
-            } else {
-                w.store
-                    .checkpoint(owner, ttl, &checkpoints)
-                    .await
-                    .map(|()| Renewal::default())
+            // The lease first, on its own: checkpoints after a takeover or a
+            // restart may take seconds to write, and the lease must not wait
+            // for them.
+            let r = match w.store.renew_lease(owner, ttl).await {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    let _ = tx.send(Msg::Leased {
+                        started,
+                        ok: true,
+                        alone: false,
+                    });
+                    if full {
+                        w.store.compare(owner, &named, &checkpoints).await
+                    } else {
+                        w.store
+                            .write_checkpoints(owner, &checkpoints)
+                            .await
+                            .map(|()| Renewal::default())
+                    }
+                }
             };
             w.metrics.write();
             drop(checkpoints);
@@ -267,6 +283,40 @@ impl Loop {
                 unreleased,
             }));
         });
+    }
+
+    /// Renews the lease row alone, unless such a renewal is on its way already.
+    fn lease_alone(&mut self) {
+        if self.leasing {
+            return;
+        }
+        self.leasing = true;
+        let w = Arc::clone(&self.w);
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = w.store.renew_lease(w.owner, w.cfg.lease_ttl).await;
+            w.metrics.write();
+            if let Err(e) = &r {
+                tracing::warn!(error = %e, "renewing the lease failed");
+            }
+            let _ = tx.send(Msg::Leased {
+                started,
+                ok: r.is_ok(),
+                alone: true,
+            });
+        });
+    }
+
+    /// The lease row was renewed (or not): the lease runs a TTL from when the
+    /// renewal began.
+    pub(super) fn leased(&mut self, started: Instant, ok: bool, alone: bool) {
+        if alone {
+            self.leasing = false;
+        }
+        if ok {
+            self.lease_until = self.lease_until.max(started + self.w.cfg.lease_ttl);
+        }
     }
 
     /// A renewal came back: extend the lease, and drop what it says is no longer ours.

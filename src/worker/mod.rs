@@ -207,6 +207,14 @@ enum Msg {
         first: Vec<(WaitEpoch, u64)>,
         result: Result<Vec<Uuid>, StoreError>,
     },
+    /// The lease row was renewed (`ok`), by a renewal whose checkpoints and
+    /// comparison follow, or `alone` while such a renewal was still on its way:
+    /// the lease runs from when the renewal began.
+    Leased {
+        started: Instant,
+        ok: bool,
+        alone: bool,
+    },
     Renewed(Renewed),
 }
 
@@ -219,6 +227,7 @@ impl Msg {
             Msg::Recorded { .. } => "a progress write",
             Msg::Marked { .. } => "first polls marked",
             Msg::Confirmed { .. } => "first polls confirmed",
+            Msg::Leased { .. } => "a lease renewed",
             Msg::Renewed(_) => "a renewal",
         }
     }
@@ -237,6 +246,9 @@ struct Loop {
     claiming: bool,
     claim_again: bool,
     renewing: bool,
+    /// A lease-only renewal is on its way, sent while a renewal was still
+    /// writing its checkpoints.
+    leasing: bool,
     probes: Arc<Semaphore>,
     /// Polls started and not yet over (waiting for a probe's place or in
     /// flight): no more than [`timers::IN_FLIGHT`] times the concurrency are
@@ -370,6 +382,7 @@ impl Loop {
             claiming: false,
             claim_again: true,
             renewing: false,
+            leasing: false,
         }
     }
 
@@ -585,9 +598,11 @@ impl Loop {
     fn handle_draining(&mut self, msg: Msg) {
         match msg {
             // Finish what was observed, but schedule nothing new.
-            Msg::Probed { .. } | Msg::Recorded { .. } | Msg::Confirmed { .. } | Msg::Renewed(_) => {
-                self.handle(msg)
-            }
+            Msg::Probed { .. }
+            | Msg::Recorded { .. }
+            | Msg::Confirmed { .. }
+            | Msg::Leased { .. }
+            | Msg::Renewed(_) => self.handle(msg),
             // Marked while stopping: start nothing new.
             Msg::Marked { first, .. } => {
                 self.marking = self.marking.saturating_sub(first.len());
@@ -639,6 +654,7 @@ impl Loop {
             Msg::Marked { first, result } => self.marked(first, result),
             Msg::Recorded { batch } => self.recorded(batch),
             Msg::Confirmed { batch, result } => self.confirmed(batch, result),
+            Msg::Leased { started, ok, alone } => self.leased(started, ok, alone),
             Msg::Renewed(r) => self.renewed(r),
         }
     }
