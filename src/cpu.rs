@@ -7,7 +7,7 @@
 //! budgets of docs/design.md §3.3 and §3.13); the pool bounds what they cost
 //! together:
 //!
-//! - **Bounded.** A fixed number of threads (`--cpu-threads`), so that such work
+//! - **Bounded.** A fixed number of threads in each lane (below), so that such work
 //!   takes at most those cores, and the runtime's threads, which answer `/healthz`,
 //!   renew leases and serve every other request, are never the ones doing it.
 //! - **Fair.** Jobs queue per tenant, and the threads take the tenants in turn, one
@@ -15,9 +15,12 @@
 //!   job by at most one job per thread.
 //! - **Two lanes.** Parsing a request (bounded by its length: milliseconds) is a
 //!   [`Lane::Quick`] job; reading an answer (bounded by its budget, which can be a
-//!   second) a [`Lane::Long`] one. Quick jobs go first, and long ones run on at
-//!   most all threads but one, so a create, or a stored expression decoded at a
-//!   claim, never waits behind evaluations.
+//!   tenth of a second) a [`Lane::Long`] one. Each lane has threads of its own
+//!   (`--cpu-threads` quick ones; one fewer long ones, at least one), so a create,
+//!   or a stored expression decoded at a claim, never waits behind evaluations.
+//!   The long lane's threads run at the lowest CPU priority (nice 19): when the
+//!   cores are busy, the runtime's threads, the quick lane and the database go
+//!   first, and evaluations take what is left.
 //! - **Deep.** Its threads have [`STACK`] bytes of stack, sized for the recursion
 //!   of the CEL parser on the longest expression waitd accepts (measured in
 //!   `tests/conditions_props.rs`); everything after the parse is bounded by the
@@ -50,17 +53,13 @@ pub struct Lost;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The fixed set of threads and their per-tenant queues.
+/// The two lanes' queues and threads.
 pub struct Pool {
-    shared: Arc<Shared>,
-    threads: usize,
-}
-
-struct Shared {
-    queues: Mutex<Queues>,
-    ready: Condvar,
+    quick: Arc<Queue>,
+    long: Arc<Queue>,
     /// Jobs queued or running, for the metric.
-    pending: AtomicUsize,
+    pending: Arc<AtomicUsize>,
+    threads: usize,
 }
 
 /// What kind of work a job is, which decides where it queues.
@@ -72,12 +71,11 @@ pub enum Lane {
     Long,
 }
 
-struct Queues {
-    quick: Turns,
-    long: Turns,
-    /// Long jobs running now, and the most that may run at once.
-    long_running: usize,
-    long_max: usize,
+/// One lane's jobs, and the bell its threads wait on.
+#[derive(Default)]
+struct Queue {
+    turns: Mutex<Turns>,
+    ready: Condvar,
 }
 
 /// Jobs by tenant, and the tenants in the order of their next turn.
@@ -117,6 +115,28 @@ impl Turns {
     }
 }
 
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Turns> {
+        self.turns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, tenant: &str, job: Job) {
+        self.lock().push(tenant, job);
+        self.ready.notify_one();
+    }
+
+    /// The next job, the tenants in turn; waits for one.
+    fn next(&self) -> Job {
+        let mut q = self.lock();
+        loop {
+            if let Some(job) = q.pop() {
+                return job;
+            }
+            q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 thread_local! {
     static ON_POOL: Cell<bool> = const { Cell::new(false) };
 }
@@ -147,47 +167,49 @@ pub fn on_pool_thread() -> bool {
 
 impl Pool {
     fn start(threads: usize) -> Pool {
-        let shared = Arc::new(Shared {
-            queues: Mutex::new(Queues {
-                quick: Turns::default(),
-                long: Turns::default(),
-                long_running: 0,
-                long_max: threads.saturating_sub(1).max(1),
-            }),
-            ready: Condvar::new(),
-            pending: AtomicUsize::new(0),
-        });
+        let pool = Pool {
+            quick: Arc::default(),
+            long: Arc::default(),
+            pending: Arc::default(),
+            threads,
+        };
         for i in 0..threads {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("waitd-cpu-{i}"))
-                .stack_size(STACK)
-                .spawn(move || {
-                    ON_POOL.with(|p| p.set(true));
-                    loop {
-                        let (lane, job) = shared.next();
-                        job();
-                        shared.pending.fetch_sub(1, Relaxed);
-                        if lane == Lane::Long {
-                            shared.lock().long_running -= 1;
-                            // A long job may now start on another thread.
-                            shared.ready.notify_one();
-                        }
-                    }
-                })
-                .expect("the CPU pool's threads start");
+            pool.spawn(format!("waitd-cpu-{i}"), pool.quick.clone(), false);
         }
-        Pool { shared, threads }
+        for i in 0..threads.saturating_sub(1).max(1) {
+            pool.spawn(format!("waitd-eval-{i}"), pool.long.clone(), true);
+        }
+        pool
     }
 
-    /// The number of threads.
+    fn spawn(&self, name: String, queue: Arc<Queue>, low: bool) {
+        let pending = self.pending.clone();
+        std::thread::Builder::new()
+            .name(name)
+            .stack_size(STACK)
+            .spawn(move || {
+                ON_POOL.with(|p| p.set(true));
+                if low {
+                    lower_priority();
+                }
+                loop {
+                    let job = queue.next();
+                    job();
+                    pending.fetch_sub(1, Relaxed);
+                }
+            })
+            .expect("the CPU pool's threads start");
+    }
+
+    /// The number of threads of the quick lane (`--cpu-threads`); the long lane has
+    /// one fewer (one, with one).
     pub fn threads(&self) -> usize {
         self.threads
     }
 
     /// Jobs queued or running now.
     pub fn pending(&self) -> usize {
-        self.shared.pending.load(Relaxed)
+        self.pending.load(Relaxed)
     }
 
     /// Runs `f` on the pool in `tenant`'s turn of `lane` and returns what it
@@ -235,40 +257,20 @@ impl Pool {
     }
 
     fn push(&self, lane: Lane, tenant: &str, job: Job) {
-        self.shared.pending.fetch_add(1, Relaxed);
-        let mut q = self.shared.lock();
+        self.pending.fetch_add(1, Relaxed);
         match lane {
-            Lane::Quick => q.quick.push(tenant, job),
-            Lane::Long => q.long.push(tenant, job),
+            Lane::Quick => self.quick.push(tenant, job),
+            Lane::Long => self.long.push(tenant, job),
         }
-        drop(q);
-        // Every thread may be waiting for a different reason (a long job cannot
-        // start while the long lane is full, a quick one can): wake them all.
-        self.shared.ready.notify_all();
     }
 }
 
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queues> {
-        self.queues.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The next job: a quick one if any is queued, else a long one if fewer than
-    /// the most long jobs are running; in either lane, the tenants in turn.
-    fn next(&self) -> (Lane, Job) {
-        let mut q = self.lock();
-        loop {
-            if let Some(job) = q.quick.pop() {
-                return (Lane::Quick, job);
-            }
-            if q.long_running < q.long_max
-                && let Some(job) = q.long.pop()
-            {
-                q.long_running += 1;
-                return (Lane::Long, job);
-            }
-            q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
-        }
+/// Puts the calling thread at the lowest CPU priority (nice 19), which any thread
+/// may do; where the system refuses, the thread goes on at its priority.
+fn lower_priority() {
+    use thread_priority::{ThreadPriority, set_current_thread_priority};
+    if let Err(e) = set_current_thread_priority(ThreadPriority::Min) {
+        tracing::warn!(error = ?e, "the CPU pool's evaluations run at the normal priority");
     }
 }
 
@@ -368,6 +370,28 @@ mod tests {
         assert!(long_rx.try_recv().is_err(), "a second long job ran");
         hold_tx.send(()).unwrap();
         long_rx.recv().unwrap();
+    }
+
+    /// The nice value of the calling thread, from `/proc/thread-self/stat`.
+    #[cfg(target_os = "linux")]
+    fn nice() -> i64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        // After the command's closing parenthesis: state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        rest.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn long_jobs_run_at_the_lowest_priority_and_quick_ones_at_the_normal() {
+        let pool = Pool::start(2);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let here = nice();
+        assert_eq!(rt.block_on(pool.run(Lane::Long, "a", nice)), Ok(19));
+        assert_eq!(rt.block_on(pool.run(Lane::Quick, "a", nice)), Ok(here));
+        assert_eq!(pool.run_blocking(nice), Ok(here));
     }
 
     #[test]
