@@ -1,5 +1,6 @@
 //! `/waits`: create, read, list, cancel, and the blocking forms of create and read.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -23,6 +24,7 @@ use crate::bus::BusMsg;
 use crate::engine::Spec;
 use crate::model::{Status, Wait, WaitPage};
 use crate::worker::Signal;
+use crate::worker::live::Progress;
 
 /// After a wait's deadline, how long a blocked request still waits for the worker to
 /// record the end before answering 503.
@@ -62,16 +64,19 @@ pub(super) enum Held {
     PastDeadline,
 }
 
+/// One wait as its tenant reads it: its row, its groups and what the worker holds
+/// of it, asked for at once (the groups only apply once the row says the wait is
+/// the tenant's).
 async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
-    let mut wait = s
-        .store
-        .get(tenant, id)
-        .await?
-        .ok_or_else(|| no_such_wait(id))?;
-    s.store
-        .annotate_groups(std::slice::from_mut(&mut wait))
-        .await?;
-    current(s, std::slice::from_mut(&mut wait)).await;
+    let ids = [id];
+    let (wait, groupings, live) = tokio::join!(
+        s.store.get(tenant, id),
+        s.store.groupings(&ids),
+        s.live.progress(&ids)
+    );
+    let mut wait = wait?.ok_or_else(|| no_such_wait(id))?;
+    groupings?.apply(std::iter::once(&mut wait))?;
+    apply_live(std::slice::from_mut(&mut wait), &live);
     Ok(wait)
 }
 
@@ -87,11 +92,16 @@ async fn current(s: &AppState, waits: &mut [Wait]) {
         return;
     }
     let live = s.live.progress(&running).await;
+    apply_live(waits, &live);
+}
+
+/// Puts the progress the worker holds (`live`) on those of `waits` still running.
+fn apply_live(waits: &mut [Wait], live: &HashMap<Uuid, Progress>) {
     if live.is_empty() {
         return;
     }
     let now = chrono::Utc::now();
-    for wait in waits.iter_mut() {
+    for wait in waits.iter_mut().filter(|w| w.is_running()) {
         let Some(p) = live.get(&wait.id) else {
             continue;
         };
