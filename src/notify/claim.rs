@@ -22,8 +22,10 @@ use crate::model::DeliveryStatus;
 use crate::outbound::Client;
 use crate::store::{Due, Turns};
 
-/// After a burst of events wakes the loop, it claims at most this often.
-const CLAIM_GAP: Duration = Duration::from_millis(20);
+/// A ring is claimed at once, unless the last claim ended less than this long ago:
+/// then once this long has passed, so that however fast events come, the rings
+/// that come meanwhile (a burst) are one claim.
+const CLAIM_GAP: Duration = Duration::from_millis(5);
 
 /// What a task of the loop came to: the next attempt's time when the delivery stays
 /// pending, and, for an attempt, its tenant's receiver, how long it took and the
@@ -50,6 +52,7 @@ pub(super) async fn run(
         soonest: None,
     };
     let me = tasks.me.clone();
+    // When the last claim ended.
     let mut last_claim = tokio::time::Instant::now();
     let mut last_gauge = tokio::time::Instant::now() - IDLE;
     tokio::pin!(stop);
@@ -64,8 +67,8 @@ pub(super) async fn run(
         let free = me.cfg.concurrency.saturating_sub(tasks.flying.len());
         let mut full = false;
         if free > 0 {
-            last_claim = tokio::time::Instant::now();
             full = tasks.claim(free).await == free;
+            last_claim = tokio::time::Instant::now();
         }
         if last_gauge.elapsed() >= IDLE {
             last_gauge = tokio::time::Instant::now();
@@ -84,10 +87,10 @@ pub(super) async fn run(
             _ = std::future::ready(()), if full && free > 0 => {}
             _ = me.wake.notified() => {}
             _ = bell.rung() => {
-                // Events come in bursts: take what a few milliseconds bring at once,
-                // and claim no more often than CLAIM_GAP.
-                let gap = CLAIM_GAP.saturating_sub(last_claim.elapsed());
-                tokio::time::sleep(gap.max(Duration::from_millis(5))).await;
+                let pause = CLAIM_GAP.saturating_sub(last_claim.elapsed());
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
                 bell.hush();
             }
             Some(done) = tasks.flying.join_next(), if !tasks.flying.is_empty() => {
