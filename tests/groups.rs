@@ -541,18 +541,34 @@ async fn another_tenants_wait_is_no_member_and_a_group_announces_its_end_by_webh
     // A group's end goes to its webhook like a wait's.
     let rx = Receiver::start().await;
     let hook = rx.script("/hook", vec![crate::support::receiver::Answer::code(200)]);
+    // A member's own webhook names its group; a wait in no group's names none.
+    let member_hook = rx.script("/member", vec![crate::support::receiver::Answer::code(200)]);
+    let alone_hook = rx.script("/alone", vec![crate::support::receiver::Answer::code(200)]);
     let ok = up.script("/i/ok", vec![Reply::status("on")]);
+    let mut with_hook = member(&ok);
+    with_hook["notify"] = json!([{"url": member_hook, "secret": SECRET, "events": ["succeeded"]}]);
     let r = as_(
         TOKEN_A,
-        json!({"all": [member(&ok)], "notify": [{"url": hook, "secret": SECRET}]}),
+        json!({"all": [with_hook], "notify": [{"url": hook, "secret": SECRET}]}),
     )
     .await
     .unwrap();
     assert_eq!(r.status(), 201);
+    let group: Value = r.json().await.unwrap();
+    let mut alone = member(&ok);
+    alone["notify"] = json!([{"url": alone_hook, "secret": SECRET, "events": ["succeeded"]}]);
+    assert_eq!(as_(TOKEN_A, alone).await.unwrap().status(), 201);
     assert!(rx.until_got("/hook", 1, Duration::from_secs(10)).await);
     let got = rx.got("/hook")[0].json();
     assert_eq!(got["type"], "wait.succeeded", "{got}");
     assert_eq!(got["data"]["mode"], "all", "{got}");
+    assert!(rx.until_got("/member", 1, Duration::from_secs(10)).await);
+    let got = rx.got("/member")[0].json();
+    assert_eq!(got["data"]["group"], group["id"], "{got}");
+    assert!(rx.until_got("/alone", 1, Duration::from_secs(10)).await);
+    let got = rx.got("/alone")[0].json();
+    assert_eq!(got["type"], "wait.succeeded", "{got}");
+    assert!(got["data"].get("group").is_none_or(Value::is_null), "{got}");
     app.stop().await.0.unwrap();
 }
 

@@ -118,13 +118,14 @@ impl DeliveryRow {
 
 from_row! {
 /// A due delivery as the claim reads it: the delivery, its webhook's sealed secret,
-/// the event, and the wait.
+/// the event, the wait, and whether the wait is a group or a member of one.
 pub(crate) struct DueRow {
     d_secret: Json,
     d_stopped_at: Option<Time>,
     d_event_at: Time,
     d_event_data: Json,
     d_trace: Option<String>,
+    d_grouped: bool,
     ..d: DeliveryRow,
     ..wait: WaitRow,
 }
@@ -312,7 +313,9 @@ pub(crate) fn limits_of(row: Option<LimitsRow>) -> DeliveryLimits {
 /// The columns of a due row: the delivery's, the secret, the event, the wait.
 pub(crate) fn due_columns() -> String {
     format!(
-        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, s.trace AS d_trace, {}",
+        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, s.trace AS d_trace, \
+         (EXISTS (SELECT 1 FROM group_members m WHERE m.member_id = d.wait_id) \
+          OR EXISTS (SELECT 1 FROM group_members m WHERE m.group_id = d.wait_id)) AS d_grouped, {}",
         super::WAIT_COLUMNS
     )
 }
@@ -337,7 +340,9 @@ impl Store {
     ) -> Result<Vec<Due>, StoreError> {
         let rows = sql!(self.claim_deliveries(owner, now, ttl, limit, turns))?;
         let mut due = Vec::with_capacity(rows.len());
+        let mut grouped = Vec::with_capacity(rows.len());
         for row in rows {
+            grouped.push(row.d_grouped);
             let secret = self
                 .cipher
                 .open(&row.d_secret.0)
@@ -375,9 +380,17 @@ impl Store {
                 trace,
             });
         }
-        // A group's webhook shows its mode and members, a member's its group.
-        self.annotate_groups_of(due.iter_mut().map(|d| &mut d.wait))
+        // A group's webhook shows its mode and members, a member's its group (looked
+        // up only for those the claim found in a group).
+        if grouped.contains(&true) {
+            self.annotate_groups_of(
+                due.iter_mut()
+                    .zip(&grouped)
+                    .filter(|(_, g)| **g)
+                    .map(|(d, _)| &mut d.wait),
+            )
             .await?;
+        }
         Ok(due)
     }
 
