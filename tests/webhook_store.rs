@@ -98,6 +98,7 @@ async fn claim(
         per_tenant: 16,
         taken: &taken,
         stalled: &[],
+        stalled_until: now,
     };
     store
         .claim_deliveries(owner, now, Duration::from_secs(30), limit, &turns)
@@ -162,6 +163,52 @@ async fn a_claim_gives_every_tenant_with_a_due_delivery_a_turn_before_any_gets_a
         assert_eq!(due.len(), 15, "{name}: the rest of a's twenty");
         let due = claim(&store, Uuid::now_v7(), now, 64, &[]).await;
         assert!(due.is_empty(), "{name}: all leased");
+        store.close().await;
+        backend.finish().await;
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_receivers_due_deliveries_are_left_and_put_off_until_the_time_given() {
+    for backend in Backend::all().await {
+        let store = backend.open().await;
+        let name = backend.name();
+        let t0 = Utc::now() - chrono::Duration::seconds(60);
+        let stuck = wait_of(&store, "a", t0).await;
+        let other = wait_of(&store, "b", t0).await;
+        let now = Utc::now();
+        let until = now + chrono::Duration::seconds(1);
+        // Tenant a's receiver is stalled; the same URL for tenant b is not.
+        let stalled = [("a".to_string(), "https://hooks.example.com/in".to_string())];
+        let turns = Turns {
+            per_tenant: 16,
+            taken: &[],
+            stalled: &stalled,
+            stalled_until: until,
+        };
+        let owner = Uuid::now_v7();
+        let due = store
+            .claim_deliveries(owner, now, Duration::from_secs(30), 10, &turns)
+            .await
+            .unwrap();
+        assert_eq!(tenants(&due), ["b"], "{name}");
+        assert_eq!(due[0].wait_id, other, "{name}");
+        let left = only_delivery(&store, "a", stuck).await;
+        assert_eq!(left.status, DeliveryStatus::Pending, "{name}");
+        assert_eq!(
+            left.next_attempt_at.map(|t| t.timestamp_millis()),
+            Some(until.timestamp_millis()),
+            "{name}: put off"
+        );
+        // Not due before then, even once the receiver is no longer stalled; due after.
+        assert!(
+            claim(&store, owner, now, 10, &[]).await.is_empty(),
+            "{name}"
+        );
+        let later = until + chrono::Duration::milliseconds(1);
+        let due = claim(&store, owner, later, 10, &[]).await;
+        assert_eq!(due.len(), 1, "{name}");
+        assert_eq!(due[0].wait_id, stuck, "{name}");
         store.close().await;
         backend.finish().await;
     }

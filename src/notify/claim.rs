@@ -138,6 +138,7 @@ impl Tasks {
                     per_tenant: self.share.per_tenant() as i64,
                     taken: &self.share.taken(),
                     stalled: &self.share.stalled(),
+                    stalled_until: now + IDLE,
                 },
             )
             .await;

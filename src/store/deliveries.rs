@@ -178,7 +178,8 @@ pub struct Outcome {
 /// gets one before any gets a second, and the claimer never holds more than
 /// `per_tenant` of one tenant's, however many of them are due and however long
 /// they have been. Deliveries to the `stalled` webhook URLs of a tenant are left
-/// where they are: the claimer could only give them back.
+/// where they are, the claimer could only give them back, and those due are put
+/// off until `stalled_until`: the claims meanwhile do not read them again.
 #[derive(Clone, Copy, Debug)]
 pub struct Turns<'a> {
     pub per_tenant: i64,
@@ -186,6 +187,7 @@ pub struct Turns<'a> {
     pub taken: &'a [(String, i64)],
     /// `(tenant, url)` of webhooks whose receiver has stopped answering.
     pub stalled: &'a [(String, String)],
+    pub stalled_until: DateTime<Utc>,
 }
 
 /// The bounds on the outbox. Each replica writes its settings to the store at

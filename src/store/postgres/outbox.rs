@@ -35,7 +35,8 @@ impl PgDialect {
         // share a level with FOR UPDATE, so the ids picked are then locked, skipping
         // any another replica is claiming, and checked again once locked; as an
         // array, so that they are read by primary key whatever the planner's
-        // statistics say.
+        // statistics say. The due deliveries of stalled receivers are put off in
+        // the same statement (rows disjoint from the claimed ones).
         let sql = format!(
             "WITH due AS (
                  SELECT x.id, x.next_attempt_at,
@@ -63,7 +64,21 @@ impl PgDialect {
                         epoch = d.epoch + 1
                  FROM picked t
                  WHERE d.id = t.id
-                 RETURNING d.*)
+                 RETURNING d.*),
+             snoozed AS (
+                 UPDATE deliveries d SET next_attempt_at = $10
+                 FROM (SELECT q.id FROM deliveries q
+                       WHERE q.id = ANY(ARRAY(
+                                 SELECT x.id FROM deliveries x
+                                 JOIN wait_notify n ON n.wait_id = x.wait_id AND n.endpoint = x.endpoint
+                                 JOIN unnest($8::text[], $9::text[]) AS s(tenant, url)
+                                   ON s.tenant = x.tenant AND s.url = n.url
+                                 WHERE x.status = 'pending' AND x.tenant = ANY($8)
+                                   AND x.next_attempt_at <= $2
+                                   AND (x.owner IS NULL OR x.lease_until < $2)))
+                         AND q.status = 'pending' AND (q.owner IS NULL OR q.lease_until < $2)
+                       FOR UPDATE SKIP LOCKED) v
+                 WHERE d.id = v.id)
              SELECT {} FROM c d {DUE_JOINS}",
             due_columns()
         );
@@ -84,6 +99,7 @@ impl PgDialect {
             .bind(turns.per_tenant)
             .bind(stalled_tenants)
             .bind(stalled_urls)
+            .bind(turns.stalled_until)
             .fetch_all(&self.pool)
             .await?)
     }

@@ -77,11 +77,29 @@ impl SqliteDialect {
         .bind(ms(now) + ttl.as_millis() as i64)
         .bind(taken)
         .bind(ms(now))
-        .bind(stalled)
+        .bind(&stalled)
         .bind(turns.per_tenant)
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
+        if !turns.stalled.is_empty() {
+            // The due deliveries of stalled receivers wait until `stalled_until`.
+            sqlx::query(
+                "UPDATE deliveries SET next_attempt_at = ?1
+                 WHERE status = 'pending' AND next_attempt_at <= ?2
+                   AND (owner IS NULL OR lease_until < ?2)
+                   AND EXISTS (SELECT 1 FROM wait_notify n, json_each(?3) s
+                               WHERE n.wait_id = deliveries.wait_id
+                                 AND n.endpoint = deliveries.endpoint
+                                 AND json_extract(s.value, '$[0]') = deliveries.tenant
+                                 AND json_extract(s.value, '$[1]') = n.url)",
+            )
+            .bind(ms(turns.stalled_until))
+            .bind(ms(now))
+            .bind(&stalled)
+            .execute(&mut *tx)
+            .await?;
+        }
         if ids.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
