@@ -64,18 +64,18 @@ pub(super) enum Held {
     PastDeadline,
 }
 
-/// One wait as its tenant reads it: its row, its groups and what the worker holds
-/// of it, asked for at once (the groups only apply once the row says the wait is
-/// the tenant's).
+/// One wait as its tenant reads it: its row (which says whether it is in a group)
+/// and what the worker holds of it, asked for at once; its groups only when it
+/// has some.
 async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
     let ids = [id];
-    let (wait, groupings, live) = tokio::join!(
-        s.store.get(tenant, id),
-        s.store.groupings(&ids),
-        s.live.progress(&ids)
-    );
-    let mut wait = wait?.ok_or_else(|| no_such_wait(id))?;
-    groupings?.apply(std::iter::once(&mut wait))?;
+    let (got, live) = tokio::join!(s.store.read(tenant, id), s.live.progress(&ids));
+    let (mut wait, grouped) = got?.ok_or_else(|| no_such_wait(id))?;
+    if grouped {
+        s.store
+            .annotate_groups(std::slice::from_mut(&mut wait))
+            .await?;
+    }
     apply_live(std::slice::from_mut(&mut wait), &live);
     Ok(wait)
 }

@@ -125,7 +125,7 @@ pub(crate) struct DueRow {
     d_event_at: Time,
     d_event_data: Json,
     d_trace: Option<String>,
-    d_grouped: bool,
+    grouped: bool,
     ..d: DeliveryRow,
     ..wait: WaitRow,
 }
@@ -315,9 +315,8 @@ pub(crate) fn limits_of(row: Option<LimitsRow>) -> DeliveryLimits {
 /// The columns of a due row: the delivery's, the secret, the event, the wait.
 pub(crate) fn due_columns() -> String {
     format!(
-        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, s.trace AS d_trace, \
-         (EXISTS (SELECT 1 FROM group_members m WHERE m.member_id = d.wait_id) \
-          OR EXISTS (SELECT 1 FROM group_members m WHERE m.group_id = d.wait_id)) AS d_grouped, {}",
+        "{DELIVERY_COLUMNS}, n.secret AS d_secret, n.stopped_at AS d_stopped_at, e.at AS d_event_at, e.data AS d_event_data, s.trace AS d_trace, {}, {}",
+        super::rows::GROUPED_COLUMN,
         super::WAIT_COLUMNS
     )
 }
@@ -344,7 +343,7 @@ impl Store {
         let mut due = Vec::with_capacity(rows.len());
         let mut grouped = Vec::with_capacity(rows.len());
         for row in rows {
-            grouped.push(row.d_grouped);
+            grouped.push(row.grouped);
             let secret = self
                 .cipher
                 .open(&row.d_secret.0)

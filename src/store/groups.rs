@@ -598,33 +598,13 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut waits: Vec<&mut Wait> = waits.into_iter().collect();
         let ids: Vec<Uuid> = waits.iter().map(|w| w.id).collect();
-        self.groupings(&ids)
-            .await?
-            .apply(waits.iter_mut().map(|w| &mut **w))
-    }
-
-    /// How the waits `ids` stand in groups, read without the waits themselves, so
-    /// that a read can ask for both at once; [`Groupings::apply`] fills them in.
-    pub async fn groupings(&self, ids: &[Uuid]) -> Result<Groupings, StoreError> {
-        Ok(Groupings(self.group_links(ids).await?))
-    }
-}
-
-/// The group links of some waits, from [`Store::groupings`].
-pub struct Groupings(Vec<LinkRow>);
-
-impl Groupings {
-    /// Fills in each wait's group, or its mode and members if it is a group.
-    pub fn apply<'a>(
-        self,
-        waits: impl IntoIterator<Item = &'a mut Wait>,
-    ) -> Result<(), StoreError> {
-        if self.0.is_empty() {
+        let links = self.group_links(&ids).await?;
+        if links.is_empty() {
             return Ok(());
         }
         let mut groups: HashMap<Uuid, (GroupMode, BTreeMap<i32, GroupMember>)> = HashMap::new();
         let mut group_of: HashMap<Uuid, Uuid> = HashMap::new();
-        for l in self.0 {
+        for l in links {
             let entry = groups
                 .entry(l.group_id)
                 .or_insert_with(|| (mode_of(&l.mode).unwrap_or(GroupMode::All), BTreeMap::new()));
@@ -642,7 +622,7 @@ impl Groupings {
                 .and_modify(|g| *g = (*g).min(l.group_id))
                 .or_insert(l.group_id);
         }
-        for w in waits {
+        for w in waits.iter_mut() {
             if let Some((mode, members)) = groups.get(&w.id) {
                 w.grouping.mode = Some(*mode);
                 w.grouping.members = Some(members.values().cloned().collect());

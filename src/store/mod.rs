@@ -36,8 +36,8 @@ use crate::engine::{EngineState, Spec};
 pub use crate::model::{Ending, Event, EventBody, Status, Wait};
 use counts::TenantCounts;
 pub(crate) use rows::{
-    Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, Inserted, LIMIT_MARGIN, NewWait,
-    ProgressRow, WAIT_COLUMNS, WaitRow,
+    Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, GROUPED_COLUMN, GotRow, Inserted,
+    LIMIT_MARGIN, NewWait, ProgressRow, WAIT_COLUMNS, WaitRow,
 };
 
 pub use postgres::PgDialect;
@@ -479,8 +479,14 @@ impl Store {
     }
 
     pub async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
+        Ok(self.read(tenant, id).await?.map(|(wait, _)| wait))
+    }
+
+    /// [`Store::get`], and whether the wait is a group or a member of one (whose
+    /// groups [`Store::annotate_groups`] then fills in), in one statement.
+    pub async fn read(&self, tenant: &str, id: Uuid) -> Result<Option<(Wait, bool)>, StoreError> {
         sql!(self.get(tenant, id))?
-            .map(WaitRow::into_wait)
+            .map(|row| Ok((row.wait.into_wait()?, row.grouped)))
             .transpose()
     }
 

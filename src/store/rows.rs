@@ -33,6 +33,19 @@ pub(crate) struct WaitRow {
 }
 }
 
+from_row! {
+/// A wait read on its own, and whether it is a group or a member of one.
+pub(crate) struct GotRow {
+    grouped: bool,
+    ..wait: WaitRow,
+}
+}
+
+/// The `grouped` column: whether the wait `w` is a group or a member of one (two
+/// probes by index), so that its groups are looked up only when it has some.
+pub(crate) const GROUPED_COLUMN: &str = "(EXISTS (SELECT 1 FROM group_members m WHERE m.member_id = w.id) \
+     OR EXISTS (SELECT 1 FROM group_members m WHERE m.group_id = w.id)) AS grouped";
+
 /// The columns a [`WaitRow`] reads, from `waits w JOIN wait_specs s`.
 pub(crate) const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
      w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";

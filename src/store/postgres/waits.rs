@@ -8,7 +8,8 @@ use uuid::Uuid;
 
 use super::{PgDialect, labels_json};
 use crate::store::{
-    Admission, Inserted, LIMIT_MARGIN, ListFilter, NewWait, StoreError, WAIT_COLUMNS, WaitRow,
+    Admission, GROUPED_COLUMN, GotRow, Inserted, LIMIT_MARGIN, ListFilter, NewWait, StoreError,
+    WAIT_COLUMNS, WaitRow,
 };
 
 impl PgDialect {
@@ -64,11 +65,11 @@ impl PgDialect {
         &self,
         tenant: &str,
         id: Uuid,
-    ) -> Result<Option<WaitRow>, StoreError> {
+    ) -> Result<Option<GotRow>, StoreError> {
         let sql = format!(
-            "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = $1 AND w.tenant = $2"
+            "SELECT {WAIT_COLUMNS}, {GROUPED_COLUMN} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = $1 AND w.tenant = $2"
         );
-        let row: Option<WaitRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let row: Option<GotRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(tenant)
             .fetch_optional(&self.pool)

@@ -8,7 +8,10 @@ use uuid::Uuid;
 use super::events::append_events;
 use super::{SqliteDialect, ms};
 use crate::bus::BusMsg;
-use crate::store::{Admission, Inserted, ListFilter, NewWait, StoreError, WAIT_COLUMNS, WaitRow};
+use crate::store::{
+    Admission, GROUPED_COLUMN, GotRow, Inserted, ListFilter, NewWait, StoreError, WAIT_COLUMNS,
+    WaitRow,
+};
 
 impl SqliteDialect {
     pub(in crate::store) async fn find_idempotent(
@@ -99,11 +102,11 @@ impl SqliteDialect {
         &self,
         tenant: &str,
         id: Uuid,
-    ) -> Result<Option<WaitRow>, StoreError> {
+    ) -> Result<Option<GotRow>, StoreError> {
         let sql = format!(
-            "SELECT {WAIT_COLUMNS} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = ? AND w.tenant = ?"
+            "SELECT {WAIT_COLUMNS}, {GROUPED_COLUMN} FROM waits w JOIN wait_specs s ON s.wait_id = w.id WHERE w.id = ? AND w.tenant = ?"
         );
-        let row: Option<WaitRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let row: Option<GotRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(tenant)
             .fetch_optional(&self.pool)
