@@ -724,25 +724,45 @@ async fn a_single_node_killed_and_restarted_loses_nothing() {
     db.drop_db().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_takeover_polls_every_orphan_again_without_writing_its_row() {
-    let _serial = SERIAL.lock().await;
-    const INTERVAL: Duration = Duration::from_millis(200);
-    const N: usize = 40;
-    let db = TestDb::new().await;
-    let dir = TempDir::new("waitd-replicas");
-    let up = Recorder::start().await;
-    let mut rs = start_all(&["s0", "s1"], &dir, &db.url, "1s", &[]).await;
+/// Two replicas holding `n` waits of their own (paths `/{tag}/{i}`, polled every
+/// `interval`), each claimed and polled twice, and which of them is to die: the
+/// one holding more.
+struct Held {
+    rs: Vec<Replica>,
+    pg: PgPool,
+    paths: Vec<String>,
+    path_of: HashMap<Uuid, String>,
+    owners: Vec<Uuid>,
+    /// The rows once all were claimed and polled.
+    before: HashMap<Uuid, Row>,
+    victim: usize,
+    survivor: usize,
+    /// The victim's waits.
+    orphans: Vec<Uuid>,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn two_holding(
+    names: [&str; 2],
+    ttl: &str,
+    tag: &str,
+    n: usize,
+    interval: Duration,
+    dir: &TempDir,
+    db: &TestDb,
+    up: &Recorder,
+) -> Held {
+    let rs = start_all(&names, dir, &db.url, ttl, &[]).await;
     let pg = pool(&db.url).await;
-    let paths: Vec<String> = (0..N).map(|i| format!("/slot/{i}")).collect();
+    let paths: Vec<String> = (0..n).map(|i| format!("/{tag}/{i}")).collect();
     let urls: Vec<String> = paths
         .iter()
         .map(|p| up.set_status(p, "deploying"))
         .collect();
-    let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "slot").await;
+    let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, interval, tag).await;
     let path_of: HashMap<Uuid, String> = ids.iter().copied().zip(paths.iter().cloned()).collect();
     assert!(
-        all_owned_and_polled(&pg, &up, &paths, 2).await,
+        all_owned_and_polled(&pg, up, &paths, 2).await,
         "the waits were not all claimed and polled"
     );
     let owners: Vec<Uuid> = rs
@@ -752,13 +772,43 @@ async fn a_takeover_polls_every_orphan_again_without_writing_its_row() {
     let before = rows(&pg).await;
     let held = |o: Uuid| before.values().filter(|r| r.owner == Some(o)).count();
     let victim = (0..2).max_by_key(|i| held(owners[*i])).unwrap();
-    let survivor = 1 - victim;
     let orphans: Vec<Uuid> = before
         .values()
         .filter(|r| r.owner == Some(owners[victim]))
         .map(|r| r.id)
         .collect();
     assert!(!orphans.is_empty());
+    Held {
+        rs,
+        pg,
+        paths,
+        path_of,
+        owners,
+        before,
+        victim,
+        survivor: 1 - victim,
+        orphans,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_polls_every_orphan_again_without_writing_its_row() {
+    let _serial = SERIAL.lock().await;
+    const INTERVAL: Duration = Duration::from_millis(200);
+    const N: usize = 40;
+    let db = TestDb::new().await;
+    let dir = TempDir::new("waitd-replicas");
+    let up = Recorder::start().await;
+    let Held {
+        mut rs,
+        pg,
+        path_of,
+        owners,
+        victim,
+        survivor,
+        orphans,
+        ..
+    } = two_holding(["s0", "s1"], "1s", "slot", N, INTERVAL, &dir, &db, &up).await;
     // Each row's version: a write of any kind gives the row a new one.
     let versions = || async {
         let v: Vec<(Uuid, String)> =
@@ -823,33 +873,17 @@ async fn sigterm_exits_zero_within_seconds_and_hands_its_waits_over_at_once() {
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-replicas");
     let up = Recorder::start().await;
-    let mut rs = start_all(&["t0", "t1"], &dir, &db.url, "10s", &[]).await;
-    let pg = pool(&db.url).await;
-    let paths: Vec<String> = (0..N).map(|i| format!("/term/{i}")).collect();
-    let urls: Vec<String> = paths
-        .iter()
-        .map(|p| up.set_status(p, "deploying"))
-        .collect();
-    let ids = create_all(&rs.iter().collect::<Vec<_>>(), &urls, INTERVAL, "term").await;
-    let path_of: HashMap<Uuid, String> = ids.iter().copied().zip(paths.iter().cloned()).collect();
-    assert!(
-        all_owned_and_polled(&pg, &up, &paths, 2).await,
-        "the waits were not all claimed and polled"
-    );
-    let owners: Vec<Uuid> = rs
-        .iter()
-        .map(|r| r.owner().expect("owner id in the log"))
-        .collect();
-    let before = rows(&pg).await;
-    let held = |o: Uuid| before.values().filter(|r| r.owner == Some(o)).count();
-    let victim = (0..2).max_by_key(|i| held(owners[*i])).unwrap();
-    let survivor = 1 - victim;
-    let orphans: Vec<Uuid> = before
-        .values()
-        .filter(|r| r.owner == Some(owners[victim]))
-        .map(|r| r.id)
-        .collect();
-    assert!(!orphans.is_empty());
+    let Held {
+        mut rs,
+        pg,
+        paths,
+        path_of,
+        owners,
+        before,
+        victim,
+        survivor,
+        orphans,
+    } = two_holding(["t0", "t1"], "10s", "term", N, INTERVAL, &dir, &db, &up).await;
 
     // Open a blocked read and two streams on the victim: SIGTERM must close them.
     let w = orphans[0];
