@@ -93,20 +93,24 @@ impl Follower {
                                 _ = k.notified() => break,
                             };
                             let Some(Ok(e)) = next else { break };
-                            let terminal = TERMINAL.contains(&e.event.as_str());
+                            let ends =
+                                TERMINAL.contains(&e.event.as_str()) && url.contains("/waits/");
                             s.lock().unwrap().push(Seen {
                                 at: Instant::now(),
                                 id: e.id.clone(),
                                 kind: e.event.clone(),
                                 data: serde_json::from_str(&e.data).unwrap_or(Value::Null),
                             });
+                            // Done before anyone waiting for this event hears of it.
+                            if ends {
+                                d.store(true, Ordering::Relaxed);
+                            }
                             r_.notify_waiters();
+                            if ends {
+                                return;
+                            }
                             if !e.id.is_empty() {
                                 last_id = Some(e.id);
-                            }
-                            if terminal && url.contains("/waits/") {
-                                d.store(true, Ordering::Relaxed);
-                                return;
                             }
                         }
                     }
