@@ -138,9 +138,10 @@ pub struct Config {
     #[arg(long, env = "WAITD_CONCURRENCY", default_value_t = 512)]
     pub concurrency: usize,
 
-    /// Threads that parse requests' expressions and read targets' answers (JSON,
-    /// paths, conditions), apart from the threads that serve requests; tenants take
-    /// turns on them. Default: the number of cores.
+    /// Threads that parse requests' expressions, apart from the threads that serve
+    /// requests; those that read targets' answers (JSON, paths, conditions) are one
+    /// fewer (at least one), at the lowest CPU priority. Tenants take turns on both.
+    /// Default: the number of cores.
     #[arg(long, env = "WAITD_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
 
