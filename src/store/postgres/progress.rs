@@ -1,7 +1,7 @@
 //! Progress: first polls counted, and batches of waits' progress written with
 //! their events.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -43,9 +43,12 @@ impl PgDialect {
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
-    /// Many waits' progress in one transaction of two statements: one update of the
-    /// rows (each fenced by its slot and token, see [`super::slots`]), one insert of
-    /// the events of the rows that were still this owner's.
+    /// Many waits' progress in one transaction: one statement updates the rows
+    /// (each fenced by its slot and token, see [`super::slots`]), inserts the events
+    /// of the rows that were still this owner's and, when there are events, tries the
+    /// sequencer's lock; a second and third sequence them and announce them when the
+    /// lock was free. Each statement is a round trip that an end's webhook and its
+    /// followers wait for, on a machine that may be busy with other tenants' work.
     ///
     /// The fences (token, `running`) are columns of the batch rather than
     /// conditions on `waits` alone. Without statistics on `waits` (a new database,
@@ -62,6 +65,12 @@ impl PgDialect {
     /// and scanned every wait the replica owns for each batch row: 30 s for a batch
     /// of a few hundred among a million waits, measured by the scale benchmark.
     /// Each batch row is looked up by primary key instead.
+    ///
+    /// An event's `seq` is its wait's new `seq` less the number of its events after
+    /// it in the batch. The events are inserted in batch order, so ids (and so gids) follow
+    /// each wait's `seq`. The lock is tried in this statement but the events are
+    /// sequenced by the next one: its snapshot is taken after the lock is held, so
+    /// it sees every event an earlier holder numbered.
     pub(in crate::store) async fn record(
         &self,
         owner: Uuid,
@@ -69,22 +78,39 @@ impl PgDialect {
         batch: &[ProgressRow],
     ) -> Result<Vec<bool>, StoreError> {
         let c = RecordColumns::of(batch);
+        let e = EventColumns::of(batch);
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
-            concat!(fence!("$3"), "UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
+        let rows: Vec<(Uuid, bool, bool)> = sqlx::query_as(
+            concat!(fence!("$3"), ",
+             written AS (
+                UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
                     error_detail = u.detail::jsonb, last_error = u.last_error, polls = u.polls,
                     retries = u.retries, engine = u.engine::jsonb, next_poll_at = u.next_poll_at,
                     updated_at = $2,
                     finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
                     owner = CASE WHEN u.status = 'running' THEN w.owner ELSE NULL END,
                     seq = w.seq + u.n_events, claims = 0
-             FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
-                         $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
-                         array_fill('running'::text, ARRAY[cardinality($3::uuid[])]))
-                  AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
-                       next_poll_at, n_events, running), cur c, fence f
-             WHERE w.id = u.id AND w.status = u.running AND ", fenced!(), "
-             RETURNING w.id, w.seq, w.tenant"),
+                FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+                            $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
+                            array_fill('running'::text, ARRAY[cardinality($3::uuid[])]))
+                     AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
+                          next_poll_at, n_events, running), cur c, fence f
+                WHERE w.id = u.id AND w.status = u.running AND ", fenced!(), "
+                RETURNING w.id, w.seq, w.tenant),
+             added AS (
+                INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
+                SELECT e.wait_id, x.seq + e.k, x.tenant, e.kind, $2, e.data::jsonb
+                FROM unnest($15::uuid[], $16::int[], $17::text[], $18::text[])
+                     WITH ORDINALITY AS e(wait_id, k, kind, data, ord)
+                JOIN written x ON x.id = e.wait_id
+                ORDER BY e.ord
+                RETURNING 1),
+             lock AS (
+                SELECT CASE WHEN EXISTS (SELECT 1 FROM added)
+                            THEN pg_try_advisory_xact_lock($19) END AS locked
+                OFFSET 0)
+             SELECT x.id, l.locked IS NOT NULL, COALESCE(l.locked, false)
+             FROM written x, lock l"),
         )
         .bind(owner)
         .bind(now)
@@ -100,49 +126,28 @@ impl PgDialect {
         .bind(&c.engine)
         .bind(&c.next)
         .bind(&c.n_events)
+        .bind(&e.wait_id)
+        .bind(&e.k)
+        .bind(&e.kind)
+        .bind(&e.data)
+        .bind(SEQUENCER_LOCK)
         .fetch_all(&mut *tx)
         .await?;
-        let written: HashMap<Uuid, (i32, String)> = rows
-            .into_iter()
-            .map(|(id, seq, tenant)| (id, (seq, tenant)))
-            .collect();
-        let e = EventColumns::of(batch, &written);
-        if !e.wait_id.is_empty() {
-            sqlx::query(
-                "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data)
-                 SELECT wait_id, seq, tenant, kind, $1, data::jsonb
-                 FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], $6::text[])
-                      AS t(wait_id, seq, tenant, kind, data)",
-            )
-            .bind(now)
-            .bind(&e.wait_id)
-            .bind(&e.seq)
-            .bind(&e.tenant)
-            .bind(&e.kind)
-            .bind(&e.data)
-            .execute(&mut *tx)
-            .await?;
-        }
+        let any_events = rows.first().is_some_and(|(_, tried, _)| *tried);
+        let locked = rows.first().is_some_and(|(_, _, locked)| *locked);
         // When no sequencer is running, these events get their cursor in this
         // transaction: one commit, not two, before followers hear of them. The lock
         // is held to the commit, so cursors still become visible in order; a writer
         // that finds it taken leaves its events to the sequencer and goes on.
-        let mut sequenced = e.wait_id.is_empty();
-        if !sequenced {
-            let (locked,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
-                .bind(SEQUENCER_LOCK)
-                .fetch_one(&mut *tx)
-                .await?;
-            if locked {
-                sequence_in(&mut tx).await?;
-                sequenced = true;
-            }
+        if locked {
+            sequence_in(&mut tx).await?;
         }
         tx.commit().await?;
-        if !sequenced {
+        if any_events && !locked {
             self.committed.notify_one();
         }
-        Ok(c.id.iter().map(|id| written.contains_key(id)).collect())
+        let written: HashSet<Uuid> = rows.into_iter().map(|(id, _, _)| id).collect();
+        Ok(c.id.iter().map(|id| written.contains(id)).collect())
     }
 }
 
@@ -185,28 +190,24 @@ impl RecordColumns {
 }
 
 /// The columns of [`PgDialect::record`]'s event insert, one entry per event of the
-/// waits that were written (numbered up to each one's new seq).
+/// batch, each with its place among its wait's events in the batch, counted back
+/// from the wait's last: 0 for the last, -1 for the one before, and so on.
 #[derive(Default)]
 struct EventColumns {
     wait_id: Vec<Uuid>,
-    seq: Vec<i32>,
-    tenant: Vec<String>,
+    k: Vec<i32>,
     kind: Vec<&'static str>,
     data: Vec<String>,
 }
 
 impl EventColumns {
-    fn of(batch: &[ProgressRow], written: &HashMap<Uuid, (i32, String)>) -> EventColumns {
+    fn of(batch: &[ProgressRow]) -> EventColumns {
         let mut e = EventColumns::default();
         for p in batch {
-            let Some((seq, tenant)) = written.get(&p.id) else {
-                continue;
-            };
-            let first = seq - p.events.len() as i32 + 1;
+            let n = p.events.len() as i32;
             for (k, (kind, data)) in p.events.iter().enumerate() {
                 e.wait_id.push(p.id);
-                e.seq.push(first + k as i32);
-                e.tenant.push(tenant.clone());
+                e.k.push(k as i32 + 1 - n);
                 e.kind.push(kind);
                 e.data.push(data.to_string());
             }
