@@ -57,13 +57,18 @@ impl Backend {
 
 /// A wait announcing its `created` event to one webhook.
 fn announcing() -> Spec {
+    announcing_events(&["created"])
+}
+
+/// A wait announcing `events` to one webhook.
+fn announcing_events(events: &[&str]) -> Spec {
     Spec::from_request(
         &json!({
             "target": {"url": "https://api.example.com/servers/1"},
             "state": "/status",
             "want": ["on"],
             "timeout": "5m",
-            "notify": [{"url": "https://hooks.example.com/in", "secret": SECRET, "events": ["created"]}],
+            "notify": [{"url": "https://hooks.example.com/in", "secret": SECRET, "events": events}],
         }),
         &Limits::default(),
     )
@@ -110,9 +115,10 @@ fn tenants(due: &[Due]) -> Vec<&str> {
     due.iter().map(|d| d.tenant.as_str()).collect()
 }
 
-/// Its attempt answered 2xx: delivered.
-async fn deliver(store: &Store, owner: Uuid, due: &Due, now: DateTime<Utc>) {
-    let written = store
+/// Its attempt answered 2xx: delivered. Whether another delivery of its webhook
+/// is behind it.
+async fn deliver(store: &Store, owner: Uuid, due: &Due, now: DateTime<Utc>) -> bool {
+    let finished = store
         .finish_deliveries(
             owner,
             now,
@@ -130,7 +136,51 @@ async fn deliver(store: &Store, owner: Uuid, due: &Due, now: DateTime<Utc>) {
         )
         .await
         .unwrap();
-    assert_eq!(written, [true]);
+    assert_eq!(finished.written, [true]);
+    finished.next_in_line
+}
+
+#[tokio::test]
+async fn a_delivered_outcome_says_when_another_delivery_of_its_webhook_is_behind_it() {
+    for backend in Backend::all().await {
+        let store = backend.open().await;
+        let name = backend.name();
+        let t0 = Utc::now() - chrono::Duration::seconds(60);
+        let spec = announcing_events(&["created", "canceled"]);
+        let wait = store.create("a", &spec, t0, None).await.unwrap().wait.id;
+        let lone = wait_of(&store, "a", t0).await;
+        store
+            .cancel("a", wait, t0 + chrono::Duration::seconds(1))
+            .await
+            .unwrap()
+            .expect("canceled");
+        let owner = Uuid::now_v7();
+        let now = Utc::now();
+        // One delivery of each webhook at a time: `created` first, `canceled` behind.
+        let due = claim(&store, owner, now, 10, &[]).await;
+        assert_eq!(due.len(), 2, "{name}: {due:?}");
+        let first = due.iter().find(|d| d.wait_id == wait).unwrap();
+        assert_eq!(first.event.seq, 1, "{name}");
+        assert!(
+            deliver(&store, owner, first, now).await,
+            "{name}: canceled is behind"
+        );
+        let alone = due.iter().find(|d| d.wait_id == lone).unwrap();
+        assert!(
+            !deliver(&store, owner, alone, now).await,
+            "{name}: nothing behind"
+        );
+        // Now first in line; nothing behind it.
+        let due = claim(&store, owner, now, 10, &[]).await;
+        assert_eq!(due.len(), 1, "{name}");
+        assert_eq!(due[0].wait_id, wait, "{name}");
+        assert!(
+            !deliver(&store, owner, &due[0], now).await,
+            "{name}: the last"
+        );
+        store.close().await;
+        backend.finish().await;
+    }
 }
 
 #[tokio::test]

@@ -2,9 +2,10 @@
 //! there are free slots and in the tenants' turns, and starts their attempts.
 //!
 //! It wakes on the deliveries notice ([`super::doorbell`]: deliveries inserted),
-//! when a retry it scheduled falls due, at once when a retry is written or a
-//! redelivery queued ([`super::Deliverer::wake`]), when an attempt ends, when a
-//! receiver is about to stall, and at least every [`IDLE`].
+//! when a retry it scheduled falls due, at once when a retry is written, an end
+//! with another delivery of its webhook behind it is written, or a redelivery is
+//! queued ([`super::Deliverer::wake`]), when an attempt ends, when a receiver is
+//! about to stall, and at least every [`IDLE`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,9 +23,11 @@ use crate::model::DeliveryStatus;
 use crate::outbound::Client;
 use crate::store::{Due, Turns};
 
-/// A ring is claimed at once, unless the last claim ended less than this long ago:
-/// then once this long has passed, so that however fast events come, the rings
-/// that come meanwhile (a burst) are one claim.
+/// A ring is claimed at once, unless the last claim a ring started ended less than
+/// this long ago: then once this long has passed, so that however fast events come,
+/// the rings that come meanwhile (a burst) are one claim. A claim that an attempt's
+/// end or a wake started does not count: attempts end no faster than they are
+/// claimed, and such a claim cannot have seen what the ring announces.
 const CLAIM_GAP: Duration = Duration::from_millis(5);
 
 /// What a task of the loop came to: the next attempt's time when the delivery stays
@@ -52,8 +55,9 @@ pub(super) async fn run(
         soonest: None,
     };
     let me = tasks.me.clone();
-    // When the last claim ended.
-    let mut last_claim = tokio::time::Instant::now();
+    // When the last claim a ring started ended, and whether the next one is one.
+    let mut last_ring_claim = tokio::time::Instant::now();
+    let mut rung = false;
     let mut last_gauge = tokio::time::Instant::now() - IDLE;
     tokio::pin!(stop);
     loop {
@@ -68,8 +72,11 @@ pub(super) async fn run(
         let mut full = false;
         if free > 0 {
             full = tasks.claim(free).await == free;
-            last_claim = tokio::time::Instant::now();
+            if rung {
+                last_ring_claim = tokio::time::Instant::now();
+            }
         }
+        rung = false;
         if last_gauge.elapsed() >= IDLE {
             last_gauge = tokio::time::Instant::now();
             me.read_gauges().await;
@@ -87,11 +94,12 @@ pub(super) async fn run(
             _ = std::future::ready(()), if full && free > 0 => {}
             _ = me.wake.notified() => {}
             _ = bell.rung() => {
-                let pause = CLAIM_GAP.saturating_sub(last_claim.elapsed());
+                let pause = CLAIM_GAP.saturating_sub(last_ring_claim.elapsed());
                 if !pause.is_zero() {
                     tokio::time::sleep(pause).await;
                 }
                 bell.hush();
+                rung = true;
             }
             Some(done) = tasks.flying.join_next(), if !tasks.flying.is_empty() => {
                 tasks.reap(done);

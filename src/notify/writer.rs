@@ -14,10 +14,11 @@ use crate::worker::{Signal, Signals};
 pub const WRITE_BATCH: usize = 256;
 
 /// Writes the outcomes `rx` brings, as many at once as have come (one statement on
-/// Postgres), until every sender is gone. A batch that holds a retry wakes the
-/// loop once it is written: the loop sleeps until the soonest retry it scheduled,
-/// but a claim then, before the outcome's write had committed, found the delivery
-/// still leased, and the retry waited for the next idle claim (a second late).
+/// Postgres), until every sender is gone. The loop is woken once a batch is
+/// written that holds a retry, or an end with another delivery of its webhook
+/// behind it: before the outcome's write commits, a claim finds the delivery still
+/// leased (and its successor not yet first in line), and the next claim may be a
+/// second away (the loop sleeps until the soonest retry it scheduled, or idles).
 pub async fn writer(
     store: Store,
     owner: Uuid,
@@ -28,11 +29,13 @@ pub async fn writer(
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
         match store.finish_deliveries(owner, Utc::now(), &batch).await {
-            Ok(written) => {
-                if batch
-                    .iter()
-                    .zip(&written)
-                    .any(|(o, ok)| *ok && o.status == DeliveryStatus::Pending)
+            Ok(finished) => {
+                let written = finished.written;
+                if finished.next_in_line
+                    || batch
+                        .iter()
+                        .zip(&written)
+                        .any(|(o, ok)| *ok && o.status == DeliveryStatus::Pending)
                 {
                     wake.notify_one();
                 }

@@ -131,6 +131,16 @@ pub(crate) struct DueRow {
 }
 }
 
+/// What [`Store::finish_deliveries`] wrote.
+#[derive(Debug, Default)]
+pub struct Finished {
+    /// Per outcome, in order: false when the delivery was no longer this owner's.
+    pub written: Vec<bool>,
+    /// A delivery written as ended had another of its webhook pending behind it,
+    /// which is first in line now: a claim can take it.
+    pub next_in_line: bool,
+}
+
 /// A delivery this replica has just taken, with everything its attempt needs.
 #[derive(Clone, Debug)]
 pub struct Due {
@@ -404,9 +414,9 @@ impl Store {
         owner: Uuid,
         now: DateTime<Utc>,
         outcomes: &[Outcome],
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Finished, StoreError> {
         if outcomes.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Finished::default());
         }
         let attempts = outcomes
             .iter()
@@ -417,11 +427,13 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<String>, _>>()?;
-        let written: std::collections::HashSet<i64> =
-            sql!(self.finish_deliveries(owner, now, outcomes, &attempts))?
-                .into_iter()
-                .collect();
-        Ok(outcomes.iter().map(|o| written.contains(&o.id)).collect())
+        let rows = sql!(self.finish_deliveries(owner, now, outcomes, &attempts))?;
+        let next_in_line = rows.iter().any(|(_, behind)| *behind);
+        let written: std::collections::HashSet<i64> = rows.into_iter().map(|(id, _)| id).collect();
+        Ok(Finished {
+            written: outcomes.iter().map(|o| written.contains(&o.id)).collect(),
+            next_in_line,
+        })
     }
 
     /// A tenant's wait's deliveries with id `> after`, in id order (event order per

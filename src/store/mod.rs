@@ -254,7 +254,7 @@ macro_rules! sql {
 }
 
 mod deliveries;
-pub use deliveries::{DeliveryLimits, Due, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
+pub use deliveries::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
 pub mod groups;
 mod leases;
 pub use groups::{Group, GroupRefused};

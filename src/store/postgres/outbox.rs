@@ -105,16 +105,17 @@ impl PgDialect {
     }
 
     /// One statement for the batch, and for the `stopped` ones the webhook stops,
-    /// in the same transaction; the ids written.
+    /// in the same transaction; the ids written, each with whether it ended with
+    /// another delivery of its webhook pending behind it.
     pub(in crate::store) async fn finish_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
         batch: &[Outcome],
         attempts: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<(i64, bool)>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let written: Vec<(i64,)> = sqlx::query_as(
+        let written: Vec<(i64, bool)> = sqlx::query_as(
             "UPDATE deliveries d SET status = u.status, next_attempt_at = u.next,
                     finished_at = CASE WHEN u.status = 'pending' THEN NULL ELSE $2 END,
                     tries = u.tries, attempts_total = d.attempts_total + u.attempted,
@@ -122,7 +123,10 @@ impl PgDialect {
              FROM unnest($3::bigint[], $4::bigint[], $5::text[], $6::timestamptz[], $7::int[],
                          $8::int[], $9::text[]) AS u(id, epoch, status, next, tries, attempted, attempts)
              WHERE d.id = u.id AND d.owner = $1 AND d.epoch = u.epoch
-             RETURNING d.id",
+             RETURNING d.id, u.status NOT IN ('pending', 'stopped') AND EXISTS (
+                 SELECT 1 FROM deliveries p
+                 WHERE p.wait_id = d.wait_id AND p.endpoint = d.endpoint
+                   AND p.status = 'pending' AND p.id <> d.id)",
         )
         .bind(owner)
         .bind(now)
@@ -135,11 +139,9 @@ impl PgDialect {
         .bind(attempts)
         .fetch_all(&mut *tx)
         .await?;
-        let written: Vec<i64> = written.into_iter().map(|(id,)| id).collect();
-        for o in batch
-            .iter()
-            .filter(|o| o.status == DeliveryStatus::Stopped && written.contains(&o.id))
-        {
+        for o in batch.iter().filter(|o| {
+            o.status == DeliveryStatus::Stopped && written.iter().any(|(id, _)| *id == o.id)
+        }) {
             sqlx::query(
                 "UPDATE wait_notify SET stopped_at = $3 WHERE wait_id = $1 AND endpoint = $2",
             )

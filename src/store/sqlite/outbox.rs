@@ -118,14 +118,15 @@ impl SqliteDialect {
     }
 
     /// The batch in one transaction (one writer: a statement each is as cheap); the
-    /// ids written.
+    /// ids written, each with whether it ended with another delivery of its webhook
+    /// pending behind it.
     pub(in crate::store) async fn finish_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
         batch: &[Outcome],
         attempts: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<(i64, bool)>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut written = Vec::new();
         for (o, attempts) in batch.iter().zip(attempts) {
@@ -151,7 +152,19 @@ impl SqliteDialect {
             if n == 0 {
                 continue;
             }
-            written.push(o.id);
+            let behind = if done && o.status != DeliveryStatus::Stopped {
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT 1 FROM deliveries
+                                    WHERE wait_id = ? AND endpoint = ? AND status = 'pending')",
+                )
+                .bind(o.wait_id)
+                .bind(o.endpoint)
+                .fetch_one(&mut *tx)
+                .await?
+            } else {
+                false
+            };
+            written.push((o.id, behind));
             if o.status == DeliveryStatus::Stopped {
                 sqlx::query(
                     "UPDATE wait_notify SET stopped_at = ? WHERE wait_id = ? AND endpoint = ?",
