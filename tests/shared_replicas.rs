@@ -79,6 +79,17 @@ async fn two_replicas_send_one_request_a_second_per_url_and_still_after_a_kill_9
         Replica::start("a", &dir.path, &db.url, "3s", &[]).await,
         Replica::start("b", &dir.path, &db.url, "3s", &[]).await,
     ];
+    // A replica's first claim takes any wait, whatever its placement: both have
+    // made their first claim (and their slots) before the first create.
+    let enlisted = until(Duration::from_secs(30), || async {
+        let holders: i64 = sqlx::query_scalar("SELECT count(DISTINCT holder) FROM slots")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(0);
+        holders == 2
+    })
+    .await;
+    assert!(enlisted.is_some(), "both replicas made their slots");
     // Created through both replicas in turn, 20 at a time.
     let http = client();
     let specs: Vec<(String, Value)> = (0..URLS * PER_URL)
