@@ -220,7 +220,9 @@ fn every_generated_condition_is_refused_or_evaluates_to_an_end() {
 fn a_chain_past_the_tree_depth_is_refused_whatever_its_operator() {
     let c1 = format!("1{}", "<1".repeat(640));
     let e = Condition::compile(&c1).unwrap_err();
-    assert!(e.contains("nests 641 levels deep"), "{e}");
+    assert!(e.contains("nests at least 641 levels deep"), "{e}");
+    // Read from its tokens, before the parse builds it.
+    assert_eq!(Condition::depths(&c1).0, 641);
     for link in CHAINS {
         let long = format!("body{}", link.repeat(MAX_TREE + 1));
         if long.len() > MAX_LEN {
@@ -240,6 +242,90 @@ fn a_chain_past_the_tree_depth_is_refused_whatever_its_operator() {
     }
     let fine = format!("body{} == 1", ".a".repeat(MAX_TREE - 4));
     Condition::compile(&fine).unwrap();
+}
+
+/// Tokens in any order, mostly not CEL: message literals with dotted names, unary
+/// runs, root-scoped names and every bracket among the chains.
+fn token_soup() -> impl Strategy<Value = String> {
+    const TOKENS: &[&str] = &[
+        "1",
+        "-1",
+        "x",
+        "body",
+        ".a",
+        ".f()",
+        "a.b.C{}",
+        "a.b.C{f: 1}",
+        "[0]",
+        "[",
+        "]",
+        "(",
+        ")",
+        "{",
+        "}",
+        "{'k': 1}",
+        "!",
+        "-",
+        "+",
+        "*",
+        "<",
+        "==",
+        "in",
+        "&&",
+        "||",
+        "?",
+        ":",
+        ",",
+        ".",
+        "'s'",
+        "size(",
+        "[?0]",
+        ".?a",
+    ];
+    prop::collection::vec(prop::sample::select(TOKENS), 1..400)
+        .prop_map(|t| t.join(" ").replace("( ", "(").replace(" )", ")"))
+}
+
+/// The bound read from the tokens before the parse is never above the depth of the
+/// tree the parser builds, for generated chains of every kind and for token soup:
+/// it refuses only what the parse would refuse for its depth.
+#[test]
+fn the_depth_read_from_the_tokens_is_never_above_the_trees() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 600,
+        ..ProptestConfig::default()
+    });
+    // Parsed, refused before the parse, the deepest tree parsed, the highest bound.
+    let reached = RefCell::new((0u64, 0u64, 0usize, 0usize));
+    let strategy = prop_oneof![chain(), token_soup()];
+    let result = runner.run(&strategy, |e| {
+        let (least, depth) = Condition::depths(&e);
+        let mut r = reached.borrow_mut();
+        r.3 = r.3.max(least);
+        if least > MAX_TREE {
+            r.1 += 1;
+        }
+        if let Some(depth) = depth {
+            r.0 += 1;
+            r.2 = r.2.max(depth);
+            prop_assert!(
+                least <= depth,
+                "bound {least} above the tree's {depth}: {e}"
+            );
+        }
+        Ok(())
+    });
+    let (parsed, refused, deepest, highest) = *reached.borrow();
+    eprintln!(
+        "depth from tokens: {parsed} parsed (deepest tree {deepest}), {refused} refused before the parse (highest bound {highest})"
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(
+        parsed > 0 && refused > 0 && deepest > MAX_TREE,
+        "{parsed} {refused} {deepest}"
+    );
 }
 
 /// A stored condition (written by another version, or by hand) past the limits

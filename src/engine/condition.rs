@@ -273,6 +273,18 @@ impl Condition {
         })
     }
 
+    /// The lower bound on its tree's depth that is read from the tokens of
+    /// `source` before the parse, and the depth of the tree it parses to (none when
+    /// it does not parse), parsed on the CPU pool: for the test that holds the one
+    /// under the other.
+    #[doc(hidden)]
+    pub fn depths(source: &str) -> (usize, Option<usize>) {
+        let source = source.to_string();
+        crate::cpu::pool()
+            .run_blocking(move || super::cel::check::depths(&source))
+            .unwrap_or((0, None))
+    }
+
     /// Whether the expression names `headers` (the prober then collects them).
     pub fn reads_headers(&self) -> bool {
         self.expr.reads.headers

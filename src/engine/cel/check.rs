@@ -1,6 +1,7 @@
 //! What is checked of an expression before any response exists: its size, the
-//! depth of the tree it parses to (measured without recursion, before anything
-//! else walks it), the names it uses, and whether it can be a bool.
+//! depth of the tree it parses to (first a lower bound from its tokens, before the
+//! parse; then measured without recursion, before anything else walks it), the
+//! names it uses, and whether it can be a bool.
 //!
 //! Pure: no I/O, no clock.
 
@@ -28,6 +29,11 @@ pub(in crate::engine) fn parse_checked(
     if source.contains('\0') {
         return Err("contains a NUL character (\\u0000), which waitd does not store".into());
     }
+    // A chain past the limit is refused from its tokens, before the parse builds it.
+    let least = super::chains::depth_at_least(source);
+    if least > MAX_TREE {
+        return Err(too_deep(&format!("at least {least}")));
+    }
     let parser = super::ENV.parser().max_recursion_depth(MAX_DEPTH);
     // The parser is a stranger's input's first reader: a panic in it is a 400,
     // not a lost worker.
@@ -36,9 +42,7 @@ pub(in crate::engine) fn parse_checked(
     let expr = parsed.map_err(|errors| parse_message(source, &errors))?;
     let depth = tree_depth(&expr);
     if depth > MAX_TREE {
-        return Err(format!(
-            "nests {depth} levels deep, and the limit is {MAX_TREE} (every operator, call, member, index and macro counts as a level, chained or bracketed alike); split it, or write a chain of comparisons as a list, e.g. x in [1, 2, 3]"
-        ));
+        return Err(too_deep(&depth.to_string()));
     }
     let mut problems = Vec::new();
     check(&expr, &mut variables.to_vec(), &mut problems);
@@ -51,6 +55,25 @@ pub(in crate::engine) fn parse_checked(
         return Err(first);
     }
     Ok(expr)
+}
+
+fn too_deep(depth: &str) -> String {
+    format!(
+        "nests {depth} levels deep, and the limit is {MAX_TREE} (every operator, call, member, index and macro counts as a level, chained or bracketed alike); split it, or write a chain of comparisons as a list, e.g. x in [1, 2, 3]"
+    )
+}
+
+/// The lower bound [`parse_checked`] reads from the tokens of `source`, and the
+/// depth of the tree it parses to (none when it does not parse), for the test that
+/// holds the one under the other. Parses on the calling thread.
+pub(in crate::engine) fn depths(source: &str) -> (usize, Option<usize>) {
+    let least = super::chains::depth_at_least(source);
+    let parser = super::ENV.parser().max_recursion_depth(MAX_DEPTH);
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)));
+    (
+        least,
+        parsed.ok().and_then(Result::ok).map(|e| tree_depth(&e)),
+    )
 }
 
 /// The depth of `e`'s tree, every node counted, measured without recursion so that

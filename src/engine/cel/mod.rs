@@ -14,6 +14,7 @@
 //!
 //! Pure: no I/O, no clock.
 
+mod chains;
 pub(super) mod check;
 mod lists;
 pub(super) mod meter;
