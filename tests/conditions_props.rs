@@ -281,6 +281,9 @@ fn token_soup() -> impl Strategy<Value = String> {
         "size(",
         "[?0]",
         ".?a",
+        "a.b.f(1)",
+        ".all(i, i)",
+        "cel.bind(v, 1, v)",
     ];
     prop::collection::vec(prop::sample::select(TOKENS), 1..400)
         .prop_map(|t| t.join(" ").replace("( ", "(").replace(" )", ")"))

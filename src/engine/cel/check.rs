@@ -34,12 +34,9 @@ pub(in crate::engine) fn parse_checked(
     if least > MAX_TREE {
         return Err(too_deep(&format!("at least {least}")));
     }
-    let parser = super::ENV.parser().max_recursion_depth(MAX_DEPTH);
-    // The parser is a stranger's input's first reader: a panic in it is a 400,
-    // not a lost worker.
-    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)))
-        .map_err(|_| "could not be parsed (the CEL parser failed on it)".to_string())?;
-    let expr = parsed.map_err(|errors| parse_message(source, &errors))?;
+    let expr = parse(source)
+        .ok_or("could not be parsed (the CEL parser failed on it)")?
+        .map_err(|errors| parse_message(source, &errors))?;
     let depth = tree_depth(&expr);
     if depth > MAX_TREE {
         return Err(too_deep(&depth.to_string()));
@@ -68,12 +65,15 @@ fn too_deep(depth: &str) -> String {
 /// holds the one under the other. Parses on the calling thread.
 pub(in crate::engine) fn depths(source: &str) -> (usize, Option<usize>) {
     let least = super::chains::depth_at_least(source);
+    let depth = parse(source).and_then(Result::ok).map(|e| tree_depth(&e));
+    (least, depth)
+}
+
+/// `source` parsed, within the parser's own recursion limit. The parser is a
+/// stranger's input's first reader: a panic in it is none, not a lost worker.
+fn parse(source: &str) -> Option<Result<IdedExpr, cel::ParseErrors>> {
     let parser = super::ENV.parser().max_recursion_depth(MAX_DEPTH);
-    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source)));
-    (
-        least,
-        parsed.ok().and_then(Result::ok).map(|e| tree_depth(&e)),
-    )
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parser.parse(source))).ok()
 }
 
 /// The depth of `e`'s tree, every node counted, measured without recursion so that
