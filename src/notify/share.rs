@@ -191,6 +191,14 @@ impl Share {
             .collect()
     }
 
+    /// Whether a tenant holds its whole share here: the claim left its other due
+    /// deliveries in the store.
+    pub fn any_at_share(&self) -> bool {
+        self.held
+            .iter()
+            .any(|(t, waiting)| self.tenants.held(t) + waiting >= self.per_tenant)
+    }
+
     /// The webhook URLs of each tenant's stalled receivers: the claim leaves their
     /// deliveries in the store until an attempt there finishes.
     pub fn stalled(&self) -> Vec<(String, String)> {
@@ -340,6 +348,103 @@ mod tests {
         );
         assert_eq!(receiver("http://127.0.0.1:9000/b?x=1"), "127.0.0.1:9000");
         assert_eq!(receiver("not a url"), "");
+    }
+
+    /// `n` due deliveries of tenant `a`, each a wait's `created` to one receiver.
+    async fn due(n: usize) -> Vec<Due> {
+        use crate::bus::Bus;
+        use crate::engine::{Limits, Spec};
+        use crate::store::{Store, Turns};
+        let store = Store::open("sqlite::memory:", 1, Bus::new()).unwrap();
+        store.migrate().await.unwrap();
+        let spec = Spec::from_request(
+            &serde_json::json!({
+                "target": {"url": "https://api.example.com/servers/1"},
+                "state": "/status",
+                "want": ["on"],
+                "timeout": "5m",
+                "notify": [{"url": "https://hooks.example.com/in",
+                            "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                            "events": ["created"]}],
+            }),
+            &Limits::default(),
+        )
+        .unwrap();
+        let t0 = chrono::Utc::now() - chrono::Duration::seconds(60);
+        for _ in 0..n {
+            store.create("a", &spec, t0, None).await.unwrap();
+        }
+        let turns = Turns {
+            per_tenant: 16,
+            taken: &[],
+            stalled: &[],
+            stalled_until: chrono::Utc::now(),
+        };
+        store
+            .claim_deliveries(
+                uuid::Uuid::now_v7(),
+                chrono::Utc::now(),
+                Duration::from_secs(30),
+                n as i64,
+                &turns,
+            )
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_tenant_is_at_its_share_while_it_holds_all_of_it_in_flight_or_waiting() {
+        let mut share = Share::new(2);
+        let mut due = due(3).await.into_iter();
+        assert!(!share.any_at_share(), "an empty share is at its share");
+        let d = due.next().unwrap();
+        let Admit::Send(_, first) = share.admit(Key::of(&d), d) else {
+            panic!("the first was not sent");
+        };
+        assert!(
+            !share.any_at_share(),
+            "one of two places is the whole share"
+        );
+        // One place per receiver at a share of two: the second waits for it, and
+        // the tenant now holds its whole share.
+        let d = due.next().unwrap();
+        let key = Key::of(&d);
+        assert!(matches!(share.admit(key.clone(), d), Admit::Queued));
+        assert!(
+            share.any_at_share(),
+            "in flight and waiting, the share is held"
+        );
+        // The first ends: the second goes in its place, one of two places held.
+        let mut next = share.finished(
+            &key,
+            Duration::from_millis(5),
+            Duration::from_secs(15),
+            first,
+        );
+        assert_eq!(next.len(), 1);
+        let Some(Admit::Send(_, second)) = next.pop() else {
+            panic!("the waiting one was not sent");
+        };
+        assert!(!share.any_at_share(), "one place of two is held");
+        let d = due.next().unwrap();
+        assert!(matches!(share.admit(key.clone(), d), Admit::Queued));
+        assert!(share.any_at_share());
+        let mut next = share.finished(
+            &key,
+            Duration::from_millis(5),
+            Duration::from_secs(15),
+            second,
+        );
+        let Some(Admit::Send(_, third)) = next.pop() else {
+            panic!("the waiting one was not sent");
+        };
+        share.finished(
+            &key,
+            Duration::from_millis(5),
+            Duration::from_secs(15),
+            third,
+        );
+        assert!(!share.any_at_share(), "nothing held, yet at its share");
     }
 
     #[test]
