@@ -18,9 +18,9 @@
 //!   tenth of a second) a [`Lane::Long`] one. Each lane has threads of its own
 //!   (`--cpu-threads` quick ones; one fewer long ones, at least one), so a create,
 //!   or a stored expression decoded at a claim, never waits behind evaluations.
-//!   The long lane's threads run at the lowest CPU priority (nice 19): when the
-//!   cores are busy, the runtime's threads, the quick lane and the database go
-//!   first, and evaluations take what is left.
+//!   The long lane's threads run last in line for a core (`SCHED_IDLE`, or nice
+//!   19 where that is refused): when the cores are busy, the runtime's threads,
+//!   the quick lane and the database go first, and evaluations take what is left.
 //! - **Deep.** Its threads have [`STACK`] bytes of stack, sized for the recursion
 //!   of the CEL parser on the longest expression waitd accepts (measured in
 //!   `tests/conditions_props.rs`); everything after the parse is bounded by the
@@ -265,11 +265,26 @@ impl Pool {
     }
 }
 
-/// Puts the calling thread at the lowest CPU priority (nice 19), which any thread
-/// may do; where the system refuses, the thread goes on at its priority.
+/// Puts the calling thread last in line for a core: `SCHED_IDLE`, which any thread
+/// may take, or, where the system refuses it, nice 19; where it refuses both, the
+/// thread goes on at its priority.
+///
+/// Nice orders threads only within their scheduling group, and the database's
+/// processes are in groups of their own (a session's autogroup, a container's
+/// cgroup), against which a thread at nice 19 still weighs a whole group's share.
+/// A `SCHED_IDLE` thread gives way to any other thread, of any group, as soon as
+/// that one wakes.
 fn lower_priority() {
-    use thread_priority::{ThreadPriority, set_current_thread_priority};
-    if let Err(e) = set_current_thread_priority(ThreadPriority::Min) {
+    use thread_priority::{
+        NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+        set_current_thread_priority, set_thread_priority_and_policy, thread_native_id,
+    };
+    let idle = set_thread_priority_and_policy(
+        thread_native_id(),
+        ThreadPriority::Min,
+        ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
+    );
+    if let Err(e) = idle.or_else(|_| set_current_thread_priority(ThreadPriority::Min)) {
         tracing::warn!(error = ?e, "the CPU pool's evaluations run at the normal priority");
     }
 }
@@ -374,24 +389,30 @@ mod tests {
 
     /// The nice value of the calling thread, from `/proc/thread-self/stat`.
     #[cfg(target_os = "linux")]
-    fn nice() -> i64 {
+    /// The calling thread's scheduling policy (`SCHED_OTHER` 0, `SCHED_IDLE` 5).
+    fn policy() -> i64 {
         let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        // After the command's closing parenthesis: state is field 3, nice field 19.
+        // After the command's closing parenthesis: state is field 3, policy field 41.
         let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        rest.split(' ').nth(16).unwrap().parse().unwrap()
+        rest.split(' ').nth(38).unwrap().parse().unwrap()
     }
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn long_jobs_run_at_the_lowest_priority_and_quick_ones_at_the_normal() {
+    fn long_jobs_run_last_in_line_for_a_core_and_quick_ones_at_the_normal_priority() {
+        const SCHED_IDLE: i64 = 5;
         let pool = Pool::start(2);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let here = nice();
-        assert_eq!(rt.block_on(pool.run(Lane::Long, "a", nice)), Ok(19));
-        assert_eq!(rt.block_on(pool.run(Lane::Quick, "a", nice)), Ok(here));
-        assert_eq!(pool.run_blocking(nice), Ok(here));
+        let here = policy();
+        assert_ne!(here, SCHED_IDLE);
+        assert_eq!(
+            rt.block_on(pool.run(Lane::Long, "a", policy)),
+            Ok(SCHED_IDLE)
+        );
+        assert_eq!(rt.block_on(pool.run(Lane::Quick, "a", policy)), Ok(here));
+        assert_eq!(pool.run_blocking(policy), Ok(here));
     }
 
     #[test]
