@@ -283,6 +283,7 @@ impl Query {
         root: &'a Value,
         budget: &mut Budget,
     ) -> Result<Vec<&'a Value>, Exceeded> {
+        super::pattern::begin_evaluation();
         let mut cx = Eval { root, budget };
         cx.query(self, root)
     }

@@ -11,7 +11,12 @@
 //!   pattern would have grown to.
 //! - **Cache.** Compiled patterns (and the errors of those that did not compile) are
 //!   kept by text, at most [`CACHE`] of them, so a pattern used over every item of a
-//!   list compiles once.
+//!   list compiles once. The cache is shared, so a flood of distinct patterns (one
+//!   tenant's, or the same evaluation's) can clear it; each evaluation therefore
+//!   also keeps the patterns it has used, at most [`CACHE`] of them, until the next
+//!   evaluation on its thread begins ([`begin_evaluation`]). So an evaluation pays
+//!   for a pattern at most once, whatever runs beside it: never more than it would
+//!   on a cold cache.
 //! - **Price.** A compile costs [`Compiled::compile_units`] (its text, and the size
 //!   of what it built), a search costs the haystack's length times a factor that
 //!   grows with the automaton's size (a search's worst case is the product of the
@@ -22,6 +27,7 @@
 //!
 //! Pure: no I/O, no clock.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -91,14 +97,41 @@ type Entry = Result<Arc<Compiled>, Refused>;
 
 static CACHED: LazyLock<Mutex<HashMap<Box<str>, Entry>>> = LazyLock::new(Mutex::default);
 
-/// `pattern` as compiled before (or refused before), if it still is in the cache.
-/// Reading its text costs [`read_units`].
+thread_local! {
+    /// The patterns the evaluation running on this thread has used.
+    static OWN: RefCell<HashMap<Box<str>, Entry>> = RefCell::default();
+}
+
+/// Starts an evaluation on this thread: the patterns the one before used are no
+/// longer kept for it.
+pub fn begin_evaluation() {
+    OWN.with(|own| own.borrow_mut().clear());
+}
+
+/// Keeps `entry` for the evaluation on this thread, while it has used fewer than
+/// [`CACHE`] patterns.
+fn keep(pattern: &str, entry: &Entry) {
+    OWN.with(|own| {
+        let mut own = own.borrow_mut();
+        if own.len() < CACHE {
+            own.insert(pattern.into(), entry.clone());
+        }
+    });
+}
+
+/// `pattern` as compiled before (or refused before), if this evaluation used it
+/// or it still is in the cache. Reading its text costs [`read_units`].
 pub fn cached(pattern: &str) -> Option<Entry> {
-    CACHED
+    if let Some(entry) = OWN.with(|own| own.borrow().get(pattern).cloned()) {
+        return Some(entry);
+    }
+    let entry = CACHED
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(pattern)
-        .cloned()
+        .cloned()?;
+    keep(pattern, &entry);
+    Some(entry)
 }
 
 /// What reading a pattern's text costs, compiled or not.
@@ -128,6 +161,8 @@ pub fn compile_cached(pattern: &str) -> (Entry, u64) {
         cache.clear();
     }
     cache.insert(pattern.into(), compiled.clone());
+    drop(cache);
+    keep(pattern, &compiled);
     (compiled, units)
 }
 
@@ -176,5 +211,64 @@ fn describe(pattern: &str, e: &regex_automata::meta::BuildError) -> String {
         )
     } else {
         format!("'{shown}{more}' is not a valid regular expression: {e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fills the shared cache past its bound from another thread, as another
+    /// tenant's evaluation would: everything in it before is gone.
+    fn flood_from_another_thread(tag: &str) {
+        let tag = tag.to_string();
+        std::thread::spawn(move || {
+            begin_evaluation();
+            for i in 0..CACHE + 1 {
+                let _ = compile_cached(&format!("{tag}{i}"));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_evaluation_keeps_the_patterns_it_used_whatever_clears_the_shared_cache() {
+        let used = r"^own-[a-z]{40}$";
+        let refused = r"(?:\w{50}){50}";
+        begin_evaluation();
+        let (compiled, units) = compile_cached(used);
+        assert!(compiled.is_ok() && units > 1_000);
+        let (not_compiled, _) = compile_cached(refused);
+        assert!(not_compiled.is_err(), "the refused pattern compiled");
+        flood_from_another_thread("flood-a-");
+        let again = cached(used).expect("the evaluation lost a pattern it had paid for");
+        assert!(Arc::ptr_eq(&again.unwrap(), &compiled.unwrap()));
+        assert!(cached(refused).expect("a refusal was lost").is_err());
+
+        // The next evaluation has only what the shared cache still holds.
+        begin_evaluation();
+        assert!(
+            cached(used).is_none(),
+            "the shared cache kept it through the flood"
+        );
+        // What it finds in the shared cache it keeps too.
+        let (_, _) = compile_cached(used);
+        begin_evaluation();
+        assert!(cached(used).is_some());
+        flood_from_another_thread("flood-b-");
+        assert!(
+            cached(used).is_some(),
+            "a pattern found in the cache was not kept"
+        );
+
+        // However many it uses, it keeps at most as many as the cache holds.
+        begin_evaluation();
+        for i in 0..CACHE + 10 {
+            let _ = compile_cached(&format!("own-{i}"));
+        }
+        assert_eq!(OWN.with(|own| own.borrow().len()), CACHE);
+        begin_evaluation();
+        assert_eq!(OWN.with(|own| own.borrow().len()), 0);
     }
 }

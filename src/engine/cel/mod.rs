@@ -58,6 +58,7 @@ thread_local! {
 
 /// Starts an evaluation on this thread with `units` to spend.
 pub(super) fn start(units: u64) {
+    crate::engine::pattern::begin_evaluation();
     LEFT.with(|l| l.set(units));
     SPENT.with(|s| s.set(false));
 }
