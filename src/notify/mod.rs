@@ -21,6 +21,8 @@
 mod attempt;
 mod claim;
 mod doorbell;
+#[cfg(test)]
+mod fixtures;
 mod message;
 mod share;
 mod writer;

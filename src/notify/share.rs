@@ -352,44 +352,14 @@ mod tests {
 
     /// `n` due deliveries of tenant `a`, each a wait's `created` to one receiver.
     async fn due(n: usize) -> Vec<Due> {
-        use crate::bus::Bus;
-        use crate::engine::{Limits, Spec};
-        use crate::store::{Store, Turns};
-        let store = Store::open("sqlite::memory:", 1, Bus::new()).unwrap();
-        store.migrate().await.unwrap();
-        let spec = Spec::from_request(
-            &serde_json::json!({
-                "target": {"url": "https://api.example.com/servers/1"},
-                "state": "/status",
-                "want": ["on"],
-                "timeout": "5m",
-                "notify": [{"url": "https://hooks.example.com/in",
-                            "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-                            "events": ["created"]}],
-            }),
-            &Limits::default(),
-        )
-        .unwrap();
+        use crate::notify::fixtures;
+        let store = fixtures::store().await;
+        let spec = fixtures::spec(&["created"]);
         let t0 = chrono::Utc::now() - chrono::Duration::seconds(60);
         for _ in 0..n {
             store.create("a", &spec, t0, None).await.unwrap();
         }
-        let turns = Turns {
-            per_tenant: 16,
-            taken: &[],
-            stalled: &[],
-            stalled_until: chrono::Utc::now(),
-        };
-        store
-            .claim_deliveries(
-                uuid::Uuid::now_v7(),
-                chrono::Utc::now(),
-                Duration::from_secs(30),
-                n as i64,
-                &turns,
-            )
-            .await
-            .unwrap()
+        fixtures::due(&store, uuid::Uuid::now_v7(), n as i64).await
     }
 
     #[tokio::test]

@@ -80,45 +80,15 @@ mod tests {
     use std::time::Duration;
 
     use futures_util::FutureExt;
-    use serde_json::json;
 
     use super::*;
-    use crate::bus::Bus;
-    use crate::engine::{Limits, Spec};
     use crate::notify::attempt::outcome;
-    use crate::store::Turns;
-
-    /// Claims what is due now: the first in line of each webhook.
-    async fn due(store: &Store, owner: Uuid) -> Vec<crate::store::Due> {
-        let turns = Turns {
-            per_tenant: 16,
-            taken: &[],
-            stalled: &[],
-            stalled_until: Utc::now(),
-        };
-        store
-            .claim_deliveries(owner, Utc::now(), Duration::from_secs(30), 10, &turns)
-            .await
-            .unwrap()
-    }
+    use crate::notify::fixtures;
 
     #[tokio::test]
     async fn the_loop_is_woken_when_a_delivered_outcome_puts_the_next_in_line() {
-        let store = Store::open("sqlite::memory:", 1, Bus::new()).unwrap();
-        store.migrate().await.unwrap();
-        let spec = Spec::from_request(
-            &json!({
-                "target": {"url": "https://api.example.com/servers/1"},
-                "state": "/status",
-                "want": ["on"],
-                "timeout": "5m",
-                "notify": [{"url": "https://hooks.example.com/in",
-                            "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-                            "events": ["created", "canceled"]}],
-            }),
-            &Limits::default(),
-        )
-        .unwrap();
+        let store = fixtures::store().await;
+        let spec = fixtures::spec(&["created", "canceled"]);
         let t0 = Utc::now() - chrono::Duration::seconds(60);
         let id = store.create("a", &spec, t0, None).await.unwrap().wait.id;
         store
@@ -139,7 +109,7 @@ mod tests {
 
         // `created` is first in line; `canceled` waits behind it until its outcome
         // is written, and then the loop hears of it.
-        let first = due(&store, owner).await;
+        let first = fixtures::due(&store, owner, 10).await;
         assert_eq!(first.len(), 1);
         let woken = wake.notified();
         tx.send(outcome(
@@ -153,7 +123,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(30), woken)
             .await
             .expect("the writer woke the loop");
-        let next = due(&store, owner).await;
+        let next = fixtures::due(&store, owner, 10).await;
         assert_eq!(next.len(), 1);
         assert_eq!(next[0].event.seq, 2);
 
