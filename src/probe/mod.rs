@@ -426,6 +426,23 @@ impl Prober {
     ) -> share::Delivered {
         let now = tokio::time::Instant::now();
         let previous = target.last.replace(now);
+        if Arc::strong_count(group) == 1 && target.auth.is_none() {
+            // Only this wait sends the request, and no request of the group is in
+            // flight (each holds the group): there is nobody to share with, so the
+            // request is sent here, without a task and a channel of its own. A wait
+            // taken up meanwhile sends its own first request. (A request with a
+            // credential runs on its own as below, so that a token endpoint still
+            // minting at the wait's deadline is what the wait names.)
+            let via = auth::Via {
+                client: self.client_of(target),
+                auth: None,
+                minting: None,
+            };
+            let request = self.request(target);
+            return self
+                .fetch_authed(wait, via, target.host.clone(), request, true, &group.kept)
+                .await;
+        }
         let (mut rx, joined) = match group.turn(previous, now, self.inner.share_window) {
             Turn::Join(rx) => {
                 self.inner.shares.counts.shared.fetch_add(1, Relaxed);

@@ -46,7 +46,11 @@ impl Loop {
                 // The prober itself bounds the probes in flight per target host.
                 let _p = probes.acquire_owned().await;
                 match target {
-                    Ok(target) => w.prober.probe_memo(id, &spec, &target, &mut memo).await,
+                    // Boxed: the request's state machine is a few KiB, and the
+                    // task's own future is moved whole at every step of a spawn.
+                    Ok(target) => {
+                        Box::pin(w.prober.probe_memo(id, &spec, &target, &mut memo)).await
+                    }
                     Err(error) => Observation::Permanent { error },
                 }
             };
