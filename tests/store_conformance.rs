@@ -266,6 +266,59 @@ async fn an_idempotency_key_returns_the_first_wait_and_refuses_another_body() {
     });
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_make_one_wait_a_key_and_one_each_without() {
+    for_each_store!(|store, backend| {
+        // Forty keys asked for five times each, among sixty creates without a
+        // key, all at once: on Postgres they share batches, keys repeated in one.
+        let mut asks = Vec::new();
+        for i in 0..260 {
+            let key = (i < 200).then(|| format!("k{}", i % 40));
+            let store = store.clone();
+            asks.push(tokio::spawn(async move {
+                let idem = key.as_deref().map(|k| (k, "same-body"));
+                let created = store.create("t", &spec(), Utc::now(), idem).await;
+                (key, created.expect("every create is answered").wait.id)
+            }));
+        }
+        let mut by_key: BTreeMap<String, std::collections::HashSet<Uuid>> = BTreeMap::new();
+        let mut unkeyed = std::collections::HashSet::new();
+        for ask in asks {
+            let (key, id) = ask.await.unwrap();
+            match key {
+                Some(k) => {
+                    by_key.entry(k).or_default().insert(id);
+                }
+                None => {
+                    assert!(unkeyed.insert(id), "two creates answered with one wait");
+                }
+            }
+        }
+        assert_eq!(by_key.len(), 40);
+        assert!(
+            by_key.values().all(|ids| ids.len() == 1),
+            "a key answered with two waits on {}",
+            backend.url()
+        );
+        let all = store
+            .list(
+                "t",
+                &ListFilter {
+                    limit: 500,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 100, "40 keyed and 60 unkeyed waits");
+        for w in &all {
+            let events = store.events("t", w.id, 0, 10).await.unwrap();
+            assert_eq!(events.len(), 1, "one created event each");
+            assert_eq!(events[0].kind(), "created");
+        }
+    });
+}
+
 #[tokio::test]
 async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fenced() {
     for_each_store!(|store, backend| {

@@ -42,6 +42,7 @@ pub const DELIVERIES_CHANNEL: &str = deliveries_channel!();
 pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
 // After `work_channel!` and `deliveries_channel!`, which `waits` and `outbox` use.
+mod creates;
 mod events;
 mod groups;
 mod leases;
@@ -72,6 +73,8 @@ pub struct PgDialect {
     options: Arc<PgConnectOptions>,
     /// Wakes the sequencer after a commit that left events to sequence.
     committed: Arc<Notify>,
+    /// Creates waiting to share a statement.
+    creates: Arc<creates::Creates>,
 }
 
 fn labels_json(labels: &BTreeMap<String, String>) -> Value {
@@ -109,6 +112,7 @@ impl PgDialect {
             sequencer_pool: pool_of(1),
             options: Arc::new(options),
             committed: Default::default(),
+            creates: Default::default(),
         })
     }
 

@@ -27,10 +27,10 @@ impl PgDialect {
         .await?)
     }
 
-    /// The insert of a new wait. Without a key or a count it is one statement and
-    /// one commit; otherwise one transaction: the count (again under the tenant's
-    /// lock near the limit, so the count and the insert cannot interleave), the
-    /// insert, and the key.
+    /// The insert of a new wait. Without a count it joins the next batch of
+    /// creates ([`super::creates`]); with one it is a transaction of its own: the
+    /// count (again under the tenant's lock near the limit, so the count and the
+    /// insert cannot interleave), the insert, and the key.
     pub(in crate::store) async fn insert_wait(
         &self,
         tenant: &str,
@@ -39,10 +39,8 @@ impl PgDialect {
         idempotency: Option<(&str, &str)>,
         admission: Admission,
     ) -> Result<Inserted, StoreError> {
-        if idempotency.is_none() && matches!(admission, Admission::Free) {
-            insert_wait(tenant, now, nw).execute(&self.pool).await?;
-            self.committed.notify_one();
-            return Ok(Inserted::Yes { counted: None });
+        if matches!(admission, Admission::Free) {
+            return self.insert_batched(tenant, now, nw, idempotency).await;
         }
         let mut tx = self.pool.begin().await?;
         let counted = match admit(&mut tx, tenant, admission).await? {
