@@ -26,9 +26,13 @@ const SWEEP_EVERY: u64 = 4096;
 pub struct KeyedSlots<K> {
     per_key: usize,
     total: Option<(usize, Arc<Semaphore>)>,
-    keys: Mutex<HashMap<K, Arc<Semaphore>>>,
+    /// foldhash, seeded at random per map as std's hasher is, at a fraction of
+    /// SipHash's cost: a lookup and a removal on every poll.
+    keys: Mutex<Keys<K>>,
     dropped: AtomicU64,
 }
+
+type Keys<K> = HashMap<K, Arc<Semaphore>, foldhash::fast::RandomState>;
 
 /// Why a place was refused, and how many were held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +83,7 @@ impl<K: Hash + Eq + Clone> KeyedSlots<K> {
         self.per_key
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<Semaphore>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Keys<K>> {
         self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
