@@ -1,46 +1,92 @@
 //! The first poll after a claim, and the crash-loop guard it feeds.
 //!
-//! Before the first probe since a claim, the store records that the poll begins
-//! (one statement for every first poll due at once); the write of a completed poll
+//! Before the first probe since a claim, the store records that the poll begins,
+//! ahead of time: once the first of the waits not yet recorded is due within
+//! [`MARK_WHEN`], one statement records every one due within [`MARK_AHEAD`], and each
+//! starts when due. A backlog of first polls (a restart, an import, a burst of
+//! creates) so costs a write a batch, not a write a poll, and a poll is not held
+//! back by its record. The write of a completed poll
 //! clears that count, and the first completed poll is always written, even when it
 //! changed nothing ([`Phase::Confirming`]). A wait whose polls began
 //! [`crate::store::MAX_CLAIMS`] times in a row without completing took down every replica that
 //! polled it: its next claimer ends it instead of polling it.
 
+use std::cmp::Reverse;
+
+use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 
 use super::writes::answered;
 use super::{Loop, Msg, Phase};
 use crate::store::{Progress, StoreError, WaitEpoch};
 
+/// How far ahead of its poll a first poll is recorded as begun. A replica that
+/// stops between the record and the poll leaves a poll counted that never began:
+/// the guard counts three in a row, so only a wait whose replicas stop within this
+/// of its first poll three times over is ended by it.
+pub(super) const MARK_AHEAD: TimeDelta = TimeDelta::seconds(1);
+/// Records are written once the first of the waits not yet recorded is due within
+/// this, so a batch holds about half a second of first polls.
+pub(super) const MARK_WHEN: TimeDelta = TimeDelta::milliseconds(500);
+
 impl Loop {
     /// Records in the store that the first polls of these waits since their claim
-    /// begin, then starts them: if a poll takes the replica down, the next claimer
-    /// finds it counted ([`crate::store::MAX_CLAIMS`]). One write for every first poll due at once.
-    pub(super) fn mark(&mut self, first: Vec<(WaitEpoch, u64)>) {
-        self.marking += first.len();
+    /// begin: if a poll takes the replica down, the next claimer finds it counted
+    /// ([`crate::store::MAX_CLAIMS`]). One write for all of them; each poll starts
+    /// from its timer once recorded.
+    pub(super) fn mark(&mut self, marks: Vec<(WaitEpoch, u64)>) {
         let w = self.w.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let ids: Vec<WaitEpoch> = first.iter().map(|(at, _)| *at).collect();
+            let ids: Vec<WaitEpoch> = marks.iter().map(|(at, _)| *at).collect();
             let result = w.store.mark_polling(w.owner, &ids).await;
             w.metrics.write();
-            let _ = tx.send(Msg::Marked { first, result });
+            let _ = tx.send(Msg::Marked { marks, result });
         });
     }
 
-    /// First polls were recorded as begun (or not): start those that were.
+    /// The waits whose first poll is not recorded yet and is due within
+    /// [`MARK_AHEAD`] (or overdue), once the first of them is due within
+    /// [`MARK_WHEN`]; each is [`Phase::Marking`] from here.
+    pub(super) fn due_soon(&mut self, now: DateTime<Utc>) -> Vec<(WaitEpoch, u64)> {
+        let mut out = Vec::new();
+        if self
+            .unmarked
+            .peek()
+            .is_none_or(|Reverse((at, _, _))| *at > now + MARK_WHEN)
+        {
+            return out;
+        }
+        while let Some(Reverse((at, g, id))) = self.unmarked.peek().copied() {
+            if at > now + MARK_AHEAD {
+                break;
+            }
+            self.unmarked.pop();
+            let Some(h) = self.held.get_mut(&id) else {
+                continue;
+            };
+            if h.generation != g || h.phase != Phase::Claimed {
+                continue;
+            }
+            h.phase = Phase::Marking;
+            out.push((WaitEpoch { id, epoch: h.epoch }, g));
+        }
+        out
+    }
+
+    /// First polls were recorded as begun (or not): each recorded one starts from
+    /// its timer, under the bound on polls started (its timer may have fired while
+    /// it was recorded: it is scheduled again).
     pub(super) fn marked(
         &mut self,
-        first: Vec<(WaitEpoch, u64)>,
+        marks: Vec<(WaitEpoch, u64)>,
         result: Result<Vec<Uuid>, StoreError>,
     ) {
-        self.marking = self.marking.saturating_sub(first.len());
         if let Err(e) = &result {
             tracing::warn!(error = %e, "could not record that polls begin; trying again shortly");
         }
         let marked = answered(&result);
-        for (at, g) in first {
+        for (at, g) in marks {
             let Some(h) = self.held.get_mut(&at.id) else {
                 continue;
             };
@@ -48,8 +94,9 @@ impl Loop {
                 continue;
             }
             if marked.contains(&at.id) {
-                h.phase = Phase::FirstPoll;
-                self.start_probe(at.id, g);
+                h.phase = Phase::Counted;
+                let next = h.next;
+                self.schedule(at.id, next);
             } else {
                 // Not this replica's any more, or the store is away: the next
                 // renewal finds out which; look again in a second.

@@ -94,13 +94,22 @@ pub struct Worker {
     pub live: Option<live::Inbox>,
 }
 
+/// How far ahead a claim takes unowned waits: a backlog due over the next minute
+/// (an import, a fleet started after an outage) is held within seconds, not as each
+/// falls due, and a held wait costs memory only.
+const CLAIM_AHEAD: Duration = Duration::from_secs(60);
+
 /// Where a held wait is in its life on this replica. A wait has at most one probe
-/// or write in flight: every phase but [`Phase::Claimed`] and [`Phase::Idle`].
+/// or write in flight: every phase but [`Phase::Claimed`], [`Phase::Counted`] and
+/// [`Phase::Idle`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Claimed, and no poll begun since: the next one is recorded as begun before
     /// it starts ([`guard`]).
     Claimed,
+    /// Its first poll since the claim is recorded as begun ahead of time, with
+    /// others due soon ([`guard`]): it starts when due, as a first poll.
+    Counted,
     /// Recording that its first poll since the claim begins.
     Marking,
     /// Its first poll since the claim is in flight, and the store counts it.
@@ -117,7 +126,7 @@ enum Phase {
 
 impl Phase {
     fn busy(self) -> bool {
-        !matches!(self, Phase::Claimed | Phase::Idle)
+        !matches!(self, Phase::Claimed | Phase::Counted | Phase::Idle)
     }
 }
 
@@ -204,7 +213,7 @@ enum Msg {
     },
     /// First polls since their claim, recorded as begun (or not).
     Marked {
-        first: Vec<(WaitEpoch, u64)>,
+        marks: Vec<(WaitEpoch, u64)>,
         result: Result<Vec<Uuid>, StoreError>,
     },
     /// The lease row was renewed (`ok`), by a renewal whose checkpoints and
@@ -241,6 +250,9 @@ struct Loop {
     /// wait rather than the whole state, and its empty slots cost little.
     held: HashMap<Uuid, Box<Held>>,
     timers: BinaryHeap<std::cmp::Reverse<(DateTime<Utc>, u64, Uuid)>>,
+    /// The timers of the waits whose first poll since their claim is not yet
+    /// recorded as begun ([`Phase::Claimed`]): recorded ahead, in batches.
+    unmarked: BinaryHeap<std::cmp::Reverse<(DateTime<Utc>, u64, Uuid)>>,
     tx: mpsc::UnboundedSender<Msg>,
     generation: u64,
     claiming: bool,
@@ -254,17 +266,18 @@ struct Loop {
     /// flight): no more than [`timers::IN_FLIGHT`] times the concurrency are
     /// started, the rest wait in the timer queue.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
-    /// First polls being recorded as begun: each starts a poll once recorded,
-    /// so they count against the same bound.
-    marking: usize,
     /// The tenants of the waits held, each name once for all their waits.
     tenants: HashSet<Arc<str>>,
     /// Progress waiting to be written: each batch is one transaction.
     pending: Vec<(Progress, u64)>,
     /// First polls since a claim that completed and changed nothing, with their
     /// generation, to be recorded as completed (one statement a batch, in a write
-    /// slot like progress).
+    /// slot like progress), and when the batch is written at the latest
+    /// ([`writes`]).
     confirming: Vec<(WaitEpoch, u64)>,
+    confirm_by: Option<Instant>,
+    /// Stopping: whatever is queued is written at once.
+    stopping: bool,
     /// Batches being written.
     writing: usize,
     /// Waits this replica stopped polling while the store may still have them as
@@ -356,10 +369,11 @@ impl Loop {
             clock: Clock::new(),
             probes: Arc::new(Semaphore::new(w.cfg.concurrency.max(1))),
             in_flight: Arc::default(),
-            marking: 0,
             tenants: HashSet::new(),
             pending: Vec::new(),
             confirming: Vec::new(),
+            confirm_by: None,
+            stopping: false,
             writing: 0,
             let_go: Vec::new(),
             lease_until: Instant::now(),
@@ -377,6 +391,7 @@ impl Loop {
             // (Its rehash at 460,000 waits holds the loop for 0.9 s.)
             held: HashMap::new(),
             timers: BinaryHeap::new(),
+            unmarked: BinaryHeap::new(),
             tx,
             generation: 0,
             claiming: false,
@@ -398,6 +413,7 @@ impl Loop {
             self.step();
         }
         tracing::info!(held = self.held.len(), "worker pool stopping");
+        self.stopping = true;
         let drain_until = Instant::now() + self.w.cfg.drain_timeout;
         while self.held.values().any(|h| h.busy()) || self.claiming || self.renewing {
             tokio::select! {
@@ -441,7 +457,7 @@ impl Loop {
         self.claiming = true;
         let w = self.w.clone();
         let tx = self.tx.clone();
-        let lookahead = (w.cfg.lease_ttl / 2).min(Duration::from_secs(5));
+        let lookahead = CLAIM_AHEAD;
         tokio::spawn(async move {
             let limit = free.min(1000) as i64;
             let started = Instant::now();
@@ -604,9 +620,8 @@ impl Loop {
             | Msg::Leased { .. }
             | Msg::Renewed(_) => self.handle(msg),
             // Marked while stopping: start nothing new.
-            Msg::Marked { first, .. } => {
-                self.marking = self.marking.saturating_sub(first.len());
-                for (at, g) in first {
+            Msg::Marked { marks, .. } => {
+                for (at, g) in marks {
                     if let Some(h) = self.held.get_mut(&at.id)
                         && h.generation == g
                         && h.phase == Phase::Marking
@@ -651,7 +666,7 @@ impl Loop {
                 memo,
                 at,
             } => self.probed(id, generation, obs, memo, at),
-            Msg::Marked { first, result } => self.marked(first, result),
+            Msg::Marked { marks, result } => self.marked(marks, result),
             Msg::Recorded { batch } => self.recorded(batch),
             Msg::Confirmed { batch, result } => self.confirmed(batch, result),
             Msg::Leased { started, ok, alone } => self.leased(started, ok, alone),

@@ -161,7 +161,8 @@ impl Loop {
                 // clears its count of polls begun.
                 h.phase = Phase::Confirming;
                 let at = WaitEpoch { id, epoch: h.epoch };
-                self.confirming.push((at, generation));
+                let next = self.clock.instant_at(h.next);
+                self.confirm((at, generation), next);
                 return;
             }
             h.phase = Phase::Idle;

@@ -95,6 +95,23 @@ impl Rig {
         created.unwrap().wait.id
     }
 
+    /// A wait whose first poll is `delay` from now.
+    async fn create_due_in(&self, delay: Duration) -> Uuid {
+        let spec = Spec::from_request(
+            &json!({
+                "target": {"url": "https://api.example.com/status"},
+                "state": "/status",
+                "want": ["on"],
+                "timeout": "1h",
+                "poll": {"delay": format!("{}ms", delay.as_millis())},
+            }),
+            &Limits::default(),
+        )
+        .unwrap();
+        let created = self.store.create("t", &spec, Utc::now(), None).await;
+        created.unwrap().wait.id
+    }
+
     /// The next report of a task the loop spawned, handled as the loop would.
     async fn next(&mut self) -> &'static str {
         let msg = tokio::time::timeout(Duration::from_secs(60), self.rx.recv())
@@ -363,10 +380,16 @@ async fn a_burst_of_due_waits_starts_twice_the_concurrency_and_the_rest_as_polls
     let started = |r: &Rig| {
         r.lp.held
             .values()
-            .filter(|h| h.phase != Phase::Claimed)
+            .filter(|h| h.phase == Phase::FirstPoll)
             .count()
     };
     tokio::time::advance(Duration::from_secs(1)).await;
+    r.lp.fire_due();
+    // Their first polls are recorded as begun, all in one statement; none
+    // starts before.
+    assert_eq!(started(&r), 0);
+    assert_eq!(r.next().await, "first polls marked");
+    assert!(r.lp.held.values().all(|h| h.phase == Phase::Counted));
     r.lp.fire_due();
     assert_eq!(started(&r), 4, "twice the concurrency begin");
     r.lp.fire_due();
@@ -375,16 +398,106 @@ async fn a_burst_of_due_waits_starts_twice_the_concurrency_and_the_rest_as_polls
         !r.lp.timers_due(),
         "the loop does not spin on the ones left"
     );
-    // Their first polls are recorded and the probes start (still four in all),
-    // then end (the host does not resolve here): room for the next four.
-    assert_eq!(r.next().await, "first polls marked");
     assert_eq!(r.lp.in_flight.load(Relaxed), 4);
-    r.lp.fire_due();
-    assert_eq!(started(&r), 4);
+    // They end (the host does not resolve here): room for the next four.
     for _ in 0..4 {
         assert_eq!(r.next().await, "a probe");
     }
     assert_eq!(r.lp.in_flight.load(Relaxed), 0);
     r.lp.fire_due();
-    assert_eq!(started(&r), 8, "four more once four polls ended");
+    assert_eq!(started(&r), 4, "four more once four polls ended");
+}
+
+#[tokio::test]
+async fn first_polls_that_changed_nothing_are_confirmed_together_not_one_by_one() {
+    let mut r = rig(LONG).await;
+    let ids = [r.create().await, r.create().await, r.create().await];
+    r.claim().await;
+    // Each first poll completes unchanged, a little apart; their waits poll
+    // again in an hour, so only the delay decides when they are written.
+    let an_hour =
+        r.lp.clock
+            .instant_at(r.lp.clock.now() + chrono::TimeDelta::hours(1));
+    for id in ids {
+        let h = r.lp.held.get_mut(&id).unwrap();
+        h.phase = Phase::Confirming;
+        let at = (WaitEpoch { id, epoch: h.epoch }, h.generation);
+        r.lp.confirm(at, an_hour);
+        r.lp.flush_writes();
+        assert_eq!(r.lp.writing, 0, "held back to share a batch");
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    // The first waited its delay: all three go in one statement.
+    tokio::time::advance(super::writes::CONFIRM_DELAY - Duration::from_millis(300)).await;
+    r.lp.flush_writes();
+    assert_eq!(r.lp.writing, 1, "one batch");
+    assert_eq!(r.next().await, "first polls confirmed");
+    assert_eq!(r.lp.writing, 0);
+    for id in ids {
+        assert_eq!(r.phase(id), Some(Phase::Idle), "confirmed, and scheduled");
+    }
+}
+
+#[tokio::test]
+async fn a_confirmation_is_written_by_the_time_its_wait_polls_again() {
+    let mut r = rig(LONG).await;
+    let id = r.create().await;
+    r.claim().await;
+    let h = r.lp.held.get_mut(&id).unwrap();
+    h.phase = Phase::Confirming;
+    let at = (WaitEpoch { id, epoch: h.epoch }, h.generation);
+    let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+    r.lp.confirm(at, soon);
+    r.lp.flush_writes();
+    assert_eq!(r.lp.writing, 0);
+    assert!(r.lp.next_wake() <= soon, "the loop wakes for it");
+    tokio::time::advance(Duration::from_millis(50)).await;
+    r.lp.flush_writes();
+    assert_eq!(
+        r.lp.writing, 1,
+        "written when its wait is due, not after the delay"
+    );
+    assert_eq!(r.next().await, "first polls confirmed");
+    assert_eq!(r.phase(id), Some(Phase::Idle));
+}
+
+#[tokio::test]
+async fn first_polls_are_recorded_as_begun_ahead_together_and_start_when_due() {
+    let mut r = rig(LONG).await;
+    let soon = r.create_due_in(Duration::from_millis(1200)).await;
+    let then = r.create_due_in(Duration::from_millis(1500)).await;
+    let later = r.create_due_in(Duration::from_millis(3000)).await;
+    r.claim().await;
+    r.renew().await;
+    for id in [soon, then, later] {
+        assert_eq!(r.phase(id), Some(Phase::Claimed));
+    }
+    r.lp.fire_due();
+    assert_eq!(
+        r.phase(soon),
+        Some(Phase::Claimed),
+        "not due within half a second"
+    );
+    // Half a second before the first is due: it and every other due within a
+    // second are recorded in one statement; none starts before it is due.
+    tokio::time::advance(Duration::from_millis(750)).await;
+    assert!(r.lp.next_wake() <= tokio::time::Instant::now());
+    r.lp.fire_due();
+    assert_eq!(r.phase(soon), Some(Phase::Marking));
+    assert_eq!(r.phase(then), Some(Phase::Marking));
+    assert_eq!(
+        r.phase(later),
+        Some(Phase::Claimed),
+        "not due within a second"
+    );
+    assert_eq!(r.next().await, "first polls marked");
+    assert_eq!(r.phase(soon), Some(Phase::Counted));
+    assert_eq!(r.phase(then), Some(Phase::Counted));
+    assert_eq!(r.lp.in_flight.load(Relaxed), 0, "none started early");
+    // Due: it starts as a first poll, with no write of its own.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    r.lp.fire_due();
+    assert_eq!(r.phase(soon), Some(Phase::FirstPoll));
+    assert_eq!(r.phase(then), Some(Phase::Counted));
+    assert_eq!(r.lp.in_flight.load(Relaxed), 1);
 }

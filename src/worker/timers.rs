@@ -15,7 +15,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{Loop, Phase};
-use crate::store::WaitEpoch;
 
 /// Polls started and not over, at most, in multiples of the concurrency: enough
 /// waiting for a probe's place that one is always ready when a place frees.
@@ -49,9 +48,18 @@ impl Loop {
             // answer wakes the loop; one let go does not, hence the look).
             return Instant::now() + Duration::from_millis(10);
         }
-        match self.timers.peek() {
+        let mut timer = match self.timers.peek() {
             Some(Reverse((t, _, _))) => self.clock.instant_at(*t),
             None => Instant::now() + Duration::from_secs(3600),
+        };
+        if let Some(Reverse((t, _, _))) = self.unmarked.peek() {
+            timer = timer.min(self.clock.instant_at(*t - super::guard::MARK_WHEN));
+        }
+        // Confirmations due wake the loop, unless every write slot is taken: the
+        // write that ends wakes it then.
+        match self.confirm_by {
+            Some(c) if self.writing < self.w.cfg.max_writes.max(1) => c.min(timer),
+            _ => timer,
         }
     }
 
@@ -66,8 +74,7 @@ impl Loop {
     /// waiting for a probe's place, would cost memory and hold the loop (and the
     /// lease renewals with it) for seconds.
     fn room(&self, more: usize) -> bool {
-        self.in_flight.load(Relaxed) + self.marking + more
-            < self.w.cfg.concurrency.max(1) * IN_FLIGHT
+        self.in_flight.load(Relaxed) + more < self.w.cfg.concurrency.max(1) * IN_FLIGHT
     }
 
     pub(super) fn schedule(&mut self, id: Uuid, at: DateTime<Utc>) {
@@ -77,11 +84,14 @@ impl Loop {
             h.next = at;
             h.generation = g;
             self.timers.push(Reverse((at, g, id)));
+            if h.phase == Phase::Claimed {
+                self.unmarked.push(Reverse((at, g, id)));
+            }
         }
     }
 
-    /// Starts the polls that are due: a wait polled since its claim at once, the
-    /// others once the store has recorded that their first poll begins.
+    /// Starts the polls that are due; a wait's first poll since its claim once the
+    /// store has recorded that it begins ([`super::guard`]).
     pub(super) fn fire_due(&mut self) {
         if self.lease_stale() {
             if !self.paused {
@@ -99,9 +109,14 @@ impl Loop {
             self.paused = false;
         }
         let now = self.clock.now();
-        let mut first_polls = Vec::new();
+        // The records of first polls due soon go first: each of those polls
+        // starts from its timer once recorded.
+        let marks = self.due_soon(now);
+        if !marks.is_empty() {
+            self.mark(marks);
+        }
         while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
-            if at > now || !self.room(first_polls.len()) {
+            if at > now || !self.room(0) {
                 break;
             }
             self.timers.pop();
@@ -111,20 +126,18 @@ impl Loop {
             if h.generation != g || h.busy() {
                 continue;
             }
+            h.phase = match h.phase {
+                Phase::Idle => Phase::Polling,
+                Phase::Counted => Phase::FirstPoll,
+                // Not recorded yet: its record is on its way, and it is
+                // scheduled again once recorded.
+                _ => continue,
+            };
             self.w
                 .metrics
                 .schedule_lag
                 .observe((now - at).to_std().unwrap_or_default());
-            if h.phase == Phase::Idle {
-                h.phase = Phase::Polling;
-                self.start_probe(id, g);
-            } else {
-                h.phase = Phase::Marking;
-                first_polls.push((WaitEpoch { id, epoch: h.epoch }, g));
-            }
-        }
-        if !first_polls.is_empty() {
-            self.mark(first_polls);
+            self.start_probe(id, g);
         }
         self.note_held();
     }

@@ -3,10 +3,17 @@
 //! transaction: at most `max_writes` batches are in flight, and what changes while
 //! they are grows the next one, so a burst becomes a few large transactions.
 //! First polls that changed nothing are confirmed in batches of their own, after
-//! progress, which is what followers wait for.
+//! progress, which is what followers wait for. A confirmation only clears the
+//! crash-loop guard's count, so it waits to share its batch: until
+//! [`CONFIRM_BATCH`] are queued, [`CONFIRM_DELAY`] has passed since the first of
+//! them, or a wait queued is due to poll again (it polls once confirmed). A backlog
+//! of first polls (a restart, a takeover, an import) so costs a write a batch,
+//! not a write a poll.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+
+use std::time::Duration;
 
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -18,6 +25,10 @@ use crate::store::{Progress, StoreError, WaitEpoch};
 
 /// Most waits in one batch (one transaction).
 const MAX_BATCH: usize = 1000;
+/// Confirmations queued that are written without waiting for more.
+const CONFIRM_BATCH: usize = 500;
+/// The longest a confirmation waits for others to share its batch.
+pub(super) const CONFIRM_DELAY: Duration = Duration::from_millis(500);
 
 /// What became of one wait's progress write.
 #[derive(Clone, Debug)]
@@ -64,7 +75,10 @@ impl Loop {
             });
         }
         // Then confirmations: progress (ends, new states) is what followers wait for.
-        while !self.confirming.is_empty() && self.writing < slots {
+        let due = self.stopping
+            || self.confirming.len() >= CONFIRM_BATCH
+            || self.confirm_by.is_some_and(|t| t <= Instant::now());
+        while due && !self.confirming.is_empty() && self.writing < slots {
             let take = self.confirming.len().min(MAX_BATCH);
             let batch: Vec<(WaitEpoch, u64)> = self.confirming.drain(..take).collect();
             self.writing += 1;
@@ -76,6 +90,18 @@ impl Loop {
                 let _ = tx.send(Msg::Confirmed { batch, result });
             });
         }
+        if self.confirming.is_empty() {
+            self.confirm_by = None;
+        }
+    }
+
+    /// Queues the confirmation of a first poll that changed nothing, to be
+    /// written by [`CONFIRM_DELAY`] from now, or by `next`, when its wait polls
+    /// again, if that comes first.
+    pub(super) fn confirm(&mut self, at: (WaitEpoch, u64), next: Instant) {
+        let by = next.min(Instant::now() + CONFIRM_DELAY);
+        self.confirm_by = Some(self.confirm_by.map_or(by, |t| t.min(by)));
+        self.confirming.push(at);
     }
 
     /// A batch of progress came back.
