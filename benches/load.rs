@@ -40,6 +40,25 @@ mod scale_kill;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How the scale phase's waits reach the replicas: in slots a fleet that stopped
+/// released (each replica takes whole slots), or unowned, as creates are until
+/// their first claim and as an import leaves them (each claimed on its own).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+enum ScaleFrom {
+    #[default]
+    Released,
+    Unowned,
+}
+
+impl ScaleFrom {
+    fn name(self) -> &'static str {
+        match self {
+            ScaleFrom::Released => "in released slots",
+            ScaleFrom::Unowned => "unowned",
+        }
+    }
+}
+
 struct Args {
     waits: usize,
     seconds: u64,
@@ -61,6 +80,9 @@ struct Args {
     /// Whether the scale phase ends with `kill -9` of a replica and times the
     /// takeover of its waits (`--scale-kill`).
     scale_kill: bool,
+    /// Where the scale phase's waits come from, each case in turn
+    /// (`--scale-from released,unowned`, both by default).
+    scale_from: Vec<ScaleFrom>,
     /// How long the scale phase measures (one interval unless given): ten lease
     /// TTLs or more (300 s) take in a round of the checkpoints of unchanged polls.
     scale_measure: Option<Duration>,
@@ -93,6 +115,7 @@ fn args() -> Args {
         scale_interval: Duration::from_secs(60),
         scale_replicas: 1,
         scale_kill: false,
+        scale_from: vec![ScaleFrom::Released, ScaleFrom::Unowned],
         noisy_sqlite: false,
         noisy_inputs: noisy::INPUTS.map(String::from).to_vec(),
         smoke: false,
@@ -121,6 +144,16 @@ fn args() -> Args {
                     waitd::engine::duration::parse(&v).expect("--scale-interval DURATION")
             }
             "--scale-replicas" => a.scale_replicas = v.parse().expect("--scale-replicas N"),
+            "--scale-from" => {
+                a.scale_from = v
+                    .split(',')
+                    .map(|f| match f {
+                        "released" => ScaleFrom::Released,
+                        "unowned" => ScaleFrom::Unowned,
+                        _ => panic!("--scale-from takes released and unowned, not {f}"),
+                    })
+                    .collect()
+            }
             "--scale-measure" => {
                 a.scale_measure =
                     Some(waitd::engine::duration::parse(&v).expect("--scale-measure DURATION"))
@@ -277,6 +310,38 @@ async fn limit(base: &str, concurrency: usize, seconds: u64) -> (f64, f64) {
             while Instant::now() < until {
                 if let Ok(r) = c.get(&url).send().await {
                     let _ = r.bytes().await;
+                    n.fetch_add(1, Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let n = n.load(Relaxed) as f64;
+    (n / seconds as f64, (cpu_seconds() - cpu0) * 1e6 / n)
+}
+
+/// (1b) The same limit through a bare hyper client (one client, a pooled
+/// connection per task): what a poll's request costs without reqwest's layers,
+/// which waitd's probes do without too → requests/s, and the CPU a request (µs).
+async fn limit_hyper(base: &str, concurrency: usize, seconds: u64) -> (f64, f64) {
+    use http_body_util::{BodyExt, Empty};
+    let cpu0 = cpu_seconds();
+    let c: hyper_util::client::legacy::Client<_, Empty<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let n = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for i in 0..concurrency {
+        let (c, n) = (c.clone(), n.clone());
+        let uri: http::Uri = format!("{base}/servers/{i}").parse().unwrap();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                if let Ok(r) = c.get(uri.clone()).await
+                    && r.into_body().collect().await.is_ok()
+                {
                     n.fetch_add(1, Relaxed);
                 }
             }
@@ -702,6 +767,9 @@ async fn until_held(waitd: &str, n: usize) {
 /// One run's figures; NaN where the phase was not run.
 struct Run {
     limit: f64,
+    /// (1b) the bare hyper loop, and its CPU a request.
+    limit_hyper: f64,
+    cpu_per_request_hyper: f64,
     steady: f64,
     cpu_per_poll: f64,
     cpu_per_request: f64,
@@ -734,7 +802,7 @@ struct Run {
     /// (11) waits ending at once, each announcing it to a webhook.
     hooks: Hooks,
     /// (12) many waits on one replica.
-    scale: Option<Scale>,
+    scale: Vec<Scale>,
     /// (13) one tenant's figures, alone and while another attacks.
     noisy: noisy::Noisy,
     /// (15) waits sharing their polls.
@@ -744,6 +812,8 @@ struct Run {
 /// (12) The scale phase's figures.
 #[derive(Clone, Default)]
 struct Scale {
+    /// Where the waits came from.
+    from: ScaleFrom,
     /// The SQL insert of the rows, s.
     insert_s: f64,
     /// From the insert's commit until every wait is held, s.
@@ -846,6 +916,8 @@ async fn one_run(a: &Args) -> Run {
         steady: f64::NAN,
         cpu_per_poll: f64::NAN,
         cpu_per_request: f64::NAN,
+        limit_hyper: f64::NAN,
+        cpu_per_request_hyper: f64::NAN,
         stmts_per_poll: f64::NAN,
         rows_per_poll: f64::NAN,
         wal_per_poll: f64::NAN,
@@ -867,7 +939,7 @@ async fn one_run(a: &Args) -> Run {
         cel_budget: (f64::NAN, ""),
         cel_micro: (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
         hooks: Hooks::NONE,
-        scale: None,
+        scale: Vec::new(),
         noisy: noisy::Noisy::NONE,
         shared: shared::Shared::NONE,
     };
@@ -880,8 +952,10 @@ async fn one_run(a: &Args) -> Run {
     // The limit is taken twice, around the steady phase, and averaged: the machine's
     // speed drifts, and the ratio should compare like with like.
     let mut limits = Vec::new();
+    let mut hyper_limits: Vec<(f64, f64)> = Vec::new();
     if a.runs("limit") {
         limits.push(limit(&up, a.concurrency, a.seconds).await);
+        hyper_limits.push(limit_hyper(&up, a.concurrency, a.seconds).await);
     }
 
     // (2), (3): saturated — waits due as fast as the floor allows.
@@ -923,6 +997,7 @@ async fn one_run(a: &Args) -> Run {
         db.drop_db().await;
         if a.runs("limit") {
             limits.push(limit(&up, a.concurrency, a.seconds).await);
+            hyper_limits.push(limit_hyper(&up, a.concurrency, a.seconds).await);
         }
     }
     if !limits.is_empty() {
@@ -935,6 +1010,14 @@ async fn one_run(a: &Args) -> Run {
         );
         run.limit = rates.iter().sum::<f64>() / rates.len() as f64;
         run.cpu_per_request = cpu.iter().sum::<f64>() / cpu.len() as f64;
+        let n = hyper_limits.len() as f64;
+        run.limit_hyper = hyper_limits.iter().map(|l| l.0).sum::<f64>() / n;
+        run.cpu_per_request_hyper = hyper_limits.iter().map(|l| l.1).sum::<f64>() / n;
+        eprintln!(
+            "hyper limit before and after the steady phase: {:.0?} req/s, {:.1?} µs of CPU a request",
+            hyper_limits.iter().map(|l| l.0).collect::<Vec<_>>(),
+            hyper_limits.iter().map(|l| l.1).collect::<Vec<_>>()
+        );
     }
 
     // (6): create throughput alone: waits whose first poll is half an hour away, for
@@ -1012,7 +1095,9 @@ async fn one_run(a: &Args) -> Run {
         run.hooks = webhooks(a.followers).await;
     }
     if a.runs("scale") {
-        run.scale = Some(scale(a).await);
+        for from in &a.scale_from {
+            run.scale.push(scale(a, *from).await);
+        }
     }
     if a.runs("shared") {
         let (waits, urls) = if a.smoke { (200, 10) } else { (10_000, 100) };
@@ -1091,7 +1176,7 @@ fn merged(
 /// interval when shorter): polls a second against the schedule, lag per window, CPU
 /// a poll of waitd and Postgres, RSS; with `--scale-kill`, the takeover of the
 /// waits of a replica killed with SIGKILL ([`scale_kill`]).
-async fn scale(a: &Args) -> Scale {
+async fn scale(a: &Args, from: ScaleFrom) -> Scale {
     let n = a.scale_waits;
     let interval = a.scale_interval;
     let dir = TempDir::new("waitd-scale");
@@ -1179,8 +1264,12 @@ async fn scale(a: &Args) -> Scale {
     .fetch_one(&mut c)
     .await
     .unwrap();
-    // In slots nobody holds, as a fleet that stopped leaves its waits.
-    clone_waits(&db, n - 1, interval, SCALE_SLOTS).await;
+    // In slots nobody holds, as a fleet that stopped leaves its waits; or unowned.
+    let slots = match from {
+        ScaleFrom::Released => SCALE_SLOTS,
+        ScaleFrom::Unowned => 0,
+    };
+    clone_waits(&db, n - 1, interval, slots).await;
     sqlx::query("ANALYZE waits").execute(&mut c).await.unwrap();
     let insert_s = t0.elapsed().as_secs_f64();
     let pids: Vec<String> = replicas.iter().map(|r| r.pid.to_string()).collect();
@@ -1188,7 +1277,10 @@ async fn scale(a: &Args) -> Scale {
     let pg_cpu = || cpu_seconds() - cpu_of("self");
     let (hw0, hp0) = (waitd_cpu(), pg_cpu());
     let inserted = Instant::now();
-    eprintln!("scale phase: {n} waits inserted in {insert_s:.1} s; waiting until all are held");
+    eprintln!(
+        "scale phase: {n} waits inserted {} in {insert_s:.1} s; waiting until all are held",
+        from.name()
+    );
     // Claims are woken by NOTIFY on creates; rows inserted by SQL are found by the
     // claim sweep.
     // Looked at every 100 ms (sooner would make the scrapes themselves load).
@@ -1247,6 +1339,7 @@ async fn scale(a: &Args) -> Scale {
         None
     };
     let out = Scale {
+        from,
         insert_s,
         hold_s,
         hold_waitd_us: (hw1 - hw0) * 1e6 / n as f64,
@@ -2011,8 +2104,23 @@ fn median(v: Vec<f64>) -> f64 {
 /// The scale phase's rows of the table (medians of the runs), then each run's lag
 /// per window.
 fn scale_table(a: &Args, runs: &[Run]) -> String {
+    a.scale_from
+        .iter()
+        .map(|from| {
+            let sc: Vec<&Scale> = runs
+                .iter()
+                .flat_map(|r| r.scale.iter())
+                .filter(|s| s.from == *from)
+                .collect();
+            scale_rows(a, *from, &sc)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The scale phase's rows for the waits of one origin.
+fn scale_rows(a: &Args, from: ScaleFrom, sc: &[&Scale]) -> String {
     use std::fmt::Write;
-    let sc: Vec<&Scale> = runs.iter().filter_map(|r| r.scale.as_ref()).collect();
     let m = |f: &dyn Fn(&Scale) -> f64| median(sc.iter().map(|s| f(s)).collect());
     let mut t = String::new();
     let n = a.scale_waits;
@@ -2027,7 +2135,8 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
         .map_or("?".to_string(), |s| s.pg_settings.clone());
     let _ = writeln!(
         t,
-        "| 12 | {n} waits every {every} (±10%) on {who}, Postgres {pg}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 60 s |",
+        "| 12 | {n} waits every {every} (±10%), {}, on {who}, Postgres {pg}: from the rows' insert ({:.0} s) to all held | {:.1} s | ≤ 30 s |",
+        from.name(),
         m(&|s| s.insert_s),
         m(&|s| s.hold_s)
     );
@@ -2099,8 +2208,9 @@ fn scale_table(a: &Args, runs: &[Run]) -> String {
     for (i, s) in sc.iter().enumerate() {
         let _ = writeln!(
             t,
-            "\nrun {}: held after {:.1} s; {:.0} polls/s; lag p99 per window (ms): {}",
+            "\nrun {} ({}): held after {:.1} s; {:.0} polls/s; lag p99 per window (ms): {}",
             i + 1,
+            from.name(),
             s.hold_s,
             s.polls_per_s,
             s.windows
@@ -2200,14 +2310,18 @@ fn main() {
         println!();
         println!("| # | figure | value | target |");
         println!("|---|---|---|---|");
+        let limit_hyper = m(&|r| r.limit_hyper);
         if a.runs("limit") {
             println!("| 1 | limit: plain reqwest loop, same upstream and concurrency | {limit:.0} req/s | |");
+            println!("| 1b | limit: a bare hyper client loop, same upstream and concurrency | {limit_hyper:.0} req/s | |");
         }
         if a.runs("steady") {
-            println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the limit; the runs' own ratios, median {:.2}) | ≥ 0.8 |", a.waits, steady / limit, m(&|r| r.steady / r.limit));
+            println!("| 2 | waitd steady state, {} waits due at the 1 ms floor | {steady:.0} polls/s ({:.2} of the reqwest loop, {:.2} of the hyper loop; the runs' own ratios, median {:.2}, {:.2}) | ≥ 0.9, ≥ 0.8 |", a.waits, steady / limit, steady / limit_hyper, m(&|r| r.steady / r.limit), m(&|r| r.steady / r.limit_hyper));
             if a.runs("limit") {
                 let (poll, req) = (m(&|r| r.cpu_per_poll), m(&|r| r.cpu_per_request));
                 println!("| 2b | CPU a poll (waitd, upstream, Postgres) against CPU a request of the limit loop | {poll:.1} µs / {req:.1} µs: {:.2} (the runs' own, median {:.2}) | |", req / poll, m(&|r| r.cpu_per_request / r.cpu_per_poll));
+                let req = m(&|r| r.cpu_per_request_hyper);
+                println!("| 2c | the same against CPU a request of the hyper loop | {poll:.1} µs / {req:.1} µs: {:.2} (the runs' own, median {:.2}) | |", req / poll, m(&|r| r.cpu_per_request_hyper / r.cpu_per_poll));
             }
             println!("| 3 | database write statements per poll (waitd's counter) | {:.4} | ≤ 0.02 |", m(&|r| r.stmts_per_poll));
             println!("| 3b | database rows written per poll (pg_stat_database) | {:.4} | |", m(&|r| r.rows_per_poll));
