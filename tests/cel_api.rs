@@ -1,6 +1,6 @@
 //! The CEL libraries through the API, on both stores: a header compared with
 //! `lowerAscii()`, a condition on how long ago a target's timestamp was (`now`),
-//! and a bad timestamp string, which counts as a missing state.
+//! and a bad timestamp string or a missing key, which count as a missing state.
 
 use crate::support;
 
@@ -94,31 +94,63 @@ async fn held_for_a_duration(app: &App, up: &Upstream) {
     );
 }
 
-async fn bad_timestamp(app: &App, up: &Upstream) {
-    let url = up.script("/bad", vec![Reply::json(200, ready_since("yesterday"))]);
+/// A wait with `conditions` on `url`, polled once: the error its first poll left,
+/// the wait still running; then it is canceled.
+async fn first_error(app: &App, url: &str, conditions: Value) -> String {
+    let mut request = json!({
+        "target": {"url": url},
+        "poll": poll(),
+        "retry": {"delay": "10ms", "max_delay": "20ms"},
+    });
+    for (k, v) in conditions.as_object().unwrap() {
+        request[k] = v.clone();
+    }
     let mut heard = app.heard();
-    let (code, w) = app
-        .create(json!({
-            "target": {"url": url},
-            "success_condition": "now - timestamp(body.status.conditions.filter(c, c.type == 'Ready')[0].lastTransitionTime) > duration('1s')",
-            "poll": poll(),
-            "retry": {"delay": "10ms", "max_delay": "20ms"},
-        }))
-        .await;
+    let (code, w) = app.create(request).await;
     assert_eq!(code, 201, "{w}");
     let id = w["id"].as_str().unwrap().to_string();
     // The first poll's error is progress the worker writes.
     heard.recorded(&id).await;
     let (_, running) = app.get(&format!("/waits/{id}")).await;
-    assert!(running["last_error"].is_string(), "{running}");
     assert_eq!(running["status"], "running", "{running}");
-    let error = running["last_error"].as_str().unwrap();
+    let (code, _) = app.post(&format!("/waits/{id}/cancel")).await;
+    assert_eq!(code, 200);
+    running["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+async fn bad_timestamp(app: &App, up: &Upstream) {
+    let url = up.script("/bad", vec![Reply::json(200, ready_since("yesterday"))]);
+    let error = first_error(
+        app,
+        &url,
+        json!({"success_condition": "now - timestamp(body.status.conditions.filter(c, c.type == 'Ready')[0].lastTransitionTime) > duration('1s')"}),
+    )
+    .await;
     assert!(
         error.contains("success_condition could not be evaluated") && error.contains("timestamp"),
         "{error}"
     );
-    let (code, _) = app.post(&format!("/waits/{id}/cancel")).await;
-    assert_eq!(code, 200);
+}
+
+/// A condition that reads a header the target does not send: the error names the
+/// guards that read a key which may be missing.
+async fn missing_key(app: &App, up: &Upstream) {
+    let url = up.script("/no-phase", vec![Reply::json(200, json!({}))]);
+    let error = first_error(
+        app,
+        &url,
+        json!({"success_condition": "status == 299", "failure_condition": "headers['x-phase'] == 'failed'"}),
+    )
+    .await;
+    assert!(
+        error.contains("no such key \"x-phase\"")
+            && error.contains("'x-phase' in headers")
+            && error.contains("has("),
+        "{error}"
+    );
 }
 
 async fn all(app: &App) {
@@ -126,6 +158,7 @@ async fn all(app: &App) {
     header_lower_ascii(app, &up).await;
     held_for_a_duration(app, &up).await;
     bad_timestamp(app, &up).await;
+    missing_key(app, &up).await;
 }
 
 #[tokio::test]

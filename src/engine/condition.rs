@@ -353,11 +353,26 @@ impl Condition {
                 "it evaluated to {}, not a bool",
                 type_name(&other)
             ))),
-            Ok(Err(e)) => Err(Failure::Error(e.to_string())),
+            Ok(Err(e)) => Err(Failure::Error(explain(&e))),
             Err(_) => Err(Failure::Error(
                 "the CEL interpreter failed on this response".into(),
             )),
         }
+    }
+}
+
+/// CEL's error as a sentence: a key or field that is not there says how to read
+/// one that may be missing, which CEL's own text ("No such key: x") does not.
+fn explain(e: &cel::ExecutionError) -> String {
+    match e {
+        cel::ExecutionError::NoSuchKey(key) => {
+            let key: String = key.chars().take(64).collect();
+            format!(
+                "no such key \"{}\"; read a key or field that may be missing behind `in` or `has()`, e.g. 'x-phase' in headers && headers['x-phase'] == 'failed', or has(body.status.phase) && body.status.phase == 'Failed'",
+                key.escape_debug()
+            )
+        }
+        other => other.to_string(),
     }
 }
 
