@@ -18,6 +18,7 @@ mod cel_conformance;
 mod cel_differential;
 mod cel_library;
 mod client;
+mod client_flags;
 mod client_wait;
 mod conditions;
 mod conditions_props;

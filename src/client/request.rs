@@ -2,7 +2,7 @@
 //! URL, with flags laid over it. `create` and `wait` share [`SpecArgs`], so the
 //! same flags describe a wait whether it runs on a server or in this process.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::{Map, Value, json};
@@ -49,6 +49,17 @@ pub struct SpecArgs {
     /// neither this nor the request says.
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
+    /// The poll schedule: the first interval, then the factor each healthy poll
+    /// multiplies it by, up to the largest interval (poll.initial, poll.factor,
+    /// poll.max), e.g. 5s or 5s,1 (every 5 s) or 1s,2,1m; 2s,1.5,15s when neither
+    /// this nor the request says.
+    #[arg(long, value_name = "INITIAL[,FACTOR[,MAX]]")]
+    pub poll: Option<String>,
+    /// A header to send with each poll, NAME:VALUE (e.g. 'Authorization: Bearer
+    /// …'); repeat for several. Values are secrets, as in target.headers: never
+    /// shown back, and sealed at rest by a server with a secret key.
+    #[arg(long = "header", value_name = "NAME:VALUE")]
+    pub headers: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -92,7 +103,7 @@ pub struct CreateArgs {
 
 /// The flags that describe one wait, which a group (--all, --any) does not take,
 /// after `all`, which `--any` does not take either.
-const GROUP_CONFLICTS: [&str; 10] = [
+const GROUP_CONFLICTS: [&str; 12] = [
     "all",
     "preset",
     "params",
@@ -103,6 +114,8 @@ const GROUP_CONFLICTS: [&str; 10] = [
     "fail",
     "success_condition",
     "failure_condition",
+    "poll",
+    "headers",
 ];
 
 #[derive(Args, Debug)]
@@ -167,6 +180,52 @@ pub(super) fn split_pair<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str
         .ok_or_else(|| Problem(format!("{flag} takes NAME=VALUE, not \"{s}\"")))
 }
 
+/// The text of `path` (`-`: standard input), read only as far as `limit` bytes: a
+/// longer one is refused with a sentence naming `what` it should have held,
+/// without reading the rest (a `--spec /dev/zero` is refused at once).
+pub(super) fn read_bounded(path: &Path, limit: usize, what: &str) -> Result<String, Problem> {
+    use std::io::Read;
+    let shown = path.display();
+    let mut bytes = Vec::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(limit as u64 + 1)
+            .read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut bytes))
+    };
+    let from = if path.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        shown.to_string()
+    };
+    read.map_err(|e| format!("cannot read {from}: {e}"))?;
+    if bytes.len() > limit {
+        return Err(format!(
+            "{from} is longer than {}, more than {what} can be; is it the right file?",
+            crate::outbound::format_size(limit)
+        )
+        .into());
+    }
+    String::from_utf8(bytes).map_err(|_| Problem(format!("{from} is not UTF-8 text")))
+}
+
+/// A wait request from `path`: a JSON object, no larger than a server takes.
+fn read_request(path: &Path) -> Result<Map<String, Value>, Problem> {
+    let text = read_bounded(path, crate::api::MAX_BODY, "a wait request")?;
+    let from = if path.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(format!("{from} is not a JSON object").into()),
+        Err(e) => Err(format!("{from} is not valid JSON: {e}").into()),
+    }
+}
+
 /// The object at `key` of `req`, taken out to be added to (empty if absent).
 fn take_object(req: &mut Map<String, Value>, key: &str) -> Map<String, Value> {
     match req.remove(key) {
@@ -198,20 +257,7 @@ fn add_pairs(
 pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem> {
     let mut req = match &a.spec {
         None => Map::new(),
-        Some(path) => {
-            let text = if path.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())
-                    .map_err(|e| format!("cannot read the request from standard input: {e}"))?
-            } else {
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-            };
-            match serde_json::from_str::<Value>(&text) {
-                Ok(Value::Object(m)) => m,
-                Ok(_) => return Err(format!("{} is not a JSON object", path.display()).into()),
-                Err(e) => return Err(format!("{} is not valid JSON: {e}", path.display()).into()),
-            }
-        }
+        Some(path) => read_request(path)?,
     };
     if a.spec.is_none() && a.preset.is_none() && a.url.is_none() {
         return Err(
@@ -245,7 +291,69 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         crate::engine::duration::parse(t).map_err(|e| format!("--timeout {e}"))?;
         req.insert("timeout".into(), json!(t));
     }
+    if let Some(p) = &a.poll {
+        let mut poll = take_object(&mut req, "poll");
+        poll.extend(parse_poll(p)?);
+        req.insert("poll".into(), Value::Object(poll));
+    }
+    if !a.headers.is_empty() {
+        let mut target = take_object(&mut req, "target");
+        let mut headers = take_object(&mut target, "headers");
+        for h in &a.headers {
+            let (name, value) = split_header(h)?;
+            headers.insert(name.into(), json!(value));
+        }
+        target.insert("headers".into(), Value::Object(headers));
+        req.insert("target".into(), Value::Object(target));
+    }
     Ok(req)
+}
+
+/// `--poll INITIAL[,FACTOR[,MAX]]` as the request's `poll` fields. The bounds (the
+/// server's floor, a factor from 1 to 10, `max` not below `initial`) are the
+/// validator's, which names the `poll` field it refuses.
+fn parse_poll(p: &str) -> Result<Map<String, Value>, Problem> {
+    let usage =
+        "--poll takes INITIAL[,FACTOR[,MAX]]: durations and a number, e.g. 5s, 5s,1 or 1s,2,1m";
+    let parts: Vec<&str> = p.split(',').map(str::trim).collect();
+    if parts.len() > 3 {
+        return Err(format!("{usage}; \"{p}\" has {} parts", parts.len()).into());
+    }
+    let mut poll = Map::new();
+    for (i, part) in parts.iter().enumerate() {
+        let (key, value) = match i {
+            1 => (
+                "factor",
+                part.parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite())
+                    .map(|f| json!(f))
+                    .ok_or_else(|| format!("{usage}; the factor \"{part}\" is not a number"))?,
+            ),
+            _ => {
+                crate::engine::duration::parse(part).map_err(|e| {
+                    let which = if i == 0 { "INITIAL" } else { "MAX" };
+                    format!("{usage}; {which} {e}")
+                })?;
+                (if i == 0 { "initial" } else { "max" }, json!(part))
+            }
+        };
+        poll.insert(key.into(), value);
+    }
+    Ok(poll)
+}
+
+/// `--header NAME:VALUE`, split at the first `:`, the value without the spaces
+/// around it. The value is a secret: no sentence repeats it, nor the text given
+/// when it has no name.
+fn split_header(h: &str) -> Result<(&str, &str), Problem> {
+    match h.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() => Ok((name.trim(), value.trim())),
+        _ => Err(
+            "--header takes NAME:VALUE, e.g. --header 'Authorization: Bearer …'; the one given has no name before a ':' (it is not repeated here, since a header value may be a secret)"
+                .into(),
+        ),
+    }
 }
 
 /// The request `create` sends: [`build_request`], and the webhooks of `--notify`
@@ -262,12 +370,10 @@ pub(super) fn create_request(a: &CreateArgs) -> Result<Value, Problem> {
         req.insert("target".into(), Value::Object(target));
     }
     if let Some(path) = &a.notify_secret_file {
-        let secret = std::fs::read_to_string(path).map_err(|e| {
-            format!(
-                "cannot read the --notify-secret-file {}: {e}",
-                path.display()
-            )
-        })?;
+        // A secret is `whsec_` and the base64 of at most 64 bytes: a longer file is
+        // not one, and is not read past this.
+        let secret = read_bounded(path, 1024, "a webhook secret")
+            .map_err(|Problem(e)| format!("the --notify-secret-file: {e}"))?;
         let secret = secret.trim();
         if crate::engine::spec::secret_key(secret).is_none() {
             // Never print the secret itself.
@@ -299,13 +405,7 @@ fn group_request(
 ) -> Result<Map<String, Value>, Problem> {
     let mut members = Vec::with_capacity(files.len());
     for path in files {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        match serde_json::from_str::<Value>(&text) {
-            Ok(v @ Value::Object(_)) => members.push(v),
-            Ok(_) => return Err(format!("{} is not a JSON object", path.display()).into()),
-            Err(e) => return Err(format!("{} is not valid JSON: {e}", path.display()).into()),
-        }
+        members.push(Value::Object(read_request(path)?));
     }
     let mut req = Map::new();
     req.insert(mode.into(), Value::Array(members));
