@@ -38,6 +38,7 @@ mod jsonpath_props;
 mod large_bodies;
 mod oauth2;
 mod openapi;
+mod openapi_answers;
 mod presets;
 mod probe;
 mod readme;

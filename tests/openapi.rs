@@ -142,6 +142,17 @@ fn the_request_says_what_is_required_bounded_and_refused() {
     let by_itself = &create["else"]["allOf"];
     assert_eq!(by_itself[0]["required"], json!(["target"]));
     assert_eq!(by_itself[0]["properties"]["params"]["type"], "null");
+    // A preset's request may leave the target's URL to the preset; a request
+    // without one may not.
+    assert_eq!(
+        fields["properties"]["target"]["$ref"],
+        "#/components/schemas/TargetOverlay"
+    );
+    assert_eq!(schemas["TargetOverlay"].get("required"), None);
+    assert_eq!(
+        by_itself[0]["properties"]["target"]["required"],
+        json!(["url"])
+    );
     assert_eq!(
         by_itself[1]["anyOf"][0]["required"],
         json!(["state", "want"])

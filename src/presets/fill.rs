@@ -134,6 +134,70 @@ fn is_cel_duration(value: &str) -> bool {
     seconds <= MAX_SECONDS
 }
 
+/// The JSON Schema of the values [`check_value`] takes for `kind`, as the served
+/// OpenAPI document states them: never stricter than `check_value` (a value it
+/// takes is always valid here), and as strict as a pattern can say, so that a
+/// value valid here is mostly one it takes. Numbers and booleans are taken as
+/// their text. (Lengths are bytes there and characters here.)
+pub(super) fn value_schema(kind: ParamKind) -> Value {
+    use serde_json::json;
+    // `char::is_control`: C0, DEL and C1.
+    const TEXT: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$";
+    let text =
+        |types: Value| json!({"type": types, "minLength": 1, "maxLength": 2048, "pattern": TEXT});
+    match kind {
+        ParamKind::Segment => text(json!(["string", "number", "boolean"])),
+        ParamKind::BaseUrl | ParamKind::Url => text(json!("string")),
+        ParamKind::Path => json!({
+            "type": "string",
+            "maxLength": 2048,
+            "pattern": "^/[^?# \\u0000-\\u001F\\u007F-\\u009F]*$"
+        }),
+        ParamKind::Status => json!({
+            "type": ["string", "integer"],
+            "pattern": "^[1-5][0-9][0-9]$",
+            "minimum": 100,
+            "maximum": 599
+        }),
+        ParamKind::Duration => json!({"anyOf": [
+            {"type": "string", "pattern": "^(0|([0-9]+(\\.[0-9]+)?(h|m|s|ms|us|ns))+)$"},
+            {"type": "integer", "minimum": 0, "maximum": 0}
+        ]}),
+    }
+}
+
+impl super::Preset {
+    /// The JSON Schema of a request that names this preset, as far as the preset
+    /// decides it: `preset` is its name, and `params` holds each parameter it
+    /// requires and none it does not know, each as [`value_schema`] says.
+    pub fn request_schema(&self) -> Value {
+        use serde_json::{Map, json};
+        let properties: Map<String, Value> = self
+            .params
+            .iter()
+            .map(|(name, p)| (name.clone(), value_schema(p.kind)))
+            .collect();
+        let required: Vec<&String> = self
+            .params
+            .iter()
+            .filter(|(_, p)| p.required)
+            .map(|(name, _)| name)
+            .collect();
+        let mut params = json!({
+            "type": if required.is_empty() { json!(["object", "null"]) } else { json!("object") },
+            "additionalProperties": false,
+            "properties": properties,
+        });
+        let mut request = json!({"properties": {"preset": {"const": self.name}}});
+        if !required.is_empty() {
+            params["required"] = json!(required);
+            request["required"] = json!(["params"]);
+        }
+        request["properties"]["params"] = params;
+        request
+    }
+}
+
 /// The parts of a template string: literal text and placeholders.
 enum Part<'a> {
     Text(Cow<'a, str>),

@@ -1,8 +1,9 @@
 """A client generated from openapi/openapi.json (openapi-python-client), used the
 way an integrator would: it creates, reads, holds on, lists, follows and cancels
-waits against a live waitd (WAITD_URL, token in TOKEN) polling a scripted upstream
-on 127.0.0.1, and reads problems as the document describes them. Any status the
-document does not list for an operation makes the generated code raise.
+waits, a group and a preset's wait against a live waitd (WAITD_URL, token in
+TOKEN) polling a scripted upstream on 127.0.0.1, and reads problems as the
+document describes them. Any status the document does not list for an operation
+makes the generated code raise.
 
 Run by .ci/contract with the generated package on PYTHONPATH.
 """
@@ -23,6 +24,7 @@ from waitd_client.models import (
     CreateWait,
     EventCanceled,
     EventCreated,
+    EventFailed,
     EventState,
     EventSucceeded,
     Labels,
@@ -30,7 +32,7 @@ from waitd_client.models import (
     Preset,
     Problem,
     Status,
-    Target,
+    TargetOverlay,
     Wait,
     WaitPage,
 )
@@ -77,7 +79,7 @@ def main():
 
     suite = f"contract-{uuid.uuid4().hex[:8]}"
     spec = CreateWait(
-        target=Target(url=target_url),
+        target=TargetOverlay(url=target_url),
         state="/data/status",
         want=["on"],
         fail=["failed"],
@@ -139,10 +141,57 @@ def main():
     check(r.status_code == 404 and isinstance(r.parsed, Problem) and "no wait" in r.parsed.detail, "an unknown wait: 404 problem")
 
     r = create_wait.sync_detailed(
-        client=api, body=CreateWait(target=Target(url=target_url), state="/data/status", want=[], timeout="1h")
+        client=api, body=CreateWait(target=TargetOverlay(url=target_url), state="/data/status", want=[], timeout="1h")
     )
     fields = sorted(e.field for e in r.parsed.errors)
     check(r.status_code == 400 and fields == ["timeout", "want"], "a bad request: 400 naming each field")
+
+    # A group of a member it makes and a wait it names; the member fails, so the
+    # group does, and the named wait ends (canceled, or failed on the same
+    # answer). (A group's request and
+    # spec, objects with all or any, are plain JSON to this generator.)
+    STATE["status"] = "building"
+    named = create_wait.sync_detailed(client=api, body=spec).parsed
+    member = spec.to_dict()
+    del member["labels"]
+    group = {"all": [member, {"id": str(named.id), "required": False}], "timeout": "5s", "labels": {"suite": suite}}
+    r = create_wait.sync_detailed(client=api, body=group)
+    check(r.status_code == 201 and r.parsed.mode == "all", "POST /waits with all: 201, a group")
+    made = r.parsed
+    members = made.spec["all"]
+    check(
+        members[0]["target"]["url"] == target_url and members[1] == {"id": str(named.id), "required": False},
+        "a group's spec lists its members as made and as named",
+    )
+    r = get_wait.sync_detailed(made.id, client=api, wait="200ms")
+    check(r.status_code == 202 and r.parsed.state.startswith("0 of 2"), "a running group, held 200ms: 202")
+    STATE["status"] = "failed"
+    r = get_wait.sync_detailed(made.id, client=api, wait="true")
+    check(r.status_code == 422 and r.parsed.status == Status.FAILED, "held on a failed group: 422 with the Wait")
+    r = list_waits.sync_detailed(client=api, label=[f"suite:{suite}"], status=Status.FAILED)
+    check(made.id in [w.id for w in r.parsed.items], "GET /waits lists the group")
+    r = cancel_wait.sync_detailed(made.id, client=api)
+    check(r.status_code == 200 and r.parsed.status == Status.FAILED, "canceling an ended group leaves it")
+    r = get_wait.sync_detailed(named.id, client=api)
+    check(r.parsed.status != Status.RUNNING and r.parsed.group == made.id, "its named member ended and shows its group")
+    events = list_wait_events.sync_detailed(made.id, client=api).parsed.items
+    check(isinstance(events[0], EventCreated) and isinstance(events[-1], EventFailed), "a group's history")
+
+    # A preset's wait, and the same without the parameter it requires.
+    STATE["status"] = "on"
+    r = create_wait.sync_detailed(
+        client=api, body=CreateWait.from_dict({"preset": "http.ok", "params": {"url": target_url}, "timeout": "5s"})
+    )
+    check(r.status_code == 201 and r.parsed.spec.target.url == target_url, "a preset's wait: 201")
+    # (A 422 is a held wait that failed, or a refusal; the generated code reads it
+    # as the former, so the refusal is read as it comes.)
+    r = api.get_httpx_client().post("/waits", json={"preset": "http.ok", "timeout": "5s"})
+    check(
+        r.status_code == 422
+        and r.headers["content-type"] == "application/problem+json"
+        and r.json()["errors"][0]["field"] == "params.url",
+        "a preset without its required parameter: a 422 problem naming it",
+    )
 
     names = [p.name for p in list_presets.sync_detailed(client=api).parsed.items]
     check("latitude.server" in names, "GET /presets lists the built-in presets")

@@ -177,7 +177,8 @@ pub(super) fn parse_auth(v: &Value, limits: &Limits, errs: &mut Errors) -> Optio
             None
         }
         None => {
-            if obj.is_empty() {
+            // A null is "not given": `{"credential": null}` names no way, as `{}`.
+            if obj.values().all(Value::is_null) {
                 errs.push("target.auth", SHAPE);
             }
             None
