@@ -4,11 +4,16 @@
 //! the connection, and a client still writing its body sees a broken pipe, never
 //! the answer. So a connection's socket, once the HTTP layer is done with it, is
 //! half-closed (the answer and a FIN go out) and what the client still sends is
-//! read and thrown away, up to [`LINGER_BYTES`] or [`LINGER_TIME`], before it is
-//! closed: the client finishes writing, then reads the answer.
+//! read and thrown away until the client stops sending, for at most
+//! [`LINGER_TIME`] in all and [`LINGER_IDLE`] without a byte, before it is
+//! closed: the client finishes writing, then reads the answer, whatever the size
+//! of the body it was writing (a byte count would cut a large body short, and the
+//! client would see the reset after all).
 //!
 //! It must never hold memory per byte read, nor more than [`LINGERING_AT_ONCE`]
-//! sockets; past that, a socket closes at once as before.
+//! sockets; past that, a socket closes at once as before. What it costs is bounded
+//! by time: at most [`LINGERING_AT_ONCE`] sockets read for at most
+//! [`LINGER_TIME`] each.
 
 use std::io;
 use std::pin::Pin;
@@ -19,15 +24,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-/// Most bytes read and discarded from one closing connection: room for a client's
-/// whole over-size body of a few MiB.
-pub const LINGER_BYTES: usize = 8 * 1024 * 1024;
+/// Longest a closing connection is read from: time for a client on a fast link to
+/// finish writing a body of hundreds of megabytes.
+pub const LINGER_TIME: Duration = Duration::from_secs(30);
 
-/// Longest a closing connection is read from.
-pub const LINGER_TIME: Duration = Duration::from_secs(2);
+/// Longest a closing connection is read from without a byte coming.
+pub const LINGER_IDLE: Duration = Duration::from_secs(2);
 
 /// Most connections lingering at once, each holding a file descriptor and a
-/// 16 KiB buffer.
+/// 64 KiB buffer.
 pub const LINGERING_AT_ONCE: usize = 64;
 
 static LINGERING: Semaphore = Semaphore::const_new(LINGERING_AT_ONCE);
@@ -123,15 +128,12 @@ impl Drop for Lingering {
             let _permit = permit;
             // The answer is out; the FIN tells the client nothing more comes.
             let _ = stream.shutdown().await;
-            let mut sink = [0u8; 16 * 1024];
-            let mut left = LINGER_BYTES;
+            let mut sink = vec![0u8; 64 * 1024];
             let _ = tokio::time::timeout(LINGER_TIME, async {
-                while left > 0 {
-                    match stream.read(&mut sink).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => left = left.saturating_sub(n),
-                    }
-                }
+                while let Ok(Ok(n)) =
+                    tokio::time::timeout(LINGER_IDLE, stream.read(&mut sink)).await
+                    && n > 0
+                {}
             })
             .await;
         });
