@@ -30,9 +30,12 @@ pub enum Mode {
     Issue,
     /// `503` to the next `n` requests, then issues.
     DownFor(usize),
-    /// `401 invalid_client`, with a description that repeats the secret and
-    /// echoes the request.
+    /// `401 invalid_client`, with a description that repeats the secret in
+    /// every encoding of [`echoes`] and echoes the request.
     InvalidClient,
+    /// `400` with an error code of its own (the secret reversed) and a
+    /// description that is the secret in Base64.
+    OwnCode,
     /// Takes the request and never answers.
     Hang,
 }
@@ -232,15 +235,27 @@ async fn token(
                     // It repeats the secret, and echoes the request in which
                     // it came (form-encoded, or inside the Basic credentials).
                     "error_description": format!(
-                        "client secret '{}' is not valid for this tenant; read as: {}; sent: {body}; authorization: {}; as escaped by some: {}",
+                        "client secret '{}' is not valid for this tenant; read as: {}; sent: {body}; authorization: {}; as escaped by some: {}; also: {}",
                         s.secret,
                         uri_encoded(&secret),
                         headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("none"),
                         body.to_ascii_lowercase(),
+                        echoes(&s.secret).join(" / "),
                     ),
                 })),
             )
                 .into_response(),
+            Mode::OwnCode => {
+                use base64::Engine as _;
+                (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(json!({
+                        "error": s.secret.chars().rev().collect::<String>(),
+                        "error_description": base64::engine::general_purpose::STANDARD.encode(&s.secret),
+                    })),
+                )
+                    .into_response()
+            }
             _ if grant != Some("client_credentials") => (
                 StatusCode::BAD_REQUEST,
                 axum::Json(json!({"error": "unsupported_grant_type"})),
@@ -309,6 +324,22 @@ async fn target(
 
 /// `text` percent-encoded as RFC 3986 encodes a URI component: how an endpoint
 /// that decoded the form may write the secret back.
+/// `secret` as a token endpoint may write it back without any encoding a
+/// redaction could undo: reversed, spaced out, in halves, in Base64 and in
+/// hexadecimal.
+pub fn echoes(secret: &str) -> Vec<String> {
+    use base64::Engine as _;
+    let half = secret.len() / 2;
+    vec![
+        secret.chars().rev().collect(),
+        secret.chars().map(|c| format!("{c} ")).collect(),
+        secret[..half].to_string(),
+        secret[half..].to_string(),
+        base64::engine::general_purpose::STANDARD.encode(secret),
+        secret.bytes().map(|b| format!("{b:02x}")).collect(),
+    ]
+}
+
 pub fn uri_encoded(text: &str) -> String {
     text.bytes()
         .map(|b| {
