@@ -14,6 +14,7 @@ pub mod config;
 pub mod cpu;
 pub mod engine;
 pub mod events;
+pub mod files;
 pub mod groups;
 mod linger;
 pub mod metrics;
@@ -60,12 +61,6 @@ pub enum StartError {
     /// The listening socket.
     #[error("cannot listen: {0}")]
     Listen(#[from] std::io::Error),
-}
-
-/// Reads the API tokens (see [`tokens`]): token → tenant.
-pub fn load_tokens(config: &Config) -> Result<HashMap<String, String>, SettingError> {
-    let set = tokens::Sources::of(config).load()?;
-    Ok(set.into_iter().map(|(k, g)| (k, g.tenant)).collect())
 }
 
 /// `host=ip` pairs of `--resolve`.
@@ -115,7 +110,7 @@ impl App {
             cpu::configure(n);
         }
         let token_sources = tokens::Sources::of(&config);
-        let token_set = tokens::Tokens::new(token_sources.load()?);
+        let token_set = tokens::Tokens::new(token_sources.load().await?);
         let tokens: HashMap<String, String> = token_set
             .current()
             .iter()
@@ -132,9 +127,9 @@ impl App {
         };
         let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
         let guard = probe::guard::Guard::new(&config.allow_targets)?;
-        let credentials = Arc::new(outbound::credentials::Credentials::load(
-            config.credentials_file.as_deref(),
-        )?);
+        let credentials = Arc::new(
+            outbound::credentials::Credentials::load(config.credentials_file.as_deref()).await?,
+        );
         let traces = match traces::endpoint(config.otlp_endpoint.as_deref())? {
             Some(url) => traces::Traces::export_to(&url)?,
             None => traces::Traces::off(),

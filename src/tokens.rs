@@ -5,14 +5,19 @@
 //! reads, lists and streams; no create, cancel or redelivery). A reload that fails
 //! (a file that cannot be read, an entry that is malformed, or no tokens left
 //! where there were some, which would open the API to anyone) keeps the tokens in
-//! force and logs why. It never reads the file more than once a second.
+//! force and logs why. It never reads the file more than once a second, and reads
+//! it off the runtime's threads ([`crate::files`]).
+//!
+//! The file is read strictly ([`parse`]): a line read loosely would move a tenant
+//! (a byte-order mark made `a` into `\u{feff}a`) or widen a token (a mistyped
+//! `:readonly` made a full-access token of `TOKEN:readonly`).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -39,49 +44,113 @@ pub struct Grant {
 pub type TokenSet = HashMap<String, Grant>;
 
 /// The suffix of a read-only entry.
-const READ_SUFFIX: &str = ":read";
+const READ_SUFFIX: &str = "read";
 
 /// Shortest token accepted.
 pub const MIN_TOKEN: usize = 16;
+
+/// Longest token accepted.
+pub const MAX_TOKEN: usize = 4096;
+
+/// Longest tenant name.
+pub const MAX_TENANT: usize = 64;
+
+/// The largest tokens file read.
+pub const MAX_FILE: usize = 1024 * 1024;
 
 /// How often `--tokens-file` is looked at for a change (its modification time and
 /// length).
 pub const FILE_CHECK: Duration = Duration::from_secs(1);
 
-/// Reads entries (`tenant:token` or `tenant:token:read`, blank lines and `#`
-/// comments skipped).
-pub fn parse<S: AsRef<str>>(lines: &[S]) -> Result<TokenSet, SettingError> {
+/// Whether `name` may name a tenant: 1 to 64 of letters, digits, `.`, `_` and `-`.
+pub fn is_tenant_name(name: &str) -> bool {
+    (1..=MAX_TENANT).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Reads entries, each `tenant:token` or `tenant:token:read`, `at(i)` naming the
+/// `i`th (from 0) in a sentence. Empty lines and lines that begin with `#` are
+/// skipped. Everything else is read strictly, since a line read loosely moves a
+/// tenant or widens a token: a byte-order mark, whitespace or a control character
+/// anywhere, a tenant name outside `[A-Za-z0-9._-]`, a token of characters a
+/// header cannot carry, or a suffix other than `:read` is refused, and the
+/// sentence never holds the line (it may hold a token).
+pub fn parse<S: AsRef<str>>(
+    lines: &[S],
+    at: impl Fn(usize) -> String,
+) -> Result<TokenSet, SettingError> {
     let mut tokens = TokenSet::new();
     for (i, line) in lines.iter().enumerate() {
-        let line = line.as_ref().trim();
+        let line = line.as_ref();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (entry, access) = match line.strip_suffix(READ_SUFFIX) {
-            Some(e) => (e, Access::Read),
-            None => (line, Access::Full),
-        };
-        let (tenant, token) = entry
-            .split_once(':')
-            .filter(|(t, k)| !t.is_empty() && k.len() >= MIN_TOKEN)
-            .ok_or_else(|| {
-                SettingError(format!(
-                    "API token entry {} is not tenant:token (or tenant:token:read) with a token of at least {MIN_TOKEN} characters",
-                    i + 1
-                ))
-            })?;
-        let grant = Grant {
-            tenant: tenant.to_string(),
-            access,
-        };
+        let (token, grant) =
+            entry(line).map_err(|why| SettingError(format!("{}: {why}", at(i))))?;
         if tokens.insert(token.to_string(), grant).is_some() {
             return Err(SettingError(format!(
-                "API token entry {} repeats a token",
-                i + 1
+                "{}: repeats a token given before it",
+                at(i)
             )));
         }
     }
     Ok(tokens)
+}
+
+/// One entry: its token and grant, or why it is not one.
+fn entry(line: &str) -> Result<(&str, Grant), String> {
+    if line.starts_with('\u{feff}') {
+        return Err(
+            "begins with a byte-order mark (U+FEFF); save the file as UTF-8 without one".into(),
+        );
+    }
+    if let Some(c) = line.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "holds {}; an entry is tenant:token or tenant:token:read with nothing around it",
+            match c {
+                '\r' => "a carriage return (a file written with Windows line ends?)".to_string(),
+                c if c.is_whitespace() => format!("whitespace (U+{:04X})", u32::from(c)),
+                c => format!("a control character (U+{:04X})", u32::from(c)),
+            }
+        ));
+    }
+    let mut parts = line.split(':');
+    let (tenant, token) = match (parts.next(), parts.next()) {
+        (Some(t), Some(k)) => (t, k),
+        _ => return Err("is not tenant:token (or tenant:token:read)".into()),
+    };
+    let access = match (parts.next(), parts.next()) {
+        (None, _) => Access::Full,
+        (Some(READ_SUFFIX), None) => Access::Read,
+        _ => {
+            return Err(
+                "has a suffix waitd does not know: after tenant:token, the only one is \":read\" (a token holds no ':')"
+                    .into(),
+            );
+        }
+    };
+    if !is_tenant_name(tenant) {
+        return Err(format!(
+            "the tenant name is not 1 to {MAX_TENANT} of letters, digits, '.', '_' and '-'"
+        ));
+    }
+    if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len()) {
+        return Err(format!(
+            "the token is not {MIN_TOKEN} to {MAX_TOKEN} characters long"
+        ));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("the token holds characters other than printable ASCII, which no Authorization header carries".into());
+    }
+    Ok((
+        token,
+        Grant {
+            tenant: tenant.to_string(),
+            access,
+        },
+    ))
 }
 
 /// Where the tokens come from: the entries of `--tokens` (fixed for the process's
@@ -100,25 +169,37 @@ impl Sources {
         }
     }
 
-    /// The tokens as the sources say now.
-    pub fn load(&self) -> Result<TokenSet, SettingError> {
-        let mut lines = self.fixed.clone();
+    /// The tokens as the sources say now. The file is read off the runtime's
+    /// threads, within [`crate::files::READ_WITHIN`].
+    pub async fn load(&self) -> Result<TokenSet, SettingError> {
+        // A setting may carry spaces around its entries (design §2.1); a file
+        // may not.
+        let fixed: Vec<&str> = self.fixed.iter().map(|e| e.trim()).collect();
+        let mut set = parse(&fixed, |i| format!("--tokens entry {}", i + 1))?;
         if let Some(path) = &self.file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                SettingError(format!(
-                    "cannot read the tokens file {}: {e}",
-                    path.display()
-                ))
+            let text = crate::files::read_text(path, MAX_FILE)
+                .await
+                .map_err(|e| SettingError(format!("the tokens file {} {e}", path.display())))?;
+            let lines: Vec<&str> = text.split('\n').collect();
+            // A last line ended by its newline leaves an empty one after it.
+            let from_file = parse(&lines, |i| {
+                format!("the tokens file {}, line {}", path.display(), i + 1)
             })?;
-            lines.extend(text.lines().map(str::to_string));
+            for (token, grant) in from_file {
+                if set.insert(token, grant).is_some() {
+                    return Err(SettingError(format!(
+                        "the tokens file {} repeats a token of --tokens",
+                        path.display()
+                    )));
+                }
+            }
         }
-        parse(&lines)
+        Ok(set)
     }
 
-    /// The file's modification time and length, to notice a change.
-    fn file_stamp(&self) -> Option<(SystemTime, u64)> {
-        let meta = std::fs::metadata(self.file.as_ref()?).ok()?;
-        Some((meta.modified().ok()?, meta.len()))
+    /// The file's stamp, to notice a change; `None` when it cannot be looked at.
+    async fn file_stamp(&self) -> Option<crate::files::Stamp> {
+        crate::files::stamp(self.file.as_ref()?).await.ok()
     }
 }
 
@@ -193,8 +274,8 @@ impl Tokens {
 
     /// Reads the sources again and puts what they say in force, or keeps the
     /// tokens in force and says why not.
-    pub fn reload(&self, sources: &Sources) -> Result<usize, SettingError> {
-        let set = sources.load()?;
+    pub async fn reload(&self, sources: &Sources) -> Result<usize, SettingError> {
+        let set = sources.load().await?;
         if set.is_empty() && !self.current().is_empty() {
             return Err(SettingError(
                 "the new tokens are none at all, which would let anyone use the API; \
@@ -207,8 +288,8 @@ impl Tokens {
         Ok(n)
     }
 
-    fn reload_and_log(&self, sources: &Sources, why: &str, signals: &Signals) {
-        let outcome = self.reload(sources);
+    async fn reload_and_log(&self, sources: &Sources, why: &str, signals: &Signals) {
+        let outcome = self.reload(sources).await;
         let counter = match outcome {
             Ok(_) => &self.reloads.done,
             Err(_) => &self.reloads.failed,
@@ -234,7 +315,7 @@ impl Tokens {
         signals: Signals,
         stopped: impl Future<Output = ()>,
     ) {
-        let mut stamp = sources.file_stamp();
+        let mut stamp = sources.file_stamp().await;
         #[cfg(unix)]
         let mut hangup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -254,14 +335,14 @@ impl Tokens {
             tokio::select! {
                 _ = &mut stopped => return,
                 _ = hup => {
-                    stamp = sources.file_stamp();
-                    self.reload_and_log(&sources, "SIGHUP", &signals);
+                    stamp = sources.file_stamp().await;
+                    self.reload_and_log(&sources, "SIGHUP", &signals).await;
                 }
                 _ = tick.tick(), if sources.file.is_some() => {
-                    let now = sources.file_stamp();
+                    let now = sources.file_stamp().await;
                     if now != stamp {
                         stamp = now;
-                        self.reload_and_log(&sources, "the tokens file changed", &signals);
+                        self.reload_and_log(&sources, "the tokens file changed", &signals).await;
                     }
                 }
             }
@@ -273,36 +354,51 @@ impl Tokens {
 mod tests {
     use super::*;
 
+    fn entry_n(i: usize) -> String {
+        format!("entry {}", i + 1)
+    }
+
     #[test]
     fn an_entry_ending_in_read_is_a_read_only_token() {
-        let set = parse(&[
-            "a:token-of-tenant-a-0001",
-            "# a comment",
-            "",
-            "dash:token-of-the-dashboard:read",
-        ])
+        let set = parse(
+            &[
+                "a:token-of-tenant-a-0001",
+                "# a comment",
+                "",
+                "dash:token-of-the-dashboard:read",
+            ],
+            entry_n,
+        )
         .unwrap();
         assert_eq!(set["token-of-tenant-a-0001"].access, Access::Full);
         let dash = &set["token-of-the-dashboard"];
         assert_eq!((dash.tenant.as_str(), dash.access), ("dash", Access::Read));
-        let short = parse(&["a:short:read"]).unwrap_err();
-        assert!(short.0.contains("tenant:token:read"), "{short}");
-        let twice = parse(&["a:token-of-tenant-a-0001", "b:token-of-tenant-a-0001:read"]);
-        assert!(twice.unwrap_err().0.contains("repeats"));
+        let short = parse(&["a:short:read"], entry_n).unwrap_err();
+        assert!(short.0.contains("16 to 4096 characters"), "{short}");
+        let twice = parse(
+            &["a:token-of-tenant-a-0001", "b:token-of-tenant-a-0001:read"],
+            entry_n,
+        );
+        assert!(twice.unwrap_err().0.contains("entry 2: repeats"));
     }
 
     #[tokio::test]
     async fn a_reload_to_no_tokens_is_refused_and_the_old_set_stays() {
-        let tokens = Tokens::new(parse(&["a:token-of-tenant-a-0001"]).unwrap());
-        let err = tokens.reload(&Sources::default()).unwrap_err();
+        let tokens = Tokens::new(parse(&["a:token-of-tenant-a-0001"], entry_n).unwrap());
+        let err = tokens.reload(&Sources::default()).await.unwrap_err();
         assert!(err.0.contains("anyone"), "{err}");
         assert_eq!(tokens.current().len(), 1);
     }
 
     #[tokio::test]
     async fn revoked_resolves_when_the_token_goes_and_not_before() {
-        let tokens =
-            Tokens::new(parse(&["a:token-of-tenant-a-0001", "b:token-of-tenant-b-0001"]).unwrap());
+        let tokens = Tokens::new(
+            parse(
+                &["a:token-of-tenant-a-0001", "b:token-of-tenant-b-0001"],
+                entry_n,
+            )
+            .unwrap(),
+        );
         let grant = tokens.current()["token-of-tenant-b-0001"].clone();
         let mut gone = std::pin::pin!(tokens.revoked("token-of-tenant-b-0001".into(), grant));
         let early = tokio::time::timeout(Duration::from_millis(50), gone.as_mut()).await;
@@ -311,7 +407,7 @@ mod tests {
             fixed: vec!["a:token-of-tenant-a-0001".into()],
             file: None,
         };
-        tokens.reload(&sources).unwrap();
+        tokens.reload(&sources).await.unwrap();
         gone.await;
     }
 }

@@ -71,7 +71,7 @@ async fn a_rewritten_token_file_is_sent_at_the_next_poll() {
     write(
         &creds,
         &json!({"credentials": {"in-cluster": {
-            "kind": "bearer_file", "tenants": ["a"], "path": token_file
+            "kind": "bearer_file", "tenants": ["a"], "hosts": ["127.0.0.1"], "path": token_file
         }}})
         .to_string(),
     );
@@ -127,7 +127,7 @@ async fn a_tenant_not_listed_for_a_credential_gets_a_403_naming_it() {
     write(
         &creds,
         &json!({"credentials": {"team-a-only": {
-            "kind": "bearer_file", "tenants": ["a"], "path": token_file
+            "kind": "bearer_file", "tenants": ["a"], "hosts": ["127.0.0.1"], "path": token_file
         }}})
         .to_string(),
     );
@@ -176,10 +176,10 @@ async fn an_oauth2_credential_reads_its_secret_or_assertion_from_the_operators_f
     write(
         &creds,
         &json!({"credentials": {
-            "by-secret": {"kind": "oauth2", "tenants": ["*"], "token_url": issuer.token_url,
+            "by-secret": {"kind": "oauth2", "tenants": ["*"], "hosts": ["127.0.0.1"], "token_url": issuer.token_url,
                           "client_id": CLIENT_ID, "client_secret_file": secret_file,
                           "scope": "api://target/.default"},
-            "by-assertion": {"kind": "oauth2", "tenants": ["b"], "token_url": issuer.token_url,
+            "by-assertion": {"kind": "oauth2", "tenants": ["b"], "hosts": ["127.0.0.1"], "token_url": issuer.token_url,
                              "client_id": CLIENT_ID, "client_assertion_file": assertion_file}
         }})
         .to_string(),
@@ -206,7 +206,7 @@ async fn the_client_names_a_credential_with_a_flag() {
     write(
         &creds,
         &json!({"credentials": {"ci": {
-            "kind": "bearer_file", "tenants": ["a"], "path": token_file
+            "kind": "bearer_file", "tenants": ["a"], "hosts": ["127.0.0.1"], "path": token_file
         }}})
         .to_string(),
     );
@@ -254,9 +254,9 @@ async fn a_credentials_ca_file_is_trusted_for_the_waits_that_name_it() {
     write(
         &creds,
         &json!({"credentials": {
-            "in-cluster": {"kind": "bearer_file", "tenants": ["a"], "path": token_file,
+            "in-cluster": {"kind": "bearer_file", "tenants": ["a"], "hosts": ["127.0.0.1"], "path": token_file,
                            "ca_file": ca_file},
-            "no-ca": {"kind": "bearer_file", "tenants": ["a"], "path": token_file}
+            "no-ca": {"kind": "bearer_file", "tenants": ["a"], "hosts": ["127.0.0.1"], "path": token_file}
         }})
         .to_string(),
     );
@@ -283,5 +283,152 @@ async fn a_credentials_ca_file_is_trusted_for_the_waits_that_name_it() {
     let (code, problem) = create_as(&app, TOKEN_A, &both).await;
     assert_eq!(code, 400, "{problem}");
     assert!(problem.to_string().contains("target.tls"), "{problem}");
+    app.stop().await.0.unwrap();
+}
+
+/// A server of the tenant's own that answers every GET with the request's
+/// `Authorization` header as `{"auth": …}`: where a credential sent to it would
+/// come back in the wait's `state`.
+async fn echo_server() -> String {
+    let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_string();
+        axum::Json(json!({ "auth": auth }))
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    base
+}
+
+/// The operator's credentials of both kinds, for tenant `a`, each for its own
+/// API only (`api` for the bearer token, the issuer's target for the oauth2
+/// one), with `"*"` for the oauth2 one's tenants.
+fn for_their_hosts(dir: &TempDir, api: &str, issuer: &Issuer) -> std::path::PathBuf {
+    let token_file = dir.path.join("token");
+    write(&token_file, "the-operators-service-account-token");
+    let secret_file = dir.path.join("client-secret");
+    write(&secret_file, "secret-in-a-file");
+    let creds = dir.path.join("credentials.json");
+    write(
+        &creds,
+        &json!({"credentials": {
+            "in-cluster": {"kind": "bearer_file", "tenants": ["a"], "hosts": [api],
+                           "path": token_file},
+            "arm": {"kind": "oauth2", "tenants": ["*"], "hosts": [issuer.target_url],
+                    "token_url": issuer.token_url, "client_id": CLIENT_ID,
+                    "client_secret_file": secret_file}
+        }})
+        .to_string(),
+    );
+    creds
+}
+
+/// A credential goes only where its operator said: a wait that names it for a
+/// server of the tenant's own (one that would echo it back in `state`) is a 403
+/// that names neither the credential's token nor its hosts, for a wait and for a
+/// group's member, on either store; the same credential on its own host works.
+async fn a_credential_goes_only_to_the_hosts_it_lists(args: Vec<String>, dir: &TempDir) {
+    let up = Upstream::start().await;
+    let api = up.script("/k8s/pods", vec![Reply::status("on")]);
+    let issuer = Issuer::start("secret-in-a-file").await;
+    issuer.on_after(1);
+    let creds = for_their_hosts(dir, &format!("{}/k8s/", up.base), &issuer);
+    let mut args = args;
+    args.extend([
+        "--tokens".to_string(),
+        format!("a:{TOKEN_A},b:{TOKEN_B}"),
+        "--credentials-file".to_string(),
+        creds.display().to_string(),
+    ]);
+    let app = App::start_args(args).await;
+    let echo = echo_server().await;
+    for (name, url) in [
+        ("in-cluster", format!("{echo}/k8s/pods")),
+        ("in-cluster", format!("{}/k8s-evil/pods", up.base)),
+        ("in-cluster", format!("{}/other", up.base)),
+        ("arm", format!("{echo}/target")),
+    ] {
+        let mut s = named(&url, name);
+        s["state"] = json!("/auth");
+        s["want"] = json!(["never"]);
+        let (code, problem) = create_as(&app, TOKEN_A, &s).await;
+        assert_eq!(code, 403, "{name} at {url}: {problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(&format!("\"{name}\"")), "{detail}");
+        assert!(
+            detail.contains("may not be sent to this target"),
+            "{detail}"
+        );
+        for secret in [
+            "the-operators-service-account-token",
+            "secret-in-a-file",
+            &up.base,
+            &issuer.target_url,
+        ] {
+            assert!(!problem.to_string().contains(secret), "{problem}");
+        }
+        let group = json!({"all": [s], "timeout": "5s"});
+        let (code, problem) = create_as(&app, TOKEN_A, &group).await;
+        assert_eq!(code, 403, "{problem}");
+    }
+    // Where the operator said, it is sent.
+    let (code, w) = create_as(&app, TOKEN_A, &named(&api, "in-cluster")).await;
+    assert_eq!(code, 201, "{w}");
+    let w = ended_as(&app, TOKEN_A, w["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    assert_eq!(
+        up.headers_seen("/k8s/pods")[0]["authorization"],
+        "Bearer the-operators-service-account-token"
+    );
+    let (code, w) = create_as(&app, TOKEN_A, &named(&issuer.target_url, "arm")).await;
+    assert_eq!(code, 201, "{w}");
+    let w = ended_as(&app, TOKEN_A, w["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_credential_goes_only_to_the_hosts_it_lists_on_sqlite() {
+    let dir = TempDir::new("waitd-cred");
+    a_credential_goes_only_to_the_hosts_it_lists(test_args(&dir.sqlite_url()), &dir).await;
+}
+
+#[tokio::test]
+async fn a_credential_goes_only_to_the_hosts_it_lists_on_postgres() {
+    let dir = TempDir::new("waitd-cred");
+    let db = TestDb::new().await;
+    a_credential_goes_only_to_the_hosts_it_lists(test_args(&db.url), &dir).await;
+    db.drop_db().await;
+}
+
+/// `"tenants": ["*"]` is every tenant with a token: a server without tokens
+/// serves anonymous callers, and they may name no credential.
+#[tokio::test]
+async fn every_tenant_never_includes_anonymous_callers() {
+    let dir = TempDir::new("waitd-cred");
+    let issuer = Issuer::start("secret-in-a-file").await;
+    let creds = for_their_hosts(&dir, "127.0.0.1", &issuer);
+    let mut args = test_args(&dir.sqlite_url());
+    args.extend([
+        "--credentials-file".to_string(),
+        creds.display().to_string(),
+    ]);
+    let app = App::start_args(args).await;
+    let (code, problem) = app.create(named(&issuer.target_url, "arm")).await;
+    assert_eq!(code, 403, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("is not one this tenant may use"),
+        "{problem}"
+    );
+    assert_eq!(issuer.token_requests(), 0);
     app.stop().await.0.unwrap();
 }

@@ -39,6 +39,7 @@ mod large_bodies;
 mod oauth2;
 mod openapi;
 mod openapi_answers;
+mod operator_files;
 mod presets;
 mod probe;
 mod readme;

@@ -1348,11 +1348,11 @@ async fn tokens_come_from_a_tokens_file_and_a_short_token_is_refused_at_start_up
     expect_problem(app.client.get(app.url("/waits")).bearer_auth(TOKEN_A), 401).await;
     app.stop().await.0.unwrap();
 
-    for tokens in [
-        "a:short-token",
-        "a:",
-        ":tok-tenant-a-0123456789abcdef",
-        "no-colon-0123456789abcdef",
+    for (tokens, says) in [
+        ("a:short-token", "16"),
+        ("a:", "16"),
+        (":tok-tenant-a-0123456789abcdef", "tenant name"),
+        ("no-colon-0123456789abcdef", "tenant:token"),
     ] {
         let mut args = test_args(&db.url);
         args.extend(["--tokens".to_string(), tokens.to_string()]);
@@ -1365,7 +1365,8 @@ async fn tokens_come_from_a_tokens_file_and_a_short_token_is_refused_at_start_up
         .await
         .unwrap_or_else(|_| panic!("{tokens:?} was accepted: waitd is serving"));
         let err = r.expect_err(tokens).to_string();
-        assert!(err.contains("16"), "{tokens:?}: {err}");
+        assert!(err.contains(says), "{tokens:?}: {err}");
+        assert!(err.contains("--tokens entry 1"), "{tokens:?}: {err}");
         assert!(
             !err.contains("short-token"),
             "the error echoes the token: {err}"

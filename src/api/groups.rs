@@ -27,13 +27,18 @@ pub(super) fn guard(
 ) -> ApiResult<()> {
     if target {
         if let Some(crate::engine::spec::Auth::Credential(name)) = &spec.target.auth {
-            let granted = s.credentials.for_tenant(tenant, name).map_err(|why| {
-                ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "Credential not allowed",
-                    format!("{at}target.auth.credential: {why}"),
-                )
-            })?;
+            let url = url::Url::parse(&spec.target.url)
+                .map_err(|e| ApiError::bad_request(format!("{at}target.url: {e}")))?;
+            let granted = s
+                .credentials
+                .for_target(tenant, name, &url)
+                .map_err(|why| {
+                    ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "Credential not allowed",
+                        format!("{at}target.auth.credential: {why}"),
+                    )
+                })?;
             if granted.tls.is_some() && spec.target.tls.is_some() {
                 return Err(ApiError::bad_request(format!(
                     "{at}target.tls: the credential \"{name}\" brings its own TLS settings; remove target.tls"

@@ -117,7 +117,7 @@ impl Prober {
                 )
                 .await
             }
-            Bearer::File(f) => f.value(),
+            Bearer::File(f) => f.value().await,
         };
         value.map_err(|e| {
             (

@@ -75,7 +75,7 @@ impl Prober {
                 let granted = self
                     .inner
                     .credentials
-                    .for_tenant(&tenant, name)
+                    .for_target(&tenant, name, &url)
                     .map_err(|e| format!("no token for the target: {e}"))?;
                 granted_tls = granted.tls;
                 Some(granted.bearer)

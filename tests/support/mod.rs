@@ -226,6 +226,13 @@ async fn answer(
     res
 }
 
+/// The status and the JSON body (null when there is none) of a request.
+async fn answered(request: reqwest::RequestBuilder) -> (u16, Value) {
+    let r = request.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
 /// waitd on 127.0.0.1:0 against a test database.
 pub struct App {
     pub base: String,
@@ -385,27 +392,36 @@ impl App {
     }
 
     pub async fn create(&self, spec: Value) -> (u16, Value) {
-        let r = self
-            .client
-            .post(self.url("/waits"))
-            .json(&spec)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        answered(self.client.post(self.url("/waits")).json(&spec)).await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(self.url(path)).send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        answered(self.client.get(self.url(path))).await
     }
 
     pub async fn post(&self, path: &str) -> (u16, Value) {
-        let r = self.client.post(self.url(path)).send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        answered(self.client.post(self.url(path))).await
+    }
+
+    /// [`App::create`] as the tenant of the API token `token`.
+    pub async fn create_as(&self, token: &str, spec: &Value) -> (u16, Value) {
+        answered(
+            self.client
+                .post(self.url("/waits"))
+                .bearer_auth(token)
+                .json(spec),
+        )
+        .await
+    }
+
+    /// [`App::get`] as the tenant of the API token `token`.
+    pub async fn get_as(&self, token: &str, path: &str) -> (u16, Value) {
+        answered(self.client.get(self.url(path)).bearer_auth(token)).await
+    }
+
+    /// [`App::post`] as the tenant of the API token `token`.
+    pub async fn post_as(&self, token: &str, path: &str) -> (u16, Value) {
+        answered(self.client.post(self.url(path)).bearer_auth(token)).await
     }
 
     /// Blocks on the wait until it ends (bounded), returning its final form.

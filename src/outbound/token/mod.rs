@@ -176,22 +176,19 @@ impl std::fmt::Debug for Secret {
 /// The most of a secret or assertion file read.
 pub const MAX_FILE: usize = 16 * 1024;
 
-/// A small file of the operator's, read whole (at most [`MAX_FILE`] bytes) and
-/// trimmed. A file that cannot be read or is empty may be in the middle of a
-/// rotation: that may pass.
-pub fn read_small(path: &Path, what: &str) -> Result<String, TokenError> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_FILE as u64 + 1).read_to_end(&mut buf))
-        .map_err(|e| TokenError::Transient(format!("the {what} could not be read ({e})")))?;
-    if buf.len() > MAX_FILE {
-        return Err(TokenError::Refused(format!(
-            "the {what} is larger than {}",
-            super::format_size(MAX_FILE)
-        )));
-    }
-    let text = String::from_utf8(buf)
+/// A small file of the operator's, read whole (at most [`MAX_FILE`] bytes) off the
+/// runtime's threads ([`crate::files`]) and trimmed. A file that cannot be read,
+/// blocks, or is empty may be in the middle of a rotation or a mount's hiccup:
+/// that may pass.
+pub async fn read_small(path: &Path, what: &str) -> Result<String, TokenError> {
+    use crate::files::FileError;
+    let bytes = crate::files::read(path, MAX_FILE)
+        .await
+        .map_err(|e| match e {
+            FileError::TooLarge(_) => TokenError::Refused(format!("the {what} {e}")),
+            _ => TokenError::Transient(format!("the {what} {e}")),
+        })?;
+    let text = std::str::from_utf8(&bytes)
         .map_err(|_| TokenError::Refused(format!("the {what} is not UTF-8 text")))?;
     let text = text.trim();
     if text.is_empty() {
@@ -201,12 +198,12 @@ pub fn read_small(path: &Path, what: &str) -> Result<String, TokenError> {
 }
 
 impl Secret {
-    fn read(&self) -> Result<String, TokenError> {
+    async fn read(&self) -> Result<String, TokenError> {
         match self {
             Secret::Inline(s) => Ok(s.clone()),
-            Secret::File(p) => read_small(p, "credential's client_secret_file"),
+            Secret::File(p) => read_small(p, "credential's client_secret_file").await,
             Secret::Assertion { path, .. } => {
-                read_small(path, "credential's client_assertion_file")
+                read_small(path, "credential's client_assertion_file").await
             }
         }
     }
@@ -251,8 +248,8 @@ impl Credential {
 
     /// The token request's body and its `Authorization: Basic`, if any, with
     /// the proof read now.
-    fn request_parts(&self) -> Result<(String, Option<HeaderValue>), TokenError> {
-        let proof = self.secret.read()?;
+    async fn request_parts(&self) -> Result<(String, Option<HeaderValue>), TokenError> {
+        let proof = self.secret.read().await?;
         let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         form.append_pair("grant_type", "client_credentials");
@@ -329,20 +326,25 @@ impl Credential {
         {
             return Err(why.clone());
         }
-        counts
-            .sent
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let minted = {
-            let _slot = hosts.acquire(self.host.clone()).await;
-            match tokio::time::timeout(timeout, self.mint(client)).await {
-                Ok(minted) => minted,
-                Err(_) => Err(TokenError::Transient(
-                    Error::Timeout {
-                        peer: Peer::TokenEndpoint,
-                        within: timeout,
-                    }
-                    .to_string(),
-                )),
+        // The proof is read before the endpoint's place in the per-host limit is
+        // taken: a file that blocks holds no place.
+        let minted = match self.request_parts().await {
+            Err(why) => Err(why),
+            Ok(parts) => {
+                counts
+                    .sent
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _slot = hosts.acquire(self.host.clone()).await;
+                match tokio::time::timeout(timeout, self.mint(client, parts)).await {
+                    Ok(minted) => minted,
+                    Err(_) => Err(TokenError::Transient(
+                        Error::Timeout {
+                            peer: Peer::TokenEndpoint,
+                            within: timeout,
+                        }
+                        .to_string(),
+                    )),
+                }
             }
         };
         let now = Instant::now();
@@ -381,8 +383,11 @@ impl Credential {
         }
     }
 
-    async fn mint(&self, client: &Client) -> Result<Minted, TokenError> {
-        let (body, basic) = self.request_parts()?;
+    async fn mint(
+        &self,
+        client: &Client,
+        (body, basic): (String, Option<HeaderValue>),
+    ) -> Result<Minted, TokenError> {
         let mut request = Request::new(Body::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
