@@ -245,8 +245,11 @@ impl LastPoll {
     }
 }
 
-/// How a wait stands in a group: a group shows its `mode` and `members`, a
-/// member the `group` it belongs to. Absent on a wait that is neither.
+/// What a wait shows beside its own figures, each absent when it does not apply:
+/// how it stands in a group (a group shows its `mode` and `members`, a member the
+/// `group` it belongs to), and the pause that holds its polls back.
+// They share this flattened part, which the places that make a wait fill in with
+// `Default`, so that a fact added here changes none of them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Grouping {
     /// A group's mode: `all` of its members must succeed, or `any` one of them.
@@ -258,6 +261,34 @@ pub struct Grouping {
     /// The group this wait is a member of (the first, when several name it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<Uuid>,
+    /// While a running wait's polls are held back because the target asked the
+    /// requests of its tenant and credentials for quiet (429 or 503 with
+    /// `Retry-After`, or a rate limit with none remaining): until when, and why.
+    /// Held-back polls are not polls: they count toward no `polls`, no retry and
+    /// no run of bad observations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Paused>,
+}
+
+/// A pause that holds a wait's polls back (`paused` of a wait).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Paused {
+    /// When the pause ends, and the wait polls again (unless its deadline comes
+    /// first).
+    #[serde(with = "millis")]
+    pub until: DateTime<Utc>,
+    /// Why, as a sentence.
+    pub reason: String,
+}
+
+impl Paused {
+    /// The pause an engine state holds, if it holds a running wait back at `now`.
+    pub fn of(engine: &engine::Paused, now: DateTime<Utc>) -> Option<Paused> {
+        (engine.until > now).then(|| Paused {
+            until: engine.until,
+            reason: engine.reason.clone(),
+        })
+    }
 }
 
 /// How a group decides from its members.

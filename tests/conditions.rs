@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use waitd::engine::condition::{self, Condition, Failure, Vars};
 use waitd::engine::{Context, Decision, End, EngineState, Limits, Observation, Spec, step};
 use waitd::presets::Registry;
-use waitd::probe::judge;
+use waitd::probe::{Polled, judge};
 
 use support::in_process::InProcess;
 use support::{Reply, Upstream};
@@ -1277,8 +1277,8 @@ async fn an_unchanged_response_is_decided_as_before_and_a_changed_one_afresh() {
     .unwrap();
     let target = prober.target(&s).unwrap();
     let mut memo = None;
-    let judged = |o: &Observation| match o {
-        Observation::Judged { success, .. } => *success,
+    let judged = |o: &Polled| match o {
+        Polled::Observed(Observation::Judged { success, .. }) => *success,
         other => panic!("{other:?}"),
     };
     let o = prober

@@ -798,12 +798,14 @@ async fn the_dashboard_lists_follows_cancels_and_shows_hostile_values_as_text() 
         })
         .await;
         // Polls are not events: the page reads the rows on screen again shortly after
-        // events changed them.
+        // events changed them. (The wait held back by the pause has polled nothing:
+        // a held poll is no poll.)
         b.shows(
             "every row's polls read again after its events",
             PATIENCE,
-            "const rows = Array.from(document.querySelectorAll('[data-testid=\"wait-row\"] .c-polls')); \
-             return rows.length === 7 && rows.every((c) => c.textContent !== '0');",
+            "const rows = Array.from(document.querySelectorAll('[data-testid=\"wait-row\"]')); \
+             return rows.length === 7 && rows.every((r) => r.dataset.lastPoll === 'paused' \
+               || r.querySelector('.c-polls').textContent !== '0');",
             vec![],
             truthy,
         )

@@ -1,8 +1,9 @@
 //! Property tests for the polling engine (docs/design.md §3): over random valid specs,
 //! random observation sequences and random jitter samples, a delay never exceeds its
 //! cap nor falls under the floor, no poll is scheduled past the deadline, the retry
-//! budget resets only on healthy observations, every wait ends by its deadline, and a
-//! state restored from JSON mid-wait decides exactly as the original.
+//! budget resets only on healthy observations, every wait ends by its deadline, a
+//! state restored from JSON mid-wait decides exactly as the original, and a poll
+//! held back by a pause changes nothing but when the next one comes.
 //!
 //! The classification used to judge the engine (`Kind`) is written here from the
 //! design, not taken from the engine's events, so a misclassification shows up.
@@ -14,7 +15,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::{Value, json};
 use waitd::engine::{
-    Context, Decision, End, EngineState, Event, Limits, Observation, Spec, Step, step,
+    Context, Decision, End, EngineState, Event, Limits, Observation, Paused, Spec, Step, hold, step,
 };
 
 const WANT: &[&str] = &["ready", "done"];
@@ -479,5 +480,65 @@ proptest! {
         let limits = Limits { min_poll_interval: Duration::from_millis(1), ..Limits::default() };
         let revalidated = Spec::from_request(&text, &limits);
         prop_assert_eq!(revalidated, Ok(spec));
+    }
+
+    /// A poll held back by a pause (of any length, from a moment to far past
+    /// the deadline) is no observation: the next poll comes when the pause ends
+    /// or at the deadline, never before now nor after the deadline; a poll held
+    /// at or after the deadline ends the wait `timed_out`; and the wait then
+    /// decides every observation exactly as it would have without the pause.
+    #[test]
+    fn a_poll_held_back_by_a_pause_changes_nothing_but_when_the_next_comes(
+        p in params(),
+        observations in prop::collection::vec(observation(), 2..40),
+        samples in samples(),
+        split in any::<prop::sample::Index>(),
+        pause_ms in prop_oneof![0i64..=10, 0i64..=120_000, Just(i64::from(u32::MAX))],
+    ) {
+        let spec = p.spec()?;
+        let recs = simulate(&p, &spec, &observations, &samples, poll_bound(&p));
+        let k = split.index(recs.len());
+        let (before, due) = if k == 0 {
+            EngineState::start(&spec, t0())
+        } else {
+            let Decision::PollAt(at) = recs[k - 1].out.decision else {
+                unreachable!("only the last step ends")
+            };
+            (recs[k - 1].after.clone(), at)
+        };
+        let until = due + chrono::TimeDelta::milliseconds(pause_ms);
+        let mut held = before.clone();
+        let out = hold(&mut held, Paused { until, reason: "asked".into() }, due);
+        prop_assert!(out.events.is_empty(), "a hold recorded {:?}", out.events);
+        prop_assert_eq!(held.polls, before.polls);
+        prop_assert_eq!(held.retries, before.retries);
+        prop_assert_eq!(held.budget_used, before.budget_used);
+        prop_assert_eq!(&held.last_error, &before.last_error);
+        prop_assert_eq!(held.paused.as_ref().map(|p| p.until), Some(until));
+        let resume = match out.decision {
+            Decision::End(o) => {
+                prop_assert!(due >= before.deadline, "a hold before the deadline ended the wait: {o:?}");
+                prop_assert_eq!(o.end, End::TimedOut);
+                prop_assert!(o.reason.contains("held back"), "{}", o.reason);
+                return Ok(());
+            }
+            Decision::PollAt(at) => at,
+        };
+        prop_assert!(due < before.deadline);
+        prop_assert!(resume >= due && resume <= before.deadline, "resumes at {resume}");
+        prop_assert_eq!(resume, until.min(before.deadline).max(due));
+        // From there on, the same observations decide as they would have.
+        let (mut with, mut without) = (held, before);
+        for i in k..recs.len() {
+            let obs = observations[i % observations.len()].clone();
+            let cx = Context { now: resume, floor: p.floor(), jitter: samples[i % samples.len()] };
+            let a = step(&spec, &mut with, obs.clone(), cx);
+            let b = step(&spec, &mut without, obs, cx);
+            prop_assert_eq!(&a, &b, "step {} decided otherwise after a hold", i);
+            prop_assert_eq!(&with, &without, "step {} left another state after a hold", i);
+            if matches!(a.decision, Decision::End(_)) {
+                break;
+            }
+        }
     }
 }

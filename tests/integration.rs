@@ -47,6 +47,7 @@ mod retention;
 mod security;
 mod shared_polls;
 mod store_conformance;
+mod tenant_pauses;
 mod timestamps;
 mod tls_targets;
 mod tokens;

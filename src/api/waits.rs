@@ -259,7 +259,7 @@ pub(super) fn blocked_response(wait: &Wait, why: Held, created: bool) -> Respons
         (status = 202, description = "Held, and still running when the duration passed", body = Wait,
          headers(("Location" = String, description = "The wait's URL"))),
         (status = 400, description = "Invalid request: the body, a field (see `errors`), the query or the Idempotency-Key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "A `target.auth.credential` the operator does not give this tenant (`--credentials-file`), or a read-only API token (tenant:token:read), which may only read", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A `target.auth.credential` the operator does not give this tenant, or does not let go to this target's host (`--credentials-file`), or a read-only API token (tenant:token:read), which may only read", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "A group names a member by the id of no wait of the caller's (exactly as reading it would answer)", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Held and canceled (the wait), or the Idempotency-Key was used with another body (a problem)",

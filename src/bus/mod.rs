@@ -22,7 +22,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use notice::{Notice, NoticeKind};
-pub use pause::HostPause;
+pub use pause::{HostPause, PauseCause, PauseKey};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum BusMsg {

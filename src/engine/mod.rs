@@ -186,6 +186,18 @@ pub struct EngineState {
     /// The last observed state, values joined by ", ".
     pub state: Option<String>,
     pub last_error: Option<String>,
+    /// The pause that held back the wait's last poll, until the next poll that is
+    /// sent (see [`hold`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Paused>,
+}
+
+/// A pause the target asked for, which holds a wait's polls back: until when,
+/// and why, as a sentence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Paused {
+    pub until: DateTime<Utc>,
+    pub reason: String,
 }
 
 impl EngineState {
@@ -203,6 +215,7 @@ impl EngineState {
             hits: 0,
             state: None,
             last_error: None,
+            paused: None,
         };
         let first = (created_at + delta(spec.poll.delay)).min(deadline);
         (state, first)
@@ -222,7 +235,36 @@ impl EngineState {
         if let Some(e) = &self.last_error {
             reason.push_str(&format!("; the last error was: {e}"));
         }
+        if let Some(p) = &self.paused {
+            reason.push_str(&format!(
+                "; then its polls were held back: {} (until {})",
+                p.reason,
+                p.until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
+        }
         Outcome::new(End::TimedOut, reason, None)
+    }
+}
+
+/// A poll that was due and not sent, because the target asked for quiet (a
+/// pause, design §3.2). It is not an observation: it counts toward no poll, no
+/// retry and no run of bad observations, and changes no state. The wait shows
+/// the pause and polls again when it ends, or at its deadline, whichever comes
+/// first; a poll held back at or after the deadline ends the wait `timed_out`.
+pub fn hold(st: &mut EngineState, pause: Paused, now: DateTime<Utc>) -> Step {
+    let until = pause.until;
+    st.paused = Some(Paused {
+        reason: bound::text(&pause.reason, bound::MAX_ERROR).into_owned(),
+        until,
+    });
+    let decision = if now >= st.deadline {
+        Decision::End(st.timed_out())
+    } else {
+        Decision::PollAt(until.clamp(now, st.deadline))
+    };
+    Step {
+        decision,
+        events: Vec::new(),
     }
 }
 
@@ -236,6 +278,8 @@ enum Verdict {
 /// Applies one observation made at `cx.now` to the wait.
 pub fn step(spec: &Spec, st: &mut EngineState, obs: Observation, cx: Context) -> Step {
     st.polls += 1;
+    // A poll was sent: whatever held the wait back is over.
+    st.paused = None;
     let mut events = Vec::new();
     let verdict = match classify(spec, st, obs, &mut events) {
         // What a target says is kept only within bounds (see [`bound`]).

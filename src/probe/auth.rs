@@ -35,7 +35,7 @@ impl Prober {
         &self,
         wait: uuid::Uuid,
         via: Via<'_>,
-        host: Arc<str>,
+        whose: super::Whose,
         mut request: Request<Body>,
         read_body: bool,
         kept: &conditional::Slot,
@@ -47,7 +47,7 @@ impl Prober {
         } = via;
         let Some(auth) = auth else {
             return self
-                .fetch(wait, client, host, request, read_body, kept)
+                .fetch(wait, client, whose, request, read_body, kept)
                 .await;
         };
         let (uri, headers) = (request.uri().clone(), request.headers().clone());
@@ -57,7 +57,7 @@ impl Prober {
         };
         request.headers_mut().insert(AUTHORIZATION, bearer.clone());
         let delivered = self
-            .fetch(wait, client, host.clone(), request, read_body, kept)
+            .fetch(wait, client, whose.clone(), request, read_body, kept)
             .await;
         let refused =
             matches!(&*delivered.0, Fetched::Answered(r) if r.status == StatusCode::UNAUTHORIZED);
@@ -79,7 +79,8 @@ impl Prober {
         *again.uri_mut() = uri;
         *again.headers_mut() = headers;
         again.headers_mut().insert(AUTHORIZATION, bearer);
-        self.fetch(wait, client, host, again, read_body, kept).await
+        self.fetch(wait, client, whose, again, read_body, kept)
+            .await
     }
 
     /// [`Prober::bearer`], with `minting` set while it runs.

@@ -1,12 +1,11 @@
-//! What the prober does for a host as a whole, beyond one request: the pauses it
-//! announces to the other replicas and those it hears of, and its share of
-//! `--host-rate`.
+//! What the prober does beyond one request: the pauses it announces to the other
+//! replicas and those it hears of, and its share of `--host-rate`.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
 use super::Prober;
+use crate::bus::PauseCause;
 
 impl Prober {
     /// The pauses this prober sets from now on, to tell the other replicas of
@@ -18,24 +17,29 @@ impl Prober {
         rx
     }
 
-    pub(super) fn announce(&self, host: &Arc<str>, until: SystemTime) {
+    pub(super) fn announce(&self, whose: &super::Whose, until: SystemTime, cause: PauseCause) {
         if let Some(tx) = self.inner.announced.get() {
             let _ = tx.try_send(crate::bus::HostPause {
-                host: host.clone(),
+                key: whose.key,
+                host: whose.host.clone(),
                 until,
+                cause,
             });
         }
     }
 
-    /// A pause another replica set: this one keeps its host quiet as long, at
-    /// most `--max-host-pause` from now (and never shortens a pause it has).
+    /// A pause another replica set: this one keeps the same requests quiet as
+    /// long, at most `--max-host-pause` from now (and never shortens a pause it
+    /// has).
     pub fn heard_pause(&self, pause: &crate::bus::HostPause) {
         let now = SystemTime::now();
         if let Ok(left) = pause.until.duration_since(now) {
-            let added =
-                self.inner
-                    .pauses
-                    .pause(&pause.host, now, left.min(self.inner.max_host_pause));
+            let added = self.inner.pauses.pause(
+                &pause.key,
+                now,
+                left.min(self.inner.max_host_pause),
+                pause.cause,
+            );
             self.inner
                 .shares
                 .counts

@@ -52,6 +52,7 @@ use crate::outbound::credentials::{Bearer, Credentials};
 use crate::outbound::rate::HostRate;
 use crate::outbound::token::Tokens;
 use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients};
+pub use pause::{Pause, asked as pause_asked};
 pub use read::{Memo, judge};
 use share::{Fetched, Response, Turn};
 
@@ -140,6 +141,15 @@ pub fn classify_status(status: u16) -> StatusClass {
     }
 }
 
+/// What a poll came to: an observation, or nothing sent, because the target
+/// asked the wait's requests for quiet (a pause, which is no observation: the
+/// engine [holds](crate::engine::hold) the wait).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Polled {
+    Observed(Observation),
+    Held(Pause),
+}
+
 /// Sends the GETs. Cheap to clone: every clone shares one client (one connection
 /// pool), one guard and one set of per-host limits.
 #[derive(Clone)]
@@ -163,7 +173,7 @@ struct Inner {
     shares: Arc<share::Registry>,
     /// Bytes of responses kept for a `304`.
     kept: Arc<conditional::Budget>,
-    /// The hosts that asked for quiet, and until when.
+    /// The requests a target asked for quiet, and until when.
     pauses: pause::Pauses,
     max_host_pause: Duration,
     /// The tokens of the credentials held waits name.
@@ -198,6 +208,9 @@ pub struct Target {
     uri: Uri,
     /// "host:port".
     host: Arc<str>,
+    /// Whose requests it sends, as pauses know them: its tenant's, to its host,
+    /// with its headers, credential and TLS settings.
+    pause: crate::bus::PauseKey,
     /// The request's headers when the target has headers of its own (the prober's
     /// defaults beneath them); `None`: the prober's defaults alone, shared rather
     /// than kept a wait (a header map is about a kilobyte, as much as the rest of
@@ -260,7 +273,23 @@ impl Came {
     }
 }
 
+/// Whose a request is, for the pauses: its host, and the key of its tenant's
+/// requests with its headers, credential and TLS settings to that host.
+#[derive(Clone, Debug)]
+pub(crate) struct Whose {
+    pub host: Arc<str>,
+    pub key: crate::bus::PauseKey,
+}
+
 impl Target {
+    /// Whose its requests are.
+    fn whose(&self) -> Whose {
+        Whose {
+            host: self.host.clone(),
+            key: self.pause,
+        }
+    }
+
     /// The host, for the log (never the path or query).
     fn log_host(&self) -> &str {
         self.uri.host().unwrap_or_default()
@@ -337,7 +366,9 @@ impl Prober {
     }
 
     /// One GET of `spec.target.url` with `spec.target.headers`, classified. Never
-    /// panics and never fails: every problem is an observation.
+    /// panics and never fails: every problem is an observation. A pause its own
+    /// earlier answers asked for is waited out before the request is sent (the
+    /// caller bounds the wait by its deadline).
     ///
     /// A body larger than [`ProbeConfig::max_body`] is [`Observation::Permanent`]
     /// ("the response body exceeded the 1 MiB limit"): the target answered, so
@@ -346,12 +377,24 @@ impl Prober {
     /// cap (or at once when `Content-Length` announces too much).
     pub async fn probe(&self, spec: &Spec) -> Observation {
         // A single probe shares with nothing: it sends its own request.
-        match self.make_target(spec, Arc::from(crate::cpu::SYSTEM), false) {
-            Ok(target) => {
-                self.probe_memo(uuid::Uuid::nil(), spec, &target, &mut None)
-                    .await
+        let target = match self.make_target(spec, Arc::from(crate::cpu::SYSTEM), false) {
+            Ok(target) => target,
+            Err(error) => return Observation::Permanent { error },
+        };
+        loop {
+            match self
+                .probe_memo(uuid::Uuid::nil(), spec, &target, &mut None)
+                .await
+            {
+                Polled::Observed(obs) => return obs,
+                Polled::Held(p) => {
+                    let left = p
+                        .until
+                        .duration_since(SystemTime::now())
+                        .unwrap_or_default();
+                    tokio::time::sleep(left).await;
+                }
             }
-            Err(error) => Observation::Permanent { error },
         }
     }
 
@@ -368,24 +411,21 @@ impl Prober {
     }
 
     /// [`Prober::probe`] of a target made already ([`Prober::target`]), with what
-    /// the wait's conditions decided on the last response ([`Memo`]), updated.
+    /// the wait's conditions decided on the last response ([`Memo`]), updated; or
+    /// nothing sent, while the target's requests are paused.
     pub async fn probe_memo(
         &self,
         wait: uuid::Uuid,
         spec: &Spec,
         target: &Target,
         memo: &mut Option<Memo>,
-    ) -> Observation {
+    ) -> Polled {
         if let Some(refused) = &target.refused {
-            return refusal(wait, target.log_host(), refused.to_string());
+            return Polled::Observed(refusal(wait, target.log_host(), refused.to_string()));
         }
-        let now = SystemTime::now();
-        if let Some(until) = self.inner.pauses.paused(&target.host, now) {
+        if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {
             target.came.set(LastPoll::Paused);
-            return Observation::Transient {
-                error: pause::sentence(until),
-                retry_after: until.duration_since(now).ok(),
-            };
+            return Polled::Held(pause);
         }
         let (fetched, came) = match &target.group {
             Some(group) => self.shared(wait, target, group).await,
@@ -399,19 +439,12 @@ impl Prober {
                     auth: target.auth.as_ref(),
                     minting: Some(&target.minting),
                 };
-                self.fetch_authed(
-                    wait,
-                    via,
-                    target.host.clone(),
-                    request,
-                    read_body,
-                    &target.kept,
-                )
-                .await
+                self.fetch_authed(wait, via, target.whose(), request, read_body, &target.kept)
+                    .await
             }
         };
         target.came.set(came);
-        self.read(wait, target, spec, memo, &fetched).await
+        Polled::Observed(self.read(wait, target, spec, memo, &fetched).await)
     }
 
     /// The response a wait of a shared request reads: that of a request begun
@@ -440,7 +473,7 @@ impl Prober {
             };
             let request = self.request(target);
             return self
-                .fetch_authed(wait, via, target.host.clone(), request, true, &group.kept)
+                .fetch_authed(wait, via, target.whose(), request, true, &group.kept)
                 .await;
         }
         let (mut rx, joined) = match group.turn(previous, now, self.inner.share_window) {
@@ -453,7 +486,7 @@ impl Prober {
                 let prober = self.clone();
                 let request = self.request(target);
                 let client = self.client_of(target).clone();
-                let host = target.host.clone();
+                let whose = target.whose();
                 let held = share::Sending::new(group.clone());
                 let group = Arc::downgrade(group);
                 let window = self.inner.share_window;
@@ -470,7 +503,7 @@ impl Prober {
                             auth: auth.as_ref(),
                             minting: Some(&held.0.minting),
                         },
-                        host,
+                        whose,
                         request,
                         true,
                         &held.0.kept,
@@ -545,7 +578,7 @@ impl Prober {
         &self,
         wait: uuid::Uuid,
         client: &Client,
-        host: Arc<str>,
+        whose: Whose,
         mut request: Request<Body>,
         read_body: bool,
         kept: &conditional::Slot,
@@ -559,7 +592,7 @@ impl Prober {
         }
         if let Some(rate) = &self.inner.rate {
             let now = tokio::time::Instant::now();
-            let at = rate.reserve(&host, now);
+            let at = rate.reserve(&whose.host, now);
             if at > now {
                 self.inner
                     .shares
@@ -569,7 +602,7 @@ impl Prober {
                 tokio::time::sleep_until(at).await;
             }
         }
-        let _slot = self.inner.hosts.acquire(host.clone()).await;
+        let _slot = self.inner.hosts.acquire(whose.host.clone()).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
         let exchange = async {
             let mut response = match client.send(request, Peer::Target).await {
@@ -580,20 +613,20 @@ impl Prober {
                 crate::traces::status_seen(response.status());
             }
             let now = SystemTime::now();
-            if let Some((quiet, _)) = pause::asked(
+            if let Some((quiet, cause)) = pause::asked(
                 response.status(),
                 response.headers(),
                 now,
                 self.inner.max_host_pause,
             ) {
-                let added = self.inner.pauses.pause(&host, now, quiet);
+                let added = self.inner.pauses.pause(&whose.key, now, quiet, cause);
                 self.inner
                     .shares
                     .counts
                     .paused_ms
                     .fetch_add(added.as_millis() as u64, Relaxed);
                 if !added.is_zero() {
-                    self.announce(&host, now + quiet);
+                    self.announce(&whose, now + quiet, cause);
                 }
             }
             if response.status() == StatusCode::NOT_MODIFIED {

@@ -1,95 +1,140 @@
-//! Host pauses: a target host that asks for quiet gets it from every wait of every
-//! tenant on the replica, not only from the wait whose request it answered.
+//! Pauses: a target that asks for quiet gets it from the requests it asked it
+//! of, and from no one else's.
 //!
 //! A `429` or `503` with `Retry-After` (or its millisecond forms), GitHub's
 //! `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset` (epoch seconds), or the
 //! IETF `RateLimit` header with `r=0` (its `t=` the seconds to wait) pauses the
-//! host ("host:port") until the time given, at most `--max-host-pause`. A poll due
-//! meanwhile sends nothing: it is a transient error naming the pause, whose
-//! `retry_after` is the pause's end (so a wait whose deadline comes first ends
-//! `timed_out` on time, saying why it was not polled).
+//! requests of its [`PauseKey`]: one tenant's, to one host and port, with the same
+//! headers, credential and TLS settings (the shared request's key without its
+//! path), until the time given, at most `--max-host-pause`. So one tenant's
+//! exhausted token quiets that tenant's requests with that token, and nobody
+//! else's. A `200` that carries a rate limit is read as any `200`, and pauses its
+//! key until the limit resets.
 //!
-//! The table holds only hosts paused now, at most [`MAX_PAUSED_HOSTS`].
+//! A poll due meanwhile sends nothing and is no observation ([`super::Polled`]):
+//! the engine holds the wait until the pause ends or its deadline comes.
+//!
+//! The table holds only keys paused now, at most [`MAX_PAUSED`]; looking a key
+//! up costs nothing while it is empty.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
-/// The most hosts paused at once; a pause past it is not kept (the waits on that
-/// host still honour their own `Retry-After`).
-pub const MAX_PAUSED_HOSTS: usize = 10_000;
+use crate::bus::{PauseCause, PauseKey};
 
-/// The hosts paused now, and until when.
+/// The most keys paused at once; a pause past it is not kept (the waits of that
+/// key still honour their own `Retry-After`).
+pub const MAX_PAUSED: usize = 10_000;
+
+/// A pause: until when, and what asked for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pause {
+    pub until: SystemTime,
+    pub cause: PauseCause,
+}
+
+impl Pause {
+    /// The pause as the engine holds a wait by it, and the wait shows it.
+    pub fn paused(&self) -> crate::engine::Paused {
+        crate::engine::Paused {
+            until: self.until.into(),
+            reason: self.cause.reason().to_string(),
+        }
+    }
+}
+
+/// The keys paused now, and until when.
 #[derive(Debug, Default)]
 pub(super) struct Pauses {
-    until: Mutex<HashMap<std::sync::Arc<str>, SystemTime>>,
+    until: Mutex<HashMap<PauseKey, Pause>>,
+    /// How many entries the table has, read without its lock.
+    len: AtomicUsize,
 }
 
 impl Pauses {
-    /// Until when `host` is paused, if it is at `now`.
-    pub fn paused(&self, host: &str, now: SystemTime) -> Option<SystemTime> {
+    /// The pause of `key`, if it is paused at the time `now` gives. The clock is
+    /// not read while nothing is paused.
+    pub fn paused(&self, key: &PauseKey, now: impl FnOnce() -> SystemTime) -> Option<Pause> {
+        if self.len.load(Relaxed) == 0 {
+            return None;
+        }
+        let now = now();
         let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
-        match until.get(host) {
-            Some(t) if *t > now => Some(*t),
+        let found = match until.get(key) {
+            Some(p) if p.until > now => Some(*p),
             Some(_) => {
-                until.remove(host);
+                until.remove(key);
                 None
             }
             None => None,
-        }
+        };
+        self.len.store(until.len(), Relaxed);
+        found
     }
 
-    /// Pauses `host` for `pause` from `now` (never shortening a pause set); how
-    /// much longer the host is paused than it was.
-    pub fn pause(&self, host: &std::sync::Arc<str>, now: SystemTime, pause: Duration) -> Duration {
+    /// Pauses `key` for `pause` from `now` (never shortening a pause set); how
+    /// much longer it is paused than it was.
+    pub fn pause(
+        &self,
+        key: &PauseKey,
+        now: SystemTime,
+        pause: Duration,
+        cause: PauseCause,
+    ) -> Duration {
         let end = now + pause;
         let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
-        if until.len() >= MAX_PAUSED_HOSTS && !until.contains_key(host) {
-            until.retain(|_, t| *t > now);
-            if until.len() >= MAX_PAUSED_HOSTS {
+        if until.len() >= MAX_PAUSED && !until.contains_key(key) {
+            until.retain(|_, p| p.until > now);
+            if until.len() >= MAX_PAUSED {
+                self.len.store(until.len(), Relaxed);
                 return Duration::ZERO;
             }
         }
-        let before = until.get(host).copied().filter(|t| *t > now).unwrap_or(now);
-        if end <= before {
-            return Duration::ZERO;
+        let before = until
+            .get(key)
+            .map(|p| p.until)
+            .filter(|t| *t > now)
+            .unwrap_or(now);
+        let added = end.duration_since(before).unwrap_or_default();
+        if !added.is_zero() {
+            until.insert(*key, Pause { until: end, cause });
         }
-        until.insert(host.clone(), end);
-        end.duration_since(before).unwrap_or_default()
+        self.len.store(until.len(), Relaxed);
+        added
     }
 }
 
-/// How long an answer asks its host to stay quiet, if it does; at most `max`.
-pub(super) fn asked(
+/// How long an answer asks its requests to stay quiet, if it does, and why; at
+/// most `max`. Never more than the answer says, whatever it says: a date, a
+/// number too large for any clock, or a negative one.
+pub fn asked(
     status: StatusCode,
     headers: &HeaderMap,
     now: SystemTime,
     max: Duration,
-) -> Option<(Duration, &'static str)> {
+) -> Option<(Duration, PauseCause)> {
     let text = |name: &str| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    let found = if matches!(status.as_u16(), 429 | 503) {
-        crate::outbound::retry_after(headers, now).map(|d| (d, "Retry-After"))
-    } else {
-        None
+    let found = match status.as_u16() {
+        429 => crate::outbound::retry_after(headers, now).map(|d| (d, PauseCause::TooManyRequests)),
+        503 => crate::outbound::retry_after(headers, now).map(|d| (d, PauseCause::Unavailable)),
+        _ => None,
     };
     let found = found.or_else(|| {
         // GitHub's shape: none remain until the reset, in epoch seconds.
         (text("x-ratelimit-remaining") == Some("0"))
             .then(|| text("x-ratelimit-reset")?.parse::<u64>().ok())
             .flatten()
-            .and_then(|reset| {
-                (SystemTime::UNIX_EPOCH + Duration::from_secs(reset))
-                    .duration_since(now)
-                    .ok()
-            })
-            .map(|d| (d, "X-RateLimit-Reset"))
+            .and_then(|reset| epoch_plus(reset)?.duration_since(now).ok())
+            .map(|d| (d, PauseCause::RateLimitReset))
     });
     let found = found.or_else(|| {
         // IETF RateLimit: `"policy";r=0;t=30`.
@@ -98,22 +143,26 @@ pub(super) fn asked(
             v.split([';', ','])
                 .map(str::trim)
                 .find_map(|p| p.strip_prefix(key)?.strip_prefix('='))
-                .and_then(|n| n.trim().parse::<u64>().ok())
+                .map(str::trim)
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                // Too many digits for any clock: as long as the cap.
+                .map(|n| n.parse::<u64>().unwrap_or(u64::MAX))
         };
-        (item("r")? == 0).then(|| (Duration::from_secs(item("t").unwrap_or(1)), "RateLimit"))
+        (item("r")? == 0).then(|| {
+            (
+                Duration::from_secs(item("t").unwrap_or(1)),
+                PauseCause::RateLimit,
+            )
+        })
     });
     found
         .filter(|(d, _)| !d.is_zero())
         .map(|(d, why)| (d.min(max), why))
 }
 
-/// The sentence of a poll not sent because its host is paused.
-pub(super) fn sentence(until: SystemTime) -> String {
-    let at: chrono::DateTime<chrono::Utc> = until.into();
-    format!(
-        "the target host asked for a pause (429/503 Retry-After or a rate limit with none remaining), so waitd sends it nothing until {}",
-        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-    )
+/// `UNIX_EPOCH + secs`, when a clock can hold it.
+fn epoch_plus(secs: u64) -> Option<SystemTime> {
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
 #[cfg(test)]
@@ -129,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn each_shape_of_asking_for_quiet_pauses_the_host() {
+    fn each_shape_of_asking_for_quiet_pauses_its_requests() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let max = Duration::from_secs(3600);
         let ask = |s: u16, h: &[(&'static str, &str)]| {
@@ -141,6 +190,7 @@ mod tests {
         );
         assert_eq!(ask(503, &[("retry-after", "7200")]), Some(max));
         assert_eq!(ask(500, &[("retry-after", "20")]), None);
+        assert_eq!(ask(200, &[("retry-after", "20")]), None);
         assert_eq!(
             ask(
                 200,
@@ -150,6 +200,16 @@ mod tests {
                 ]
             ),
             Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            ask(
+                200,
+                &[
+                    ("x-ratelimit-remaining", "0"),
+                    ("x-ratelimit-reset", "99999999999999999")
+                ]
+            ),
+            Some(max)
         );
         assert_eq!(
             ask(
@@ -165,20 +225,42 @@ mod tests {
             ask(200, &[("ratelimit", "\"default\";r=0;t=12")]),
             Some(Duration::from_secs(12))
         );
+        assert_eq!(
+            ask(
+                200,
+                &[("ratelimit", "\"default\";r=0;t=999999999999999999999")]
+            ),
+            Some(max)
+        );
+        assert_eq!(
+            ask(200, &[("ratelimit", "\"default\";r=0;t=-5")]),
+            Some(Duration::from_secs(1))
+        );
         assert_eq!(ask(200, &[("ratelimit", "\"default\";r=3;t=12")]), None);
     }
 
     #[test]
-    fn a_pause_ends_and_is_never_shortened() {
+    fn a_pause_ends_is_never_shortened_and_holds_its_key_alone() {
         let p = Pauses::default();
-        let host: std::sync::Arc<str> = "h:443".into();
+        let (key, other) = ([1u8; 32], [2u8; 32]);
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        let cause = PauseCause::TooManyRequests;
+        assert_eq!(p.paused(&key, || now), None);
         assert_eq!(
-            p.pause(&host, now, Duration::from_secs(20)),
+            p.pause(&key, now, Duration::from_secs(20), cause),
             Duration::from_secs(20)
         );
-        assert_eq!(p.pause(&host, now, Duration::from_secs(5)), Duration::ZERO);
-        assert_eq!(p.paused("h:443", now), Some(now + Duration::from_secs(20)));
-        assert_eq!(p.paused("h:443", now + Duration::from_secs(21)), None);
+        assert_eq!(
+            p.pause(&key, now, Duration::from_secs(5), cause),
+            Duration::ZERO
+        );
+        assert_eq!(
+            p.paused(&key, || now).map(|p| p.until),
+            Some(now + Duration::from_secs(20))
+        );
+        assert_eq!(p.paused(&other, || now), None);
+        assert_eq!(p.paused(&key, || now + Duration::from_secs(21)), None);
+        // Gone from the table, which is empty again: the clock is not read.
+        assert_eq!(p.paused(&key, || unreachable!()), None);
     }
 }

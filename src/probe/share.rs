@@ -224,9 +224,10 @@ impl Group {
     }
 }
 
-/// The key bytes of a request: the tenant, the method, the URI, the digest of
-/// its own TLS settings (none for the prober's) and the headers (names in lower
-/// case, sorted), each length-prefixed so that no two requests share one.
+/// The key bytes of a request: the tenant, the method, the URI (or, for a pause,
+/// only its host and port), the digest of its own TLS settings (none for the
+/// prober's) and the headers (names in lower case, sorted), each
+/// length-prefixed so that no two requests share one.
 pub(super) fn key(
     tenant: &str,
     uri: &str,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use http::Uri;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use sha2::{Digest, Sha256};
 
 use super::{Came, Prober, Target, share, target_url};
 use crate::engine::Spec;
@@ -100,33 +101,38 @@ impl Prober {
                 None => None,
             },
         };
+        // What the request sends but its URL: the headers (names in lower case,
+        // sorted) and the credential (the same one, of the same tenant, sends the
+        // same token).
+        let mut sent: Vec<(String, &str)> = spec
+            .target
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
+            .collect();
+        if let Some(c) = &credential {
+            sent.push((":auth".into(), c.as_str()));
+        }
+        sent.sort();
+        let tls_digest = tls.as_ref().map(|t| t.digest());
+        // The shared request's key without its path: a digest, so that every
+        // replica makes the same one and a pause can name it to the others.
+        let pause: crate::bus::PauseKey =
+            Sha256::digest(share::key(&tenant, &host, tls_digest, &sent)).into();
         let group = (shareable
             && spec.target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())
         .then(|| {
-            let mut sent: Vec<(String, &str)> = spec
-                .target
-                .headers
-                .iter()
-                .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
-                .collect();
-            // The same credential (of the same tenant) sends the same token.
-            if let Some(c) = &credential {
-                sent.push((":auth".into(), c.as_str()));
-            }
-            sent.sort();
-            self.inner.shares.group(share::key(
-                &tenant,
-                &uri.to_string(),
-                tls.as_ref().map(|t| t.digest()),
-                &sent,
-            ))
+            self.inner
+                .shares
+                .group(share::key(&tenant, &uri.to_string(), tls_digest, &sent))
         })
         .flatten();
         Ok(Target {
             uri,
             host,
+            pause,
             headers,
             refused,
             tenant,

@@ -328,6 +328,7 @@ impl Store {
                     .collect(),
             ),
             group: None,
+            paused: None,
         };
         Ok(Created {
             wait,

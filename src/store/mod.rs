@@ -614,6 +614,7 @@ mod tests {
             hits: 1,
             state: Some("on".into()),
             last_error: Some("e".into()),
+            paused: None,
         };
         let p = Progress {
             id: Uuid::now_v7(),

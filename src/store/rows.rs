@@ -30,6 +30,7 @@ pub(crate) struct WaitRow {
     finished_at: Option<Time>,
     labels: Json,
     spec: Json,
+    paused: Option<Json>,
 }
 }
 
@@ -48,10 +49,17 @@ pub(crate) const GROUPED_COLUMN: &str = "(EXISTS (SELECT 1 FROM group_members m 
 
 /// The columns a [`WaitRow`] reads, from `waits w JOIN wait_specs s`.
 pub(crate) const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
-     w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec";
+     w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec, \
+     w.engine -> 'paused' AS paused";
 
 impl WaitRow {
     pub(super) fn into_wait(self) -> Result<Wait, StoreError> {
+        // The pause the engine last wrote, while it holds the running wait back.
+        let paused = self
+            .paused
+            .filter(|_| self.status == "running")
+            .and_then(|j| serde_json::from_value::<crate::engine::Paused>(j.0).ok())
+            .and_then(|p| crate::model::Paused::of(&p, chrono::Utc::now()));
         Ok(Wait {
             id: self.id,
             status: self.status.parse().map_err(|e| StoreError::Decode {
@@ -73,7 +81,10 @@ impl WaitRow {
             finished_at: self.finished_at.map(|t| t.0),
             labels: serde_json::from_value(self.labels.0).unwrap_or_default(),
             spec: self.spec.0,
-            grouping: Default::default(),
+            grouping: crate::model::Grouping {
+                paused,
+                ..Default::default()
+            },
         })
     }
 }
@@ -394,6 +405,7 @@ impl Progress {
             hits: 0,
             state: None,
             last_error: None,
+            paused: None,
         };
         let reason = format!("waitd could not read this wait's stored spec: {why}");
         let mut progress = Progress::abandon(id, epoch, &engine, reason);

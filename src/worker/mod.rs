@@ -36,7 +36,7 @@ mod timers;
 mod writes;
 
 use crate::bus::{Bus, BusMsg};
-use crate::engine::{EngineState, Observation, Spec};
+use crate::engine::{EngineState, Spec};
 use crate::metrics::Metrics;
 use crate::probe::Prober;
 use crate::store::{
@@ -196,7 +196,7 @@ enum Msg {
     Probed {
         id: Uuid,
         generation: u64,
-        obs: Observation,
+        obs: crate::probe::Polled,
         memo: Option<crate::probe::Memo>,
         at: DateTime<Utc>,
     },

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::{Loop, Msg, Phase};
 use crate::engine::{self, Context, Decision, Observation};
 use crate::model::{EventBody, LastPoll};
+use crate::probe::Polled;
 use crate::store::{Ended, Progress, WaitEpoch};
 
 /// A probe still in flight at its wait's deadline is cut this long after it, so
@@ -51,7 +52,7 @@ impl Loop {
                     Ok(target) => {
                         Box::pin(w.prober.probe_memo(id, &spec, &target, &mut memo)).await
                     }
-                    Err(error) => Observation::Permanent { error },
+                    Err(error) => Polled::Observed(Observation::Permanent { error }),
                 }
             };
             let started = Instant::now();
@@ -62,21 +63,25 @@ impl Loop {
                 }
                 None => tokio::time::timeout_at(cut, probe).await,
             };
-            let obs = answered.unwrap_or_else(|_| Observation::Transient {
-                error: if polled.as_ref().is_some_and(|t| t.minting()) {
-                    "the token endpoint of the target's credential had not answered by the wait's deadline"
-                } else {
-                    "the target had not answered by the wait's deadline"
-                }
-                .into(),
-                retry_after: None,
+            let obs = answered.unwrap_or_else(|_| {
+                Polled::Observed(Observation::Transient {
+                    error: if polled.as_ref().is_some_and(|t| t.minting()) {
+                        "the token endpoint of the target's credential had not answered by the wait's deadline"
+                    } else {
+                        "the target had not answered by the wait's deadline"
+                    }
+                    .into(),
+                    retry_after: None,
+                })
             });
-            if let Some(cx) = &span {
-                let came = polled.and_then(|t| t.last_poll()).map(LastPoll::as_str);
-                crate::traces::polled(cx, &obs, came);
+            if let Polled::Observed(obs) = &obs {
+                if let Some(cx) = &span {
+                    let came = polled.and_then(|t| t.last_poll()).map(LastPoll::as_str);
+                    crate::traces::polled(cx, obs, came);
+                }
+                w.metrics.probe_latency.observe(started.elapsed());
+                w.metrics.poll(obs);
             }
-            w.metrics.probe_latency.observe(started.elapsed());
-            w.metrics.poll(&obs);
             let _ = tx.send(Msg::Probed {
                 id,
                 generation: g,
@@ -95,7 +100,7 @@ impl Loop {
         &mut self,
         id: Uuid,
         generation: u64,
-        obs: Observation,
+        obs: Polled,
         memo: Option<crate::probe::Memo>,
         at: DateTime<Utc>,
     ) {
@@ -122,7 +127,7 @@ impl Loop {
         self.observed(id, generation, obs, at)
     }
 
-    fn observed(&mut self, id: Uuid, generation: u64, obs: Observation, at: DateTime<Utc>) {
+    fn observed(&mut self, id: Uuid, generation: u64, polled: Polled, at: DateTime<Utc>) {
         let floor = self.w.cfg.floor;
         let Some(h) = self.held.get_mut(&id) else {
             return;
@@ -130,12 +135,24 @@ impl Loop {
         if h.generation != generation {
             return;
         }
-        let cx = Context {
-            now: at,
-            floor,
-            jitter: fastrand::f64() * 2.0 - 1.0,
+        let (step, held) = match polled {
+            Polled::Observed(obs) => {
+                let cx = Context {
+                    now: at,
+                    floor,
+                    jitter: fastrand::f64() * 2.0 - 1.0,
+                };
+                (engine::step(&h.spec, &mut h.engine, obs, cx), false)
+            }
+            Polled::Held(pause) => {
+                let before = h.engine.paused.as_ref().map(|p| p.until);
+                let step = engine::hold(&mut h.engine, pause.paused(), at);
+                // Written when it begins (or grows), so that every replica's
+                // read shows it; a poll held again by the same pause changes
+                // nothing.
+                (step, before != h.engine.paused.as_ref().map(|p| p.until))
+            }
         };
-        let step = engine::step(&h.spec, &mut h.engine, obs, cx);
         let events: Vec<EventBody> = step.events.iter().map(EventBody::from).collect();
         let (next, end) = match step.decision {
             Decision::PollAt(t) => (Some(t), None),
@@ -151,7 +168,7 @@ impl Loop {
         if let Some(t) = next {
             h.next = t;
         }
-        if events.is_empty() && end.is_none() {
+        if events.is_empty() && end.is_none() && !held {
             // Nothing changed: keep it in memory, checkpoint later.
             h.dirty = true;
             if h.phase == Phase::FirstPoll {
