@@ -1,8 +1,9 @@
 //! What one tenant is told stays its own: a target that asks one tenant's
 //! requests for quiet (a 429 or 503 with `Retry-After`, a rate limit with none
 //! remaining) pauses the requests of that tenant with those credentials, and
-//! nobody else's; and a poll held back by a pause is no poll, so it costs a
-//! wait no retry.
+//! nobody else's; a poll held back by a pause is no poll, so it costs a wait no
+//! retry; and `--host-rate` hands its turns round the tenants rather than to
+//! whoever asked first.
 
 use std::time::{Duration, Instant};
 
@@ -260,6 +261,55 @@ async fn a_wait_held_back_past_its_deadline_ends_timed_out_on_time_saying_why() 
     );
     assert_eq!(up.hits("/held"), 0);
     app.stop().await.0.unwrap();
+}
+
+/// Under `--host-rate`, tenant A's forty waits on a host do not keep tenant
+/// B's one wait from its turn, nor A's one wait with other credentials from
+/// theirs: the turns go round the tenants, then round a tenant's credentials.
+async fn a_host_rate_is_shared_fairly(args: Vec<String>) {
+    let app = App::start_args(with_tenants(args, &["--host-rate", "4"])).await;
+    let up = Upstream::start().await;
+    for i in 0..40 {
+        let url = up.script(&format!("/a/{i}"), vec![Reply::status("deploying")]);
+        create_as(&app, TOKEN_A, &every(&url, 50)).await;
+    }
+    let many = |up: &Upstream| (0..40).map(|i| up.hits(&format!("/a/{i}"))).sum::<usize>();
+    // A's waits are queued for the host's turns, far more than it gives.
+    assert!(
+        up.requested(Duration::from_secs(10), |up| many(up) >= 8)
+            .await
+    );
+    let b = up.script("/b", vec![Reply::status("on")]);
+    let mut s = every(&b, 50);
+    s["timeout"] = json!("10s");
+    let created = Instant::now();
+    let b_id = create_as(&app, TOKEN_B, &s).await;
+    let c = up.script("/a-other", vec![Reply::status("on")]);
+    let mut s = every(&c, 50);
+    s["timeout"] = json!("10s");
+    s["target"]["headers"] = json!({"Authorization": "Bearer another-token"});
+    let c_id = create_as(&app, TOKEN_A, &s).await;
+    for (token, id) in [(TOKEN_B, &b_id), (TOKEN_A, &c_id)] {
+        let w = read_as(&app, token, &format!("/waits/{id}?wait=20s")).await;
+        assert_eq!(w["status"], "succeeded", "{w}");
+    }
+    // Four turns a second: each had one of the next few, not the 41st.
+    let took = created.elapsed();
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn a_host_rate_is_shared_fairly_on_sqlite() {
+    let dir = TempDir::new("waitd-rate");
+    a_host_rate_is_shared_fairly(test_args(&dir.sqlite_url())).await;
+}
+
+#[tokio::test]
+async fn a_host_rate_is_shared_fairly_on_postgres() {
+    let db = TestDb::new().await;
+    a_host_rate_is_shared_fairly(test_args(&db.url)).await;
+    db.drop_db().await;
 }
 
 /// Two replicas on one Postgres: a pause one replica was asked for reaches the

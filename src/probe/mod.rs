@@ -182,7 +182,7 @@ struct Inner {
     /// ([`Prober::announce_pauses`]).
     announced: std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::bus::HostPause>>,
     /// `--host-rate`, when it is set.
-    rate: Option<HostRate>,
+    rate: Option<Arc<HostRate>>,
     /// The credentials the operator holds.
     credentials: Arc<Credentials>,
 }
@@ -208,8 +208,8 @@ pub struct Target {
     uri: Uri,
     /// "host:port".
     host: Arc<str>,
-    /// Whose requests it sends, as pauses know them: its tenant's, to its host,
-    /// with its headers, credential and TLS settings.
+    /// Whose requests it sends, as pauses and the host rate's turns know them:
+    /// its tenant's, to its host, with its headers, credential and TLS settings.
     pause: crate::bus::PauseKey,
     /// The request's headers when the target has headers of its own (the prober's
     /// defaults beneath them); `None`: the prober's defaults alone, shared rather
@@ -273,11 +273,13 @@ impl Came {
     }
 }
 
-/// Whose a request is, for the pauses: its host, and the key of its tenant's
-/// requests with its headers, credential and TLS settings to that host.
+/// Whose a request is, for the host rate's turns and the pauses: its host, its
+/// tenant, and the key of its tenant's requests with its headers, credential and
+/// TLS settings to that host.
 #[derive(Clone, Debug)]
 pub(crate) struct Whose {
     pub host: Arc<str>,
+    pub tenant: Arc<str>,
     pub key: crate::bus::PauseKey,
 }
 
@@ -286,6 +288,7 @@ impl Target {
     fn whose(&self) -> Whose {
         Whose {
             host: self.host.clone(),
+            tenant: self.tenant.clone(),
             key: self.pause,
         }
     }
@@ -591,16 +594,13 @@ impl Prober {
             k.condition(request.headers_mut());
         }
         if let Some(rate) = &self.inner.rate {
-            let now = tokio::time::Instant::now();
-            let at = rate.reserve(&whose.host, now);
-            if at > now {
-                self.inner
-                    .shares
-                    .counts
-                    .rate_waited_ms
-                    .fetch_add((at - now).as_millis() as u64, Relaxed);
-                tokio::time::sleep_until(at).await;
-            }
+            let asked = tokio::time::Instant::now();
+            rate.turn(&whose.host, &whose.tenant, &whose.key).await;
+            self.inner
+                .shares
+                .counts
+                .rate_waited_ms
+                .fetch_add(asked.elapsed().as_millis() as u64, Relaxed);
         }
         let _slot = self.inner.hosts.acquire(whose.host.clone()).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
