@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 use crate::bus::{PauseCause, PauseKey};
 
@@ -117,7 +117,12 @@ pub fn asked(
     now: SystemTime,
     max: Duration,
 ) -> Option<(Duration, PauseCause)> {
-    let text = |name: &str| {
+    // Names made once: a name given as text is parsed at every lookup, and every
+    // answer is looked at.
+    const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+    const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+    const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+    let text = |name: &HeaderName| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
@@ -130,15 +135,15 @@ pub fn asked(
     };
     let found = found.or_else(|| {
         // GitHub's shape: none remain until the reset, in epoch seconds.
-        (text("x-ratelimit-remaining") == Some("0"))
-            .then(|| text("x-ratelimit-reset")?.parse::<u64>().ok())
+        (text(&REMAINING) == Some("0"))
+            .then(|| text(&RESET)?.parse::<u64>().ok())
             .flatten()
             .and_then(|reset| epoch_plus(reset)?.duration_since(now).ok())
             .map(|d| (d, PauseCause::RateLimitReset))
     });
     let found = found.or_else(|| {
         // IETF RateLimit: `"policy";r=0;t=30`.
-        let v = text("ratelimit")?;
+        let v = text(&RATELIMIT)?;
         let item = |key: &str| {
             v.split([';', ','])
                 .map(str::trim)
