@@ -586,7 +586,9 @@ impl Prober {
         read_body: bool,
         kept: &conditional::Slot,
     ) -> share::Delivered {
-        let log_host = request.uri().host().unwrap_or_default().to_string();
+        // The URI's parts are shared, not copied: a host named in a failure only.
+        let uri = request.uri().clone();
+        let log_host = || uri.host().unwrap_or_default();
         // A response is kept only when its body was read, so only then can a
         // `304` stand for it.
         let previous = read_body.then(|| conditional::kept(kept)).flatten();
@@ -607,7 +609,7 @@ impl Prober {
         let exchange = async {
             let mut response = match client.send(request, Peer::Target).await {
                 Ok(r) => r,
-                Err(e) => return Fetched::Failed(self.failure(wait, &log_host, e)),
+                Err(e) => return Fetched::Failed(self.failure(wait, log_host(), e)),
             };
             if client.traces().is_on() {
                 crate::traces::status_seen(response.status());
@@ -647,7 +649,7 @@ impl Prober {
                 );
                 Some(match read.await {
                     Ok(body) => Ok(Bytes::from(body)),
-                    Err(e) => Err(self.failure(wait, &log_host, e)),
+                    Err(e) => Err(self.failure(wait, log_host(), e)),
                 })
             } else {
                 None
@@ -663,7 +665,7 @@ impl Prober {
             Ok(fetched) => fetched,
             Err(_) => Fetched::Failed(self.failure(
                 wait,
-                &log_host,
+                log_host(),
                 crate::outbound::Error::Timeout {
                     peer: Peer::Target,
                     within: self.inner.timeout,
