@@ -1,4 +1,4 @@
-//! Property tests for the polling engine (docs/design.md §3): over random valid specs,
+//! Property tests for the polling engine (docs/engine.md §3): over random valid specs,
 //! random observation sequences and random jitter samples, a delay never exceeds its
 //! cap nor falls under the floor, no poll is scheduled past the deadline, the retry
 //! budget resets only on healthy observations, every wait ends by its deadline, a

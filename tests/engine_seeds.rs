@@ -1,7 +1,7 @@
 //! Table tests for the polling engine, ported from the test suites of the two
 //! pollers it generalises (the AKS machine poller and the Latitude.sh CLI's
-//! `internal/wait`; docs/design.md §3.10 says what each contributes) plus the
-//! semantics docs/design.md §3 adds on top of them.
+//! `internal/wait`; docs/engine.md §3.10 says what each contributes) plus the
+//! semantics docs/engine.md §3 adds on top of them.
 //!
 //! Everything goes through the crate's public API: a request is validated by
 //! `Spec::from_request`, then a list of observations is fed to `step` with `now`
@@ -845,7 +845,7 @@ fn latitude_throttling_and_server_errors_are_not_terminal() {
 }
 
 // ---------------------------------------------------------------------------------
-// C. docs/design.md §3
+// C. docs/engine.md §3
 // ---------------------------------------------------------------------------------
 
 #[test]

@@ -1,4 +1,4 @@
-//! Shared polls across replicas (docs/design.md §6.2, placement): the waits of one
+//! Shared polls across replicas (docs/replicas.md §6.2, placement): the waits of one
 //! tenant on one URL are claimed by one replica, so two replicas still send about one
 //! request a second per URL, and after `kill -9` of one the survivor holds them all
 //! and still shares. Each replica is the real binary; the upstream records which

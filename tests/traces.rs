@@ -1,4 +1,4 @@
-//! Traces (docs/design.md §6.11): a wait created with a `traceparent` is one trace
+//! Traces (docs/replicas.md §6.11): a wait created with a `traceparent` is one trace
 //! from its create through every poll to the target's own request and to the
 //! webhook's receiver, exported to an OTLP/HTTP collector that decodes it with the
 //! protocol's types; a collector that never answers costs bounded memory and the
