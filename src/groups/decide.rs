@@ -1,21 +1,10 @@
 //! The rule that decides a group from its members. Pure: no I/O, no clock.
 
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use crate::engine::bound;
 use crate::model::{GroupMode, Status};
-
-/// A member as the rule sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MemberState {
-    pub id: Uuid,
-    pub status: Status,
-    pub required: bool,
-    /// The member's own deadline: one that the group's deadline capped ends
-    /// `timed_out` when the group's does, which is the group's timeout too.
-    pub deadline: DateTime<Utc>,
-}
+pub use crate::store::MemberState;
 
 /// How a group ends.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,6 +140,7 @@ pub fn progress(members: &[MemberState]) -> String {
 mod tests {
     use super::*;
     use chrono::Duration;
+    use uuid::Uuid;
 
     fn at(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()

@@ -12,35 +12,7 @@ use uuid::Uuid;
 use super::MAX_MEMBERS;
 use crate::engine::{FieldError, Limits, Spec};
 use crate::model::GroupMode;
-
-/// One member, as the request gives it.
-#[derive(Clone, Debug)]
-pub enum MemberRequest {
-    /// A wait of the same tenant, already created.
-    Id { id: Uuid, required: bool },
-    /// A new wait, its deadline capped by the group's.
-    Spec { spec: Box<Spec>, required: bool },
-}
-
-impl MemberRequest {
-    pub fn required(&self) -> bool {
-        match self {
-            MemberRequest::Id { required, .. } | MemberRequest::Spec { required, .. } => *required,
-        }
-    }
-}
-
-/// A group's create request, read.
-#[derive(Clone, Debug)]
-pub struct GroupRequest {
-    pub mode: GroupMode,
-    pub keep_running: bool,
-    pub members: Vec<MemberRequest>,
-    /// The group's own `timeout`, `labels` and `notify`, read as a wait's.
-    pub shell: Spec,
-    /// The group's spec as stored and shown.
-    pub spec: Value,
-}
+pub use crate::store::{GroupRequest, MemberRequest};
 
 /// Why a group request is refused: its fields, or (from `expand`) a member's
 /// preset, with where that member is in the request (`all[2]`).

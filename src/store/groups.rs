@@ -17,9 +17,49 @@ use super::columns::{Time, from_row};
 use super::{
     Created, Dialect, EventBody, Inserted, NewWait, Status, Store, StoreError, Wait, deliveries,
 };
-use crate::engine::EngineState;
-use crate::groups::{GroupRequest, MemberRequest, MemberState};
+use crate::engine::{EngineState, Spec};
 use crate::model::{Ending, GroupMember, GroupMode, Grouping};
+
+/// A member as it stands, as the rule that decides its group sees it
+/// ([`crate::groups::decide`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberState {
+    pub id: Uuid,
+    pub status: Status,
+    pub required: bool,
+    /// The member's own deadline: one that the group's deadline capped ends
+    /// `timed_out` when the group's does, which is the group's timeout too.
+    pub deadline: DateTime<Utc>,
+}
+
+/// One member, as the request gives it.
+#[derive(Clone, Debug)]
+pub enum MemberRequest {
+    /// A wait of the same tenant, already created.
+    Id { id: Uuid, required: bool },
+    /// A new wait, its deadline capped by the group's.
+    Spec { spec: Box<Spec>, required: bool },
+}
+
+impl MemberRequest {
+    pub fn required(&self) -> bool {
+        match self {
+            MemberRequest::Id { required, .. } | MemberRequest::Spec { required, .. } => *required,
+        }
+    }
+}
+
+/// A group's create request, read ([`crate::groups::request`]).
+#[derive(Clone, Debug)]
+pub struct GroupRequest {
+    pub mode: GroupMode,
+    pub keep_running: bool,
+    pub members: Vec<MemberRequest>,
+    /// The group's own `timeout`, `labels` and `notify`, read as a wait's.
+    pub shell: Spec,
+    /// The group's spec as stored and shown.
+    pub spec: Value,
+}
 
 from_row! {
 /// A group's row, as deciding it needs.

@@ -257,7 +257,7 @@ mod deliveries;
 pub use deliveries::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
 pub mod groups;
 mod leases;
-pub use groups::{Group, GroupRefused};
+pub use groups::{Group, GroupRefused, GroupRequest, MemberRequest, MemberState};
 
 /// Batches of ended ids [`Store::local_ends`] keeps for a slow receiver.
 const LOCAL_ENDS: usize = 1024;
