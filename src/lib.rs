@@ -232,7 +232,7 @@ impl App {
         ));
         let retention = Arc::new(retention::Stats::default());
         tokio::spawn(retention::run(
-            store.clone(),
+            store.retention().clone(),
             config.retention,
             retention.clone(),
             signals.clone(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::store::Store;
+use crate::store::Retention;
 use crate::store::retention::Swept;
 use crate::worker::{Signal, Signals};
 
@@ -86,7 +86,7 @@ pub fn round_every(retention: Duration) -> Duration {
 
 /// Sweeps until `stopped`; nothing when `retention` is zero (keep everything).
 pub async fn run(
-    store: Store,
+    store: Retention,
     retention: Duration,
     stats: Arc<Stats>,
     signals: Signals,

@@ -118,7 +118,7 @@ pub async fn list_events(
             ));
         }
         // A cursor before events retention deleted: following it would skip them.
-        let horizon = s.store.event_horizon(&tenant).await?;
+        let horizon = s.store.retention().event_horizon(&tenant).await?;
         if after > 0 && after < horizon {
             return Err(ApiError::new(
                 StatusCode::GONE,

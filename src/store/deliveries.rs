@@ -20,7 +20,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::columns::{Json, Time, from_row};
-use super::{Dialect, Store, StoreError, WaitRow};
+use super::{Store, StoreError, WaitRow};
 use crate::engine::spec::Notify;
 use crate::model::{
     Attempt, Delivery, DeliveryStatus, DropReason, Event, EventBody, Wait, webhook_id,
@@ -355,6 +355,7 @@ impl Store {
         for row in rows {
             grouped.push(row.grouped);
             let secret = self
+                .core
                 .cipher
                 .open(&row.d_secret.0)
                 .ok()

@@ -306,7 +306,7 @@ impl Store {
                 deadline: engine.deadline,
             }
             .to_parts(),
-            notify: deliveries::NotifyRow::of(&req.shell.notify, &self.cipher)?,
+            notify: deliveries::NotifyRow::of(&req.shell.notify, &self.core.cipher)?,
             engine,
             trace: trace.map(str::to_owned),
             placement: None,
@@ -453,7 +453,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(vec![]);
         }
-        let heads = match &self.db {
+        let heads = match &self.core.db {
             Dialect::Postgres(d) => d.group_heads(ids).await?,
             Dialect::Sqlite(d) => {
                 let mut heads = Vec::with_capacity(ids.len());
@@ -488,7 +488,7 @@ impl Store {
         if ends.is_empty() {
             return Ok(vec![]);
         }
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => {
                 let writes: Vec<GroupWrite<'_>> = ends
                     .iter()
@@ -528,7 +528,7 @@ impl Store {
         if progress.is_empty() {
             return Ok(());
         }
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => {
                 let writes: Vec<GroupWrite<'_>> = progress
                     .iter()

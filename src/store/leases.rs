@@ -109,7 +109,7 @@ impl Store {
     /// How many times a wait's row was claimed, from the token it is held under
     /// (on Postgres the row's epoch and its slot's gen; on SQLite the epoch).
     fn row_epoch(&self, token: i64) -> i64 {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(_) => token >> 32,
             Dialect::Sqlite(_) => token,
         }
@@ -120,7 +120,7 @@ impl Store {
         let mut spec: Spec =
             serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
         spec.target
-            .restore_secrets(self.cipher.open(&row.headers.0)?);
+            .restore_secrets(self.core.cipher.open(&row.headers.0)?);
         let mut engine: EngineState = serde_json::from_value(row.engine.0.clone())
             .map_err(|e| format!("engine state: {e}"))?;
         // A group's deadline may have capped the wait's since its engine began.
@@ -200,7 +200,7 @@ impl Store {
             .map(Progress::row)
             .collect::<Result<Vec<_>, _>>()?;
         let written = sql!(self.record(owner, now, &rows))?;
-        if self.postgres().is_some() && self.ends.receiver_count() > 0 {
+        if self.postgres().is_some() && self.core.ends.receiver_count() > 0 {
             let ended: Arc<[Uuid]> = progress
                 .iter()
                 .zip(&written)
@@ -208,7 +208,7 @@ impl Store {
                 .map(|(p, _)| p.id)
                 .collect();
             if !ended.is_empty() {
-                let _ = self.ends.send(ended);
+                let _ = self.core.ends.send(ended);
             }
         }
         Ok(written)
@@ -307,7 +307,7 @@ impl Store {
     /// checkpoint carries a state; on SQLite every wait is given back.
     pub async fn hand_over(&self, owner: Uuid, held: &[Checkpoint]) -> Result<u64, StoreError> {
         let rows: Vec<CheckpointRow> = held.iter().map(CheckpointRow::from).collect();
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.hand_over(owner, &rows).await,
             Dialect::Sqlite(d) => d.release(owner, &rows).await,
         }
@@ -317,7 +317,7 @@ impl Store {
     /// once: the slot's count of such takeovers goes back to 0 (Postgres; SQLite
     /// has no slots).
     pub async fn settle(&self, owner: Uuid, slot: SlotToken) -> Result<(), StoreError> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.settle(owner, slot.slot, slot.token).await,
             Dialect::Sqlite(_) => Ok(()),
         }

@@ -18,7 +18,6 @@ mod columns;
 mod counts;
 mod migrations;
 pub mod postgres;
-pub mod retention;
 mod rows;
 pub mod secrets;
 mod sqlite;
@@ -246,9 +245,9 @@ enum Dialect {
 
 macro_rules! sql {
     ($self:ident . $method:ident ( $($arg:expr),* )) => {
-        match &$self.db {
-            Dialect::Postgres(d) => d.$method($($arg),*).await,
-            Dialect::Sqlite(d) => d.$method($($arg),*).await,
+        match &$self.core.db {
+            $crate::store::Dialect::Postgres(d) => d.$method($($arg),*).await,
+            $crate::store::Dialect::Sqlite(d) => d.$method($($arg),*).await,
         }
     };
 }
@@ -258,13 +257,16 @@ pub use deliveries::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outcome, Rede
 pub mod groups;
 mod leases;
 pub use groups::{Group, GroupRefused, GroupRequest, MemberRequest, MemberState};
+pub mod retention;
+pub use retention::Retention;
 
 /// Batches of ended ids [`Store::local_ends`] keeps for a slow receiver.
 const LOCAL_ENDS: usize = 1024;
 
-/// The store. Cloning is shallow.
+/// What every job's handle shares: the database, and what is kept beside it.
+/// Cloning is shallow.
 #[derive(Clone, Debug)]
-pub struct Store {
+struct Core {
     db: Dialect,
     cipher: Arc<secrets::Cipher>,
     /// Per tenant: running waits when last counted, and when.
@@ -273,6 +275,14 @@ pub struct Store {
     /// write commits (before the sequencer announces them): see
     /// [`Store::local_ends`].
     ends: tokio::sync::broadcast::Sender<Arc<[Uuid]>>,
+}
+
+/// The store: the whole of it, for the API, and each job's handle for the part
+/// that does only that job. Cloning is shallow.
+#[derive(Clone, Debug)]
+pub struct Store {
+    core: Arc<Core>,
+    retention: Retention,
 }
 
 impl Store {
@@ -296,12 +306,26 @@ impl Store {
                 "the database URL has the scheme \"{scheme}\"; use postgres://…, sqlite://PATH or sqlite::memory:"
             )));
         };
-        Ok(Store {
+        Ok(Store::of(Core {
             db,
             cipher: Default::default(),
             counts: Default::default(),
             ends: tokio::sync::broadcast::channel(LOCAL_ENDS).0,
-        })
+        }))
+    }
+
+    /// The store over `core`, with its handles.
+    fn of(core: Core) -> Store {
+        let core = Arc::new(core);
+        Store {
+            retention: Retention { core: core.clone() },
+            core,
+        }
+    }
+
+    /// What the retention sweep deletes and reads.
+    pub fn retention(&self) -> &Retention {
+        &self.retention
     }
 
     /// The ids of the waits each of this process's progress writes ended, as the
@@ -311,19 +335,20 @@ impl Store {
     /// in a burst of ends takes a sequencer run or two. A receiver that falls
     /// behind misses some; the notices still come.
     pub fn local_ends(&self) -> tokio::sync::broadcast::Receiver<Arc<[Uuid]>> {
-        self.ends.subscribe()
+        self.core.ends.subscribe()
     }
 
     /// Seals target header values at rest under `cipher`'s key.
-    pub fn with_cipher(mut self, cipher: secrets::Cipher) -> Store {
-        self.cipher = Arc::new(cipher);
-        self
+    pub fn with_cipher(self, cipher: secrets::Cipher) -> Store {
+        let mut core = (*self.core).clone();
+        core.cipher = Arc::new(cipher);
+        Store::of(core)
     }
 
     /// The Postgres backend, for what only Postgres has (LISTEN, the sequencer,
     /// connection diagnosis).
     pub fn postgres(&self) -> Option<&PgDialect> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => Some(d),
             Dialect::Sqlite(_) => None,
         }
@@ -332,7 +357,7 @@ impl Store {
     /// Tells the other replicas that a host asked for quiet (Postgres; a SQLite
     /// store has no other replica).
     pub async fn announce_pause(&self, pause: &crate::bus::HostPause) -> Result<(), StoreError> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.announce_pause(pause).await,
             Dialect::Sqlite(_) => Ok(()),
         }
@@ -340,7 +365,7 @@ impl Store {
 
     /// The kind of store and where it is, never a password.
     pub fn describe(&self) -> String {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.describe(),
             Dialect::Sqlite(d) => d.describe(),
         }
@@ -349,7 +374,7 @@ impl Store {
     /// Database connections checked out right now (of `--db-connections` plus the
     /// few Postgres keeps apart for leases and the sequencer).
     pub fn connections_in_use(&self) -> u32 {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.connections_in_use(),
             Dialect::Sqlite(d) => d.connections_in_use(),
         }
@@ -403,7 +428,7 @@ impl Store {
                 existing: true,
             });
         }
-        let mut nw = NewWait::prepare(spec, now, &self.cipher, trace)?;
+        let mut nw = NewWait::prepare(spec, now, &self.core.cipher, trace)?;
         nw.placement = Some(rows::placement(tenant, &spec.target.url));
         let admission = self.admission(tenant, max_active);
         match sql!(self.insert_wait(tenant, now, &nw, idempotency, admission))? {
@@ -469,12 +494,12 @@ impl Store {
     }
 
     fn far_under_limit(&self, tenant: &str, max: i64) -> bool {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.core.counts.lock().unwrap_or_else(|e| e.into_inner());
         counts.far_under(tenant, max, Instant::now())
     }
 
     fn counted(&self, tenant: &str, n: i64) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.core.counts.lock().unwrap_or_else(|e| e.into_inner());
         counts.counted(tenant, n, Instant::now());
     }
 

@@ -48,36 +48,35 @@ mod groups;
 mod leases;
 mod outbox;
 mod progress;
-mod retention;
 mod slots;
 mod waits;
 
 /// Held by the one sequencer at a time that gives committed events their global
 /// cursor (`gid`).
-const SEQUENCER_LOCK: i64 = 0x7761_6974_6400_0001;
+pub(in crate::store) const SEQUENCER_LOCK: i64 = 0x7761_6974_6400_0001;
 
 /// Checkpoints per statement: no one statement holds thousands of row locks.
-const CHECKPOINT_CHUNK: usize = 1000;
+pub(in crate::store) const CHECKPOINT_CHUNK: usize = 1000;
 
 /// A handle on the database. Cloning is shallow (the pools are reference-counted).
 #[derive(Clone, Debug)]
 pub struct PgDialect {
-    pool: PgPool,
+    pub(in crate::store) pool: PgPool,
     /// Claims, renewals and releases get connections of their own, so that a burst
     /// of API traffic or progress writes can never starve the leases.
-    lease_pool: PgPool,
+    pub(in crate::store) lease_pool: PgPool,
     /// The sequencer's own connection: a burst of reads that its notices set off
     /// must not delay its next run.
-    sequencer_pool: PgPool,
+    pub(in crate::store) sequencer_pool: PgPool,
     /// How to connect, for diagnosing a connection that fails.
-    options: Arc<PgConnectOptions>,
+    pub(in crate::store) options: Arc<PgConnectOptions>,
     /// Wakes the sequencer after a commit that left events to sequence.
-    committed: Arc<Notify>,
+    pub(in crate::store) committed: Arc<Notify>,
     /// Creates waiting to share a statement.
     creates: Arc<creates::Creates>,
 }
 
-fn labels_json(labels: &BTreeMap<String, String>) -> Value {
+pub(in crate::store) fn labels_json(labels: &BTreeMap<String, String>) -> Value {
     serde_json::to_value(labels).unwrap_or_else(|_| json!({}))
 }
 impl PgDialect {

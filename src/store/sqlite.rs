@@ -26,14 +26,13 @@ mod groups;
 mod leases;
 mod outbox;
 mod progress;
-mod retention;
 mod waits;
 
 /// A handle on the embedded database. Cloning is shallow.
 #[derive(Clone, Debug)]
 pub(crate) struct SqliteDialect {
-    pool: SqlitePool,
-    bus: Bus,
+    pub(in crate::store) pool: SqlitePool,
+    pub(in crate::store) bus: Bus,
     /// What the start-up line calls it.
     name: String,
     /// Held open for the life of the store: the lock that keeps a second process out.
@@ -53,11 +52,11 @@ struct Keeper {
     conn: tokio::sync::Mutex<Option<SqliteConnection>>,
 }
 
-fn ms(t: DateTime<Utc>) -> i64 {
+pub(in crate::store) fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
-fn at(ms: i64) -> DateTime<Utc> {
+pub(in crate::store) fn at(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
 }
 impl SqliteDialect {
@@ -150,7 +149,7 @@ impl SqliteDialect {
 
     /// After a commit that wrote events: their notices, and the deliverer's wake
     /// (the outbox trigger may have inserted deliveries with them).
-    fn publish(&self, notices: Vec<Notice>) {
+    pub(in crate::store) fn publish(&self, notices: Vec<Notice>) {
         let wrote = !notices.is_empty();
         for n in notices {
             self.bus.publish(BusMsg::Notice(n));

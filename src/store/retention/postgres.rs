@@ -1,17 +1,17 @@
-//! Retention's batch on Postgres (see `store::retention`).
+//! Retention's batch on Postgres (see [`super`]).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::PgDialect;
+use super::Swept;
 use crate::store::StoreError;
-use crate::store::retention::Swept;
+use crate::store::postgres::PgDialect;
 
 /// The advisory lock key of the sweep ("waitd-retention" folded into 64 bits).
 const SWEEP_LOCK: i64 = 0x7761_6974_6472_6574;
 
 impl PgDialect {
-    pub(crate) async fn sweep_ended(
+    pub(super) async fn sweep_ended(
         &self,
         cutoff: DateTime<Utc>,
         limit: i64,
@@ -80,7 +80,7 @@ impl PgDialect {
     /// of the deleted rows reusable at once rather than at autovacuum's next visit
     /// (a minute apart at the least). It takes no lock that blocks reads or writes,
     /// and skips a table another session holds locked.
-    pub(crate) async fn vacuum_swept(&self) -> Result<(), StoreError> {
+    pub(super) async fn vacuum_swept(&self) -> Result<(), StoreError> {
         sqlx::query(
             "VACUUM (SKIP_LOCKED) waits, wait_specs, wait_events, deliveries, wait_notify, idempotency_keys",
         )
@@ -89,7 +89,7 @@ impl PgDialect {
         Ok(())
     }
 
-    pub(crate) async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+    pub(super) async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let (t,): (Option<DateTime<Utc>>,) =
             sqlx::query_as("SELECT min(finished_at) FROM waits WHERE status <> 'running'")
                 .fetch_one(&self.pool)
@@ -97,7 +97,7 @@ impl PgDialect {
         Ok(t)
     }
 
-    pub(crate) async fn event_horizon(&self, tenant: &str) -> Result<i64, StoreError> {
+    pub(super) async fn event_horizon(&self, tenant: &str) -> Result<i64, StoreError> {
         let n: Option<(i64,)> =
             sqlx::query_as("SELECT last_deleted FROM retention_horizons WHERE tenant = $1")
                 .bind(tenant)

@@ -1,16 +1,16 @@
-//! Retention's batch on SQLite (see `store::retention`). One process uses a
+//! Retention's batch on SQLite (see [`super`]). One process uses a
 //! SQLite file, so no lock is needed; the pages a batch frees are reused by
 //! later writes, so the file stops growing once the sweep keeps pace.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{SqliteDialect, at, ms};
+use super::Swept;
 use crate::store::StoreError;
-use crate::store::retention::Swept;
+use crate::store::sqlite::{SqliteDialect, at, ms};
 
 impl SqliteDialect {
-    pub(crate) async fn sweep_ended(
+    pub(super) async fn sweep_ended(
         &self,
         cutoff: DateTime<Utc>,
         limit: i64,
@@ -66,11 +66,11 @@ impl SqliteDialect {
     }
 
     /// Nothing: SQLite reuses freed pages without being asked.
-    pub(crate) async fn vacuum_swept(&self) -> Result<(), StoreError> {
+    pub(super) async fn vacuum_swept(&self) -> Result<(), StoreError> {
         Ok(())
     }
 
-    pub(crate) async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+    pub(super) async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         let (t,): (Option<i64>,) =
             sqlx::query_as("SELECT min(finished_at) FROM waits WHERE status <> 'running'")
                 .fetch_one(&self.pool)
@@ -78,7 +78,7 @@ impl SqliteDialect {
         Ok(t.map(at))
     }
 
-    pub(crate) async fn event_horizon(&self, tenant: &str) -> Result<i64, StoreError> {
+    pub(super) async fn event_horizon(&self, tenant: &str) -> Result<i64, StoreError> {
         let n: Option<(i64,)> =
             sqlx::query_as("SELECT last_deleted FROM retention_horizons WHERE tenant = ?")
                 .bind(tenant)

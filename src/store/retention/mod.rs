@@ -1,16 +1,27 @@
 //! Retention: deleting ended waits, with everything that hangs off them, once they
 //! have been ended longer than the operator keeps them (`--retention`). The
-//! sweeping loop is [`crate::retention`]; here is what one batch does, written
-//! once over the two backends.
+//! sweeping loop is [`crate::retention`], which holds the [`Retention`] handle;
+//! here is what one batch does, written once over the two backends.
+//!
+//! On SQLite: one process owns the file, so a batch takes no lock (Postgres takes a
+//! transaction-level advisory lock, so that one replica sweeps at a time); every
+//! event has its global id as it is written, so none waits to be sequenced; and
+//! the pages a batch frees are reused by later writes, so [`Retention::vacuum_swept`]
+//! does nothing there.
 //!
 //! A batch never touches a running wait, nor a wait with a delivery still pending
 //! (its webhook is still owed), nor one whose events are not all sequenced. It
 //! records, per tenant, the newest global event id it deleted: a `/events` cursor
 //! before that would skip deleted events silently, so it is refused instead.
 
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
-use super::{Dialect, Store, StoreError};
+use super::{Core, Dialect, StoreError};
 
 /// Rows one batch deleted, by table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,7 +48,13 @@ impl Swept {
     }
 }
 
-impl Store {
+/// What the retention sweep asks of the store. Cloning is shallow.
+#[derive(Clone, Debug)]
+pub struct Retention {
+    pub(super) core: Arc<Core>,
+}
+
+impl Retention {
     /// Deletes up to `limit` waits that ended before `cutoff`, oldest end first,
     /// with their rows in every table. `None` when another replica holds the
     /// sweep (Postgres: a transaction-level advisory lock), so that one replica
@@ -47,7 +64,7 @@ impl Store {
         cutoff: DateTime<Utc>,
         limit: i64,
     ) -> Result<Option<Swept>, StoreError> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.sweep_ended(cutoff, limit).await,
             Dialect::Sqlite(d) => d.sweep_ended(cutoff, limit).await,
         }
@@ -56,7 +73,7 @@ impl Store {
     /// Makes the space of swept rows reusable now (Postgres: `VACUUM`; SQLite
     /// reuses it by itself).
     pub async fn vacuum_swept(&self) -> Result<(), StoreError> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.vacuum_swept().await,
             Dialect::Sqlite(d) => d.vacuum_swept().await,
         }
@@ -64,7 +81,7 @@ impl Store {
 
     /// When the wait that ended longest ago ended, if any has.
     pub async fn oldest_ended(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.oldest_ended().await,
             Dialect::Sqlite(d) => d.oldest_ended().await,
         }
@@ -73,7 +90,7 @@ impl Store {
     /// The newest global event id of `tenant`'s that retention has deleted (0 when
     /// none): a `/events` cursor before it has lost events.
     pub async fn event_horizon(&self, tenant: &str) -> Result<i64, StoreError> {
-        match &self.db {
+        match &self.core.db {
             Dialect::Postgres(d) => d.event_horizon(tenant).await,
             Dialect::Sqlite(d) => d.event_horizon(tenant).await,
         }
