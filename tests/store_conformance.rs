@@ -115,7 +115,7 @@ async fn a_created_wait_reads_back_with_its_created_event_and_redacted_headers()
         assert_eq!(w.status, Status::Running, "{}", backend.url());
         assert_eq!(w.spec["target"]["headers"]["Authorization"], "<redacted>");
         assert!(!w.spec.to_string().contains("secret-token-value"));
-        let events = store.events("t1", w.id, 0, 100).await.unwrap();
+        let events = store.events().of_wait("t1", w.id, 0, 100).await.unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].kind(), "created");
         assert_eq!(events[0].seq, 1);
@@ -138,10 +138,18 @@ async fn another_tenant_sees_nothing_of_a_wait() {
                 .unwrap()
                 .is_none()
         );
-        assert!(store.events("t2", w.id, 0, 10).await.unwrap().is_empty());
         assert!(
             store
-                .global_events("t2", 0, &BTreeMap::new(), 10)
+                .events()
+                .of_wait("t2", w.id, 0, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            store
+                .events()
+                .of_tenant("t2", 0, &BTreeMap::new(), 10)
                 .await
                 .unwrap()
                 .is_empty()
@@ -312,7 +320,7 @@ async fn concurrent_creates_make_one_wait_a_key_and_one_each_without() {
             .unwrap();
         assert_eq!(all.len(), 100, "40 keyed and 60 unkeyed waits");
         for w in &all {
-            let events = store.events("t", w.id, 0, 10).await.unwrap();
+            let events = store.events().of_wait("t", w.id, 0, 10).await.unwrap();
             assert_eq!(events.len(), 1, "one created event each");
             assert_eq!(events[0].kind(), "created");
         }
@@ -432,7 +440,12 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
         let renewal = store.renew(b, ttl, &renew_b, &[]).await.unwrap();
         assert!(renewal.lost.is_empty() && renewal.strays.is_empty());
         assert_eq!(
-            store.events("t", w.id, 0, 10).await.unwrap().len(),
+            store
+                .events()
+                .of_wait("t", w.id, 0, 10)
+                .await
+                .unwrap()
+                .len(),
             1,
             "the fenced write left no event"
         );
@@ -526,7 +539,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
                 async move { s1.record(me, Utc::now(), &success).await.unwrap() },
                 async move { s2.cancel("t", w.id, Utc::now()).await.unwrap() }
             );
-            let events = store.events("t", w.id, 0, 10).await.unwrap();
+            let events = store.events().of_wait("t", w.id, 0, 10).await.unwrap();
             let terminal: Vec<_> = events.iter().filter(|e| e.is_terminal()).collect();
             assert_eq!(
                 terminal.len(),
@@ -588,7 +601,7 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
             };
             assert!(store.record(me, Utc::now(), &p).await.unwrap());
         }
-        let e1 = store.events("t", w1.id, 0, 100).await.unwrap();
+        let e1 = store.events().of_wait("t", w1.id, 0, 100).await.unwrap();
         assert_eq!(
             e1.iter().map(|e| e.seq).collect::<Vec<_>>(),
             vec![1, 2, 3],
@@ -599,23 +612,33 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
             e1.iter().map(|e| e.kind()).collect::<Vec<_>>(),
             ["created", "state", "retry"]
         );
-        assert_eq!(store.events("t", w1.id, 1, 100).await.unwrap().len(), 2);
+        assert_eq!(
+            store
+                .events()
+                .of_wait("t", w1.id, 1, 100)
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
         assert!(matches!(&e1[1].body, EventBody::State { to, .. } if to == "deploying"));
 
         let all = store
-            .global_events("t", 0, &BTreeMap::new(), 100)
+            .events()
+            .of_tenant("t", 0, &BTreeMap::new(), 100)
             .await
             .unwrap();
         assert_eq!(all.len(), 6);
         assert!(all.windows(2).all(|w| w[0].id < w[1].id));
         let after = store
-            .global_events("t", all[2].id.unwrap(), &BTreeMap::new(), 100)
+            .events()
+            .of_tenant("t", all[2].id.unwrap(), &BTreeMap::new(), 100)
             .await
             .unwrap();
         assert_eq!(after.len(), 3);
         let mut only2 = BTreeMap::new();
         only2.insert("k".to_string(), "2".to_string());
-        let labelled = store.global_events("t", 0, &only2, 100).await.unwrap();
+        let labelled = store.events().of_tenant("t", 0, &only2, 100).await.unwrap();
         assert!(labelled.iter().all(|e| e.wait_id == w2.id));
         assert_eq!(labelled.len(), 3);
     });
@@ -637,7 +660,7 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
         assert!(!second.ended, "the second finds it ended");
         let second = second.wait;
         assert_eq!(second.finished_at, first.finished_at);
-        let events = store.events("t", w.id, 0, 10).await.unwrap();
+        let events = store.events().of_wait("t", w.id, 0, 10).await.unwrap();
         assert_eq!(
             events.iter().map(|e| e.kind()).collect::<Vec<_>>(),
             ["created", "canceled"]
@@ -758,7 +781,8 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
             let store = store.clone();
             async move {
                 store
-                    .events("t", id, 0, 10)
+                    .events()
+                    .of_wait("t", id, 0, 10)
                     .await
                     .unwrap()
                     .into_iter()
@@ -884,7 +908,15 @@ async fn waits_and_events_persist_across_a_reopen() {
         let reopened = backend.open().await;
         let back = reopened.get("t", w.id).await.unwrap().expect("persisted");
         assert_eq!(back.id, w.id, "{}", backend.url());
-        assert_eq!(reopened.events("t", w.id, 0, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            reopened
+                .events()
+                .of_wait("t", w.id, 0, 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
         reopened.close().await;
         drop(reopened);
         backend.finish().await;

@@ -99,7 +99,7 @@ pub async fn list_events(
     let latest = q.after.as_deref() == Some("latest") && !resuming;
     // The tenant's newest event: where `latest` follows from, and past which no
     // cursor this server gave the tenant can point.
-    let newest = s.store.last_event_id(Some(&tenant)).await?;
+    let newest = s.store.events().last_id(Some(&tenant)).await?;
     let after = if latest {
         newest
     } else {
@@ -133,7 +133,8 @@ pub async fn list_events(
     if !stream_it {
         let mut items = s
             .store
-            .global_events(&tenant, after, &labels, PAGE + 1)
+            .events()
+            .of_tenant(&tenant, after, &labels, PAGE + 1)
             .await?;
         let more = items.len() as i64 > PAGE;
         items.truncate(PAGE as usize);
@@ -167,7 +168,7 @@ async fn sequenced_history(
     let until = tokio::time::Instant::now() + Duration::from_secs(1);
     let mut notices: Option<WaitSubscription> = None;
     loop {
-        let mut events = s.store.events(tenant, id, after, limit).await?;
+        let mut events = s.store.events().of_wait(tenant, id, after, limit).await?;
         let cut = events.iter().take_while(|e| e.id.is_some()).count();
         if cut == events.len() || tokio::time::Instant::now() >= until {
             events.truncate(cut);

@@ -187,16 +187,20 @@ impl WaitStream {
 
     async fn read(&mut self) {
         let (s, tenant, id) = (&self.s, &self.tenant, self.id);
-        let mut events =
-            match replay_page(s, s.store.events(tenant, id, self.last as i32, PAGE)).await {
-                Ok(events) => events,
-                Err(e) => {
-                    if !pause_after_error(&mut self.stopping, &e).await {
-                        self.done = true;
-                    }
-                    return;
+        let mut events = match replay_page(
+            s,
+            s.store.events().of_wait(tenant, id, self.last as i32, PAGE),
+        )
+        .await
+        {
+            Ok(events) => events,
+            Err(e) => {
+                if !pause_after_error(&mut self.stopping, &e).await {
+                    self.done = true;
                 }
-            };
+                return;
+            }
+        };
         // Only what is sequenced: the rest follows with the sequencer's notice,
         // which carries it.
         let cut = events.iter().take_while(|e| e.id.is_some()).count();
@@ -220,7 +224,12 @@ impl WaitStream {
     /// more will come.
     async fn at_end(&self) -> bool {
         let (s, tenant, id) = (&self.s, &self.tenant, self.id);
-        match s.store.events(tenant, id, self.last as i32 - 1, 1).await {
+        match s
+            .store
+            .events()
+            .of_wait(tenant, id, self.last as i32 - 1, 1)
+            .await
+        {
             Ok(v) => match v.first() {
                 Some(e) => i64::from(e.seq) == self.last && e.is_terminal(),
                 None => matches!(s.store.get(tenant, id).await, Ok(Some(w)) if !w.is_running()),
@@ -352,7 +361,8 @@ impl FeedStream {
         let s = &self.s;
         let read = s
             .store
-            .global_events(&self.tenant, self.last, &self.labels, PAGE);
+            .events()
+            .of_tenant(&self.tenant, self.last, &self.labels, PAGE);
         match replay_page(s, read).await {
             Ok(events) => {
                 for e in &events {

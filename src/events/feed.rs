@@ -21,7 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::bus::{Bus, BusMsg};
 use crate::model::Event;
-use crate::store::Store;
+use crate::store::Events;
 
 /// Events read per query.
 const PAGE: i64 = 1000;
@@ -83,7 +83,7 @@ impl Feed {
     /// follows, and publishes it.
     pub async fn run(
         self,
-        store: Store,
+        store: Events,
         bus: Bus,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
@@ -91,7 +91,7 @@ impl Feed {
         let mut rx = bus.subscribe();
         // Where the feed stands: the newest event already published or skipped.
         let mut last = loop {
-            match store.last_event_id(None).await {
+            match store.last_id(None).await {
                 Ok(n) => break n,
                 Err(e) => {
                     tracing::warn!(error = %e, "the event feed cannot read where it starts; retrying");
@@ -129,7 +129,7 @@ impl Feed {
                         // (the store is away), and a follower that subscribed
                         // meanwhile may have read its history before the newest of
                         // these were numbered: then they are its to get from here.
-                        if let Ok(n) = store.last_event_id(None).await
+                        if let Ok(n) = store.last_id(None).await
                             && self.tx.receiver_count() == 0
                         {
                             last = last.max(n);

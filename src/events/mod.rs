@@ -40,7 +40,7 @@ impl Events {
     {
         let feed = Feed::new();
         let mut tasks = vec![tokio::spawn(feed.clone().run(
-            store.clone(),
+            store.events().clone(),
             bus.clone(),
             shutdown(),
         ))];

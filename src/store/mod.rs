@@ -208,16 +208,6 @@ pub struct Canceled {
     pub ended: bool,
 }
 
-/// An event of any tenant, as the replica's feed reads them for every follower of
-/// `GET /events` at once: with the tenant and the labels of its wait, by which each
-/// follower filters.
-#[derive(Clone, Debug)]
-pub struct FeedEvent {
-    pub event: Event,
-    pub tenant: String,
-    pub labels: BTreeMap<String, String>,
-}
-
 /// What a renewal found: the named waits no longer the owner's under the epoch
 /// they were named with (taken over, or ended elsewhere), and the waits the owner
 /// owns without naming them (a claim whose answer never came back: the connection
@@ -257,6 +247,8 @@ pub use deliveries::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outcome, Rede
 pub mod groups;
 mod leases;
 pub use groups::{Group, GroupRefused, GroupRequest, MemberRequest, MemberState};
+pub mod events;
+pub use events::{Events, FeedEvent};
 pub mod retention;
 pub use retention::Retention;
 
@@ -282,6 +274,7 @@ struct Core {
 #[derive(Clone, Debug)]
 pub struct Store {
     core: Arc<Core>,
+    events: Events,
     retention: Retention,
 }
 
@@ -318,9 +311,15 @@ impl Store {
     fn of(core: Core) -> Store {
         let core = Arc::new(core);
         Store {
+            events: Events { core: core.clone() },
             retention: Retention { core: core.clone() },
             core,
         }
+    }
+
+    /// The reads of events: a wait's, a tenant's, the feed.
+    pub fn events(&self) -> &Events {
+        &self.events
     }
 
     /// What the retention sweep deletes and reads.
@@ -555,58 +554,6 @@ impl Store {
             .get(tenant, id)
             .await?
             .map(|wait| Canceled { wait, ended }))
-    }
-
-    /// A wait's events with `seq > after`, oldest first. Every committed event is
-    /// there; on Postgres one committed a moment ago may not have its global cursor
-    /// yet (`id` is `None` until the sequencer gives it one).
-    pub async fn events(
-        &self,
-        tenant: &str,
-        wait_id: Uuid,
-        after: i32,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
-        sql!(self.events(tenant, wait_id, after, limit))?
-            .into_iter()
-            .map(EventRow::into_event)
-            .collect()
-    }
-
-    /// The tenant's sequenced events with global `id > after`, of waits carrying all
-    /// `labels`.
-    pub async fn global_events(
-        &self,
-        tenant: &str,
-        after: i64,
-        labels: &BTreeMap<String, String>,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
-        sql!(self.global_events(tenant, after, labels, limit))?
-            .into_iter()
-            .map(EventRow::into_event)
-            .collect()
-    }
-
-    /// Events of every tenant with global id `> after`, oldest first (the replica's
-    /// feed; see [`FeedEvent`]).
-    pub async fn feed(&self, after: i64, limit: i64) -> Result<Vec<FeedEvent>, StoreError> {
-        sql!(self.feed(after, limit))?
-            .into_iter()
-            .map(|r| {
-                Ok(FeedEvent {
-                    event: r.event.into_event()?,
-                    tenant: r.tenant,
-                    labels: serde_json::from_value(r.labels.0).unwrap_or_default(),
-                })
-            })
-            .collect()
-    }
-
-    /// The newest global event id given out so far (0 before the first event); with
-    /// a tenant, the newest of that tenant's events.
-    pub async fn last_event_id(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
-        sql!(self.last_event_id(tenant))
     }
 
     /// Runs one statement as written: for tests that bend the schema (a trigger

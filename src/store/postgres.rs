@@ -43,7 +43,6 @@ pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
 // After `work_channel!` and `deliveries_channel!`, which `waits` and `outbox` use.
 mod creates;
-mod events;
 mod groups;
 mod leases;
 mod outbox;

@@ -21,7 +21,6 @@ use uuid::Uuid;
 use super::StoreError;
 use crate::bus::{Bus, BusMsg, Notice};
 
-mod events;
 mod groups;
 mod leases;
 mod outbox;

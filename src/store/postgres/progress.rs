@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::events::sequence_in;
 use super::slots::{fence, fenced};
 use super::{PgDialect, SEQUENCER_LOCK};
+use crate::store::events::postgres::sequence_in;
 use crate::store::{ProgressRow, StoreError, WaitEpoch};
 
 impl PgDialect {

@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::events::append_events;
 use super::{SqliteDialect, ms};
+use crate::store::events::sqlite::append_events;
 use crate::store::groups::{GroupHead, LinkRow, NewGroup};
 use crate::store::{Admission, Inserted, StoreError};
 

@@ -6,9 +6,9 @@ use serde_json::Value;
 use sqlx::{Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::events::append_events;
 use super::{SqliteDialect, ms};
 use crate::bus::Notice;
+use crate::store::events::sqlite::append_events;
 use crate::store::{ProgressRow, StoreError, WaitEpoch};
 
 impl SqliteDialect {

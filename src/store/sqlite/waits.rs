@@ -5,9 +5,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::events::append_events;
 use super::{SqliteDialect, ms};
 use crate::bus::BusMsg;
+use crate::store::events::sqlite::append_events;
 use crate::store::{
     Admission, GROUPED_COLUMN, GotRow, Inserted, ListFilter, NewWait, StoreError, WAIT_COLUMNS,
     WaitRow,

@@ -1,5 +1,5 @@
-//! Events: appending them, numbered as they are written, and the reads of a
-//! wait's history and of the global feed.
+//! Events on SQLite: appending them, numbered as they are written, and the reads
+//! of a wait's history and of the global feed.
 
 use std::collections::BTreeMap;
 
@@ -8,9 +8,9 @@ use serde_json::Value;
 use sqlx::{Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::{SqliteDialect, at, ms};
 use crate::bus::Notice;
 use crate::model::{Event, EventBody};
+use crate::store::sqlite::{SqliteDialect, at, ms};
 use crate::store::{EventRow, FeedRow, StoreError};
 
 impl SqliteDialect {
@@ -92,7 +92,7 @@ impl SqliteDialect {
 
 /// Appends events numbered from `seq_before + 1`; the notice announcing them, with
 /// them.
-pub(in crate::store::sqlite) async fn append_events(
+pub(in crate::store) async fn append_events(
     tx: &mut Transaction<'_, Sqlite>,
     wait_id: Uuid,
     tenant: &str,

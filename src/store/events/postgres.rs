@@ -1,5 +1,5 @@
-//! Events: the sequencer that gives them their global cursor and announces
-//! them, and the reads of a wait's history and of the global feed.
+//! Events on Postgres: the sequencer that gives them their global cursor and
+//! announces them, and the reads of a wait's history and of the global feed.
 
 use std::collections::BTreeMap;
 
@@ -8,9 +8,9 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use super::{EVENTS_CHANNEL, PgDialect, SEQUENCER_LOCK, labels_json};
 use crate::bus::notice::{self, Notice};
 use crate::model::{Event, EventBody};
+use crate::store::postgres::{EVENTS_CHANNEL, PgDialect, SEQUENCER_LOCK, labels_json};
 use crate::store::{EventRow, FeedRow, StoreError};
 
 impl PgDialect {
@@ -131,7 +131,9 @@ type Sequenced = (Uuid, i64, i32, String, DateTime<Utc>, Value);
 /// events `tx` itself wrote), and queues the notices, which go out at commit: one
 /// per wait on the events channel. The caller holds [`SEQUENCER_LOCK`] until its
 /// commit.
-pub(super) async fn sequence_in(tx: &mut Transaction<'_, Postgres>) -> Result<usize, StoreError> {
+pub(in crate::store) async fn sequence_in(
+    tx: &mut Transaction<'_, Postgres>,
+) -> Result<usize, StoreError> {
     let done: Vec<Sequenced> = sqlx::query_as(
         "WITH base AS (SELECT COALESCE(max(gid), 0) AS b FROM wait_events),
               pending AS (SELECT id, row_number() OVER (ORDER BY id) AS rn
