@@ -203,7 +203,7 @@ impl App {
             w.signals = signals.clone();
             w.live = Some(inbox);
             let d = notify::Deliverer {
-                store: store.clone(),
+                outbox: store.outbox().clone(),
                 bus: bus.clone(),
                 metrics: metrics.clone(),
                 owner: w.owner,
@@ -320,7 +320,8 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, boo
     store.migrate().await?;
     // The outbox's bounds are applied by the store, in every event's transaction.
     store
-        .set_delivery_limits(store::DeliveryLimits {
+        .outbox()
+        .set_limits(store::DeliveryLimits {
             per_webhook: config.max_pending_deliveries_per_webhook,
             per_wait: config.max_pending_deliveries_per_wait,
             per_tenant: config.max_pending_deliveries_per_tenant,

@@ -86,7 +86,7 @@ async fn wait_of(store: &Store, tenant: &str, at: DateTime<Utc>) -> Uuid {
 }
 
 async fn only_delivery(store: &Store, tenant: &str, wait: Uuid) -> Delivery {
-    let mut d = store.deliveries(tenant, wait, 0, 10).await.unwrap();
+    let mut d = store.outbox().of_wait(tenant, wait, 0, 10).await.unwrap();
     assert_eq!(d.len(), 1, "{d:?}");
     d.remove(0)
 }
@@ -106,7 +106,8 @@ async fn claim(
         stalled_until: now,
     };
     store
-        .claim_deliveries(owner, now, Duration::from_secs(30), limit, &turns)
+        .outbox()
+        .claim(owner, now, Duration::from_secs(30), limit, &turns)
         .await
         .unwrap()
 }
@@ -119,7 +120,8 @@ fn tenants(due: &[Due]) -> Vec<&str> {
 /// is behind it.
 async fn deliver(store: &Store, owner: Uuid, due: &Due, now: DateTime<Utc>) -> bool {
     let finished = store
-        .finish_deliveries(
+        .outbox()
+        .finish(
             owner,
             now,
             &[Outcome {
@@ -238,7 +240,8 @@ async fn a_stalled_receivers_due_deliveries_are_left_and_put_off_until_the_time_
         };
         let owner = Uuid::now_v7();
         let due = store
-            .claim_deliveries(owner, now, Duration::from_secs(30), 10, &turns)
+            .outbox()
+            .claim(owner, now, Duration::from_secs(30), 10, &turns)
             .await
             .unwrap();
         assert_eq!(tenants(&due), ["b"], "{name}");
@@ -271,13 +274,14 @@ async fn past_a_tenants_bound_its_oldest_pending_deliveries_are_dropped_and_coun
         let store = backend.open().await;
         let name = backend.name();
         store
-            .set_delivery_limits(DeliveryLimits {
+            .outbox()
+            .set_limits(DeliveryLimits {
                 per_tenant: 5,
                 ..DeliveryLimits::default()
             })
             .await
             .unwrap();
-        assert_eq!(store.delivery_limits().await.unwrap().per_tenant, 5);
+        assert_eq!(store.outbox().limits().await.unwrap().per_tenant, 5);
         let t0 = Utc::now() - chrono::Duration::seconds(60);
         let mut waits = Vec::new();
         for i in 0..8 {
@@ -305,11 +309,7 @@ async fn past_a_tenants_bound_its_oldest_pending_deliveries_are_dropped_and_coun
             d.finished_at.is_some() && d.next_attempt_at.is_none(),
             "{d:?}"
         );
-        assert_eq!(
-            store.dropped_deliveries().await.unwrap(),
-            [0, 0, 3],
-            "{name}"
-        );
+        assert_eq!(store.outbox().dropped().await.unwrap(), [0, 0, 3], "{name}");
 
         // The oldest pending one is in flight: the next oldest goes in its stead.
         let owner = Uuid::now_v7();
@@ -320,11 +320,7 @@ async fn past_a_tenants_bound_its_oldest_pending_deliveries_are_dropped_and_coun
         assert_eq!(d.status, DeliveryStatus::Pending, "{name}: in flight");
         let d = only_delivery(&store, "t", waits[4]).await;
         assert_eq!(d.status, DeliveryStatus::Dropped, "{name}");
-        assert_eq!(
-            store.dropped_deliveries().await.unwrap(),
-            [0, 0, 4],
-            "{name}"
-        );
+        assert_eq!(store.outbox().dropped().await.unwrap(), [0, 0, 4], "{name}");
         store.close().await;
         backend.finish().await;
     }
@@ -336,7 +332,8 @@ async fn a_redelivery_waits_for_its_interval_and_for_room_under_the_bounds() {
         let store = backend.open().await;
         let name = backend.name();
         store
-            .set_delivery_limits(DeliveryLimits {
+            .outbox()
+            .set_limits(DeliveryLimits {
                 per_tenant: 2,
                 redelivery_interval: Duration::from_secs(10),
                 ..DeliveryLimits::default()
@@ -350,18 +347,19 @@ async fn a_redelivery_waits_for_its_interval_and_for_room_under_the_bounds() {
         let id = due[0].delivery.id;
         // Pending, and then in flight: nothing changes.
         assert!(matches!(
-            store.redeliver("t", w, id, t0).await.unwrap(),
+            store.outbox().redeliver("t", w, id, t0).await.unwrap(),
             Redeliver::Pending(_)
         ));
         deliver(&store, owner, &due[0], t0).await;
         assert!(matches!(
-            store.redeliver("t", w, id, t0).await.unwrap(),
+            store.outbox().redeliver("t", w, id, t0).await.unwrap(),
             Redeliver::Queued(_)
         ));
         let due = claim(&store, owner, t0, 10, &[]).await;
         deliver(&store, owner, &due[0], t0).await;
         // Within the interval of the last redelivery: when it can be.
         match store
+            .outbox()
             .redeliver("t", w, id, t0 + chrono::Duration::seconds(4))
             .await
             .unwrap()
@@ -384,6 +382,7 @@ async fn a_redelivery_waits_for_its_interval_and_for_room_under_the_bounds() {
         wait_of(&store, "t", t0).await;
         wait_of(&store, "t", t0).await;
         match store
+            .outbox()
             .redeliver("t", w, id, t0 + chrono::Duration::seconds(11))
             .await
             .unwrap()
@@ -397,7 +396,7 @@ async fn a_redelivery_waits_for_its_interval_and_for_room_under_the_bounds() {
         assert_eq!(d.status, DeliveryStatus::Delivered, "{name}: unchanged");
         // Another tenant's delivery is no such delivery.
         assert!(matches!(
-            store.redeliver("u", w, id, t0).await.unwrap(),
+            store.outbox().redeliver("u", w, id, t0).await.unwrap(),
             Redeliver::NotFound
         ));
         store.close().await;

@@ -72,7 +72,11 @@ pub async fn list_deliveries(
     if s.store.get(&tenant, id).await?.is_none() {
         return Err(no_such_wait(id));
     }
-    let mut items = s.store.deliveries(&tenant, id, after, PAGE + 1).await?;
+    let mut items = s
+        .store
+        .outbox()
+        .of_wait(&tenant, id, after, PAGE + 1)
+        .await?;
     let more = items.len() as i64 > PAGE;
     items.truncate(PAGE as usize);
     let next_cursor = more
@@ -131,7 +135,12 @@ pub async fn retry_delivery(
     if s.store.get(&tenant, id).await?.is_none() {
         return Err(no_such_wait(id));
     }
-    match s.store.redeliver(&tenant, id, number, Utc::now()).await? {
+    match s
+        .store
+        .outbox()
+        .redeliver(&tenant, id, number, Utc::now())
+        .await?
+    {
         Redeliver::Queued(d) => {
             tracing::info!(wait_id = %id, delivery = number, "webhook redelivery queued");
             Ok(json_response(StatusCode::ACCEPTED, d))

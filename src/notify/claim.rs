@@ -182,8 +182,8 @@ impl Tasks {
         let me = &self.me;
         let stalled = self.share.stalled();
         let claimed = me
-            .store
-            .claim_deliveries(
+            .outbox
+            .claim(
                 me.owner,
                 now,
                 me.cfg.lease_ttl,
@@ -279,11 +279,11 @@ impl Running {
     /// The store-wide figures `/metrics` shows: the oldest pending delivery's age,
     /// and the deliveries each bound dropped.
     async fn read_gauges(&self) {
-        if let Ok(oldest) = self.store.oldest_pending_delivery().await {
+        if let Ok(oldest) = self.outbox.oldest_pending().await {
             let age = oldest.map_or(0, |t| (Utc::now() - t).num_milliseconds().max(0));
             self.metrics.webhook_oldest_pending_ms.store(age, Relaxed);
         }
-        if let Ok(dropped) = self.store.dropped_deliveries().await {
+        if let Ok(dropped) = self.outbox.dropped().await {
             for (gauge, n) in self.metrics.webhook_dropped.iter().zip(dropped) {
                 gauge.store(n, Relaxed);
             }

@@ -44,7 +44,8 @@ pub async fn due(store: &Store, owner: Uuid, n: i64) -> Vec<Due> {
         stalled_until: Utc::now(),
     };
     store
-        .claim_deliveries(owner, Utc::now(), Duration::from_secs(30), n, &turns)
+        .outbox()
+        .claim(owner, Utc::now(), Duration::from_secs(30), n, &turns)
         .await
         .unwrap()
 }

@@ -40,7 +40,7 @@ pub use message::{payload, sign};
 use crate::bus::Bus;
 use crate::metrics::Metrics;
 use crate::outbound::Client;
-use crate::store::{Outcome, Store};
+use crate::store::{Outbox, Outcome};
 use crate::worker::Signals;
 
 /// The loop looks for due deliveries at least this often (another replica's
@@ -67,7 +67,7 @@ pub struct NotifyConfig {
 
 /// One replica's delivery loop.
 pub struct Deliverer {
-    pub store: Store,
+    pub outbox: Outbox,
     pub bus: Bus,
     pub metrics: Arc<Metrics>,
     pub owner: Uuid,
@@ -87,7 +87,7 @@ impl Deliverer {
         let client = self.cfg.client.clone();
         let (writes, rx) = tokio::sync::mpsc::channel(4 * writer::WRITE_BATCH);
         let written = tokio::spawn(writer::writer(
-            self.store.clone(),
+            self.outbox.clone(),
             self.owner,
             rx,
             self.wake.clone(),

@@ -2,7 +2,7 @@
 //! receivers.
 //!
 //! The claim already gives each tenant its turn (see
-//! [`crate::store::Store::claim_deliveries`]): it never hands over more of a
+//! [`crate::store::Outbox::claim`]): it never hands over more of a
 //! tenant's deliveries than its share less what [`Share::taken`] says it holds. Here,
 //! a claimed delivery is sent when its tenant has fewer than its share in flight and
 //! its receiver (the tenant's webhooks at one host and port) fewer than half that;

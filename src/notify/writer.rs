@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::model::DeliveryStatus;
-use crate::store::{Outcome, Store};
+use crate::store::{Outbox, Outcome};
 use crate::worker::{Signal, Signals};
 
 /// Outcomes written in one transaction at most.
@@ -20,7 +20,7 @@ pub const WRITE_BATCH: usize = 256;
 /// leased (and its successor not yet first in line), and the next claim may be a
 /// second away (the loop sleeps until the soonest retry it scheduled, or idles).
 pub async fn writer(
-    store: Store,
+    outbox: Outbox,
     owner: Uuid,
     mut rx: tokio::sync::mpsc::Receiver<Outcome>,
     wake: Arc<Notify>,
@@ -28,7 +28,7 @@ pub async fn writer(
 ) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
-        match store.finish_deliveries(owner, Utc::now(), &batch).await {
+        match outbox.finish(owner, Utc::now(), &batch).await {
             Ok(finished) => {
                 let written = finished.written;
                 if finished.next_in_line
@@ -100,7 +100,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let wake = Arc::new(Notify::new());
         let done = tokio::spawn(writer(
-            store.clone(),
+            store.outbox().clone(),
             owner,
             rx,
             wake.clone(),

@@ -15,7 +15,8 @@ use uuid::Uuid;
 
 use super::columns::{Time, from_row};
 use super::{
-    Created, Dialect, EventBody, Inserted, NewWait, Status, Store, StoreError, Wait, deliveries,
+    Core, Created, Dialect, EventBody, Inserted, NewWait, NotifyRow, Status, Store, StoreError,
+    Wait,
 };
 use crate::engine::{EngineState, Spec};
 use crate::model::{Ending, GroupMember, GroupMode, Grouping};
@@ -306,7 +307,7 @@ impl Store {
                 deadline: engine.deadline,
             }
             .to_parts(),
-            notify: deliveries::NotifyRow::of(&req.shell.notify, &self.core.cipher)?,
+            notify: NotifyRow::of(&req.shell.notify, &self.core.cipher)?,
             engine,
             trace: trace.map(str::to_owned),
             placement: None,
@@ -412,10 +413,7 @@ impl Store {
 
     /// The memberships that name any of `ids`, as group or as member.
     pub(crate) async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
-        if ids.is_empty() {
-            return Ok(vec![]);
-        }
-        sql!(self.group_links(ids))
+        self.core.group_links(ids).await
     }
 
     /// The groups an end of the waits `ids` may concern: the groups they are
@@ -629,11 +627,26 @@ impl Store {
     /// Fills in how each wait stands in a group: a group's mode and members, a
     /// member's group.
     pub async fn annotate_groups(&self, waits: &mut [Wait]) -> Result<(), StoreError> {
-        self.annotate_groups_of(waits.iter_mut()).await
+        self.core.annotate_groups_of(waits.iter_mut()).await
+    }
+}
+
+/// What the groups' reads share with the outbox's, which shows a delivery's
+/// wait as it stands in its groups.
+impl Core {
+    /// The memberships that name any of `ids`, as group or as member.
+    async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        match &self.db {
+            Dialect::Postgres(d) => d.group_links(ids).await,
+            Dialect::Sqlite(d) => d.group_links(ids).await,
+        }
     }
 
     /// [`Store::annotate_groups`] over waits held elsewhere (a delivery's wait).
-    pub async fn annotate_groups_of<'a>(
+    pub(super) async fn annotate_groups_of<'a>(
         &self,
         waits: impl IntoIterator<Item = &'a mut Wait>,
     ) -> Result<(), StoreError> {

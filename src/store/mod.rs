@@ -17,6 +17,7 @@
 mod columns;
 mod counts;
 mod migrations;
+#[macro_use]
 pub mod postgres;
 mod rows;
 pub mod secrets;
@@ -36,7 +37,7 @@ pub use crate::model::{Ending, Event, EventBody, Status, Wait};
 use counts::TenantCounts;
 pub(crate) use rows::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, GROUPED_COLUMN, GotRow, Inserted,
-    LIMIT_MARGIN, NewWait, ProgressRow, WAIT_COLUMNS, WaitRow,
+    LIMIT_MARGIN, NewWait, NotifyRow, ProgressRow, WAIT_COLUMNS, WaitRow,
 };
 
 pub use postgres::PgDialect;
@@ -242,8 +243,8 @@ macro_rules! sql {
     };
 }
 
-mod deliveries;
-pub use deliveries::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outcome, Redeliver, Turns};
+pub mod outbox;
+pub use outbox::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outbox, Outcome, Redeliver, Turns};
 pub mod groups;
 mod leases;
 pub use groups::{Group, GroupRefused, GroupRequest, MemberRequest, MemberState};
@@ -275,6 +276,7 @@ struct Core {
 pub struct Store {
     core: Arc<Core>,
     events: Events,
+    outbox: Outbox,
     retention: Retention,
 }
 
@@ -312,6 +314,7 @@ impl Store {
         let core = Arc::new(core);
         Store {
             events: Events { core: core.clone() },
+            outbox: Outbox { core: core.clone() },
             retention: Retention { core: core.clone() },
             core,
         }
@@ -320,6 +323,11 @@ impl Store {
     /// The reads of events: a wait's, a tenant's, the feed.
     pub fn events(&self) -> &Events {
         &self.events
+    }
+
+    /// The webhook outbox: claims, outcomes, redeliveries, bounds.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
     /// What the retention sweep deletes and reads.

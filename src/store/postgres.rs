@@ -41,11 +41,10 @@ pub const DELIVERIES_CHANNEL: &str = deliveries_channel!();
 /// The channel on which replicas tell each other of a host that asked for quiet.
 pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
-// After `work_channel!` and `deliveries_channel!`, which `waits` and `outbox` use.
+// After `work_channel!`, which `waits` uses.
 mod creates;
 mod groups;
 mod leases;
-mod outbox;
 mod progress;
 mod slots;
 mod waits;

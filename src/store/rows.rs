@@ -2,14 +2,17 @@
 //! store's own types become them (a new wait's stored parts, a poll's progress,
 //! a checkpoint) and come back from them (a wait, an event).
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::columns::{Json, Time, from_row};
+use super::secrets;
 use super::{Checkpoint, Ended, Ending, Event, EventBody, Progress, Status, StoreError, Wait};
-use super::{deliveries, secrets};
+use crate::engine::spec::Notify;
 use crate::engine::{EngineState, Spec};
 
 from_row! {
@@ -164,7 +167,7 @@ pub(crate) struct NewWait {
     /// The `created` event: kind and fields.
     pub created: (&'static str, Value),
     /// Its webhooks, secrets sealed.
-    pub notify: Vec<deliveries::NotifyRow>,
+    pub notify: Vec<NotifyRow>,
     /// The `traceparent` its polls and webhook attempts join.
     pub trace: Option<String>,
     /// Where it is held among the replicas ([`placement`]); `None` for a group.
@@ -292,7 +295,7 @@ impl NewWait {
             labels: to_json(&spec.labels, "labels")?,
             engine_json: to_json(&engine, "engine state")?,
             created: created.to_parts(),
-            notify: deliveries::NotifyRow::of(&spec.notify, cipher)?,
+            notify: NotifyRow::of(&spec.notify, cipher)?,
             engine,
             trace: trace.map(str::to_owned),
             placement: None,
@@ -411,5 +414,39 @@ impl Progress {
         let mut progress = Progress::abandon(id, epoch, &engine, reason);
         progress.engine.last_error = Some(why);
         progress
+    }
+}
+
+/// A `notify` entry as stored: its index, URL, event kinds, and sealed secret.
+pub(crate) struct NotifyRow {
+    pub endpoint: i32,
+    pub url: String,
+    pub kinds: i32,
+    pub secret: Value,
+}
+
+impl NotifyRow {
+    pub(crate) fn of(
+        notify: &[Notify],
+        cipher: &secrets::Cipher,
+    ) -> Result<Vec<NotifyRow>, StoreError> {
+        notify
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let secret = cipher
+                    .seal(&BTreeMap::from([("secret".to_string(), n.secret.clone())]))
+                    .map_err(|why| StoreError::Decode {
+                        what: "webhook secret",
+                        why,
+                    })?;
+                Ok(NotifyRow {
+                    endpoint: i as i32,
+                    url: n.url.clone(),
+                    kinds: n.kinds(),
+                    secret,
+                })
+            })
+            .collect()
     }
 }

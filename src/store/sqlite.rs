@@ -23,7 +23,6 @@ use crate::bus::{Bus, BusMsg, Notice};
 
 mod groups;
 mod leases;
-mod outbox;
 mod progress;
 mod waits;
 

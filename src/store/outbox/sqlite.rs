@@ -1,4 +1,4 @@
-//! The webhook outbox's statements (§5.10 of the design): claiming due deliveries
+//! The webhook outbox's statements on SQLite (§5.10 of the design): claiming due deliveries
 //! a tenant's turn at a time, writing attempts' outcomes, redelivering, and the
 //! bounds the outbox keeps.
 
@@ -8,18 +8,18 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{SqliteDialect, at, ms};
-use crate::bus::BusMsg;
-use crate::model::{DeliveryStatus, DropReason};
-use crate::store::StoreError;
-use crate::store::deliveries::{
+use super::{
     DELIVERY_COLUMNS, DUE_JOINS, DeliveryLimits, DeliveryRow, DueRow, Found, LIMITS_SQL, LimitsRow,
     Outcome, Requeue, Turns, due_columns, limits_of,
 };
+use crate::bus::BusMsg;
+use crate::model::{DeliveryStatus, DropReason};
+use crate::store::StoreError;
+use crate::store::sqlite::{SqliteDialect, at, ms};
 
-/// Webhook deliveries (see [`crate::store::deliveries`]).
+/// Webhook deliveries (see [`super`]).
 impl SqliteDialect {
-    pub(in crate::store) async fn claim_deliveries(
+    pub(super) async fn claim_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
@@ -120,7 +120,7 @@ impl SqliteDialect {
     /// The batch in one transaction (one writer: a statement each is as cheap); the
     /// ids written, each with whether it ended with another delivery of its webhook
     /// pending behind it.
-    pub(in crate::store) async fn finish_deliveries(
+    pub(super) async fn finish_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
@@ -189,7 +189,7 @@ impl SqliteDialect {
         Ok(written)
     }
 
-    pub(in crate::store) async fn deliveries(
+    pub(super) async fn deliveries(
         &self,
         tenant: &str,
         wait_id: Uuid,
@@ -210,7 +210,7 @@ impl SqliteDialect {
             .await?)
     }
 
-    pub(in crate::store) async fn redeliver(
+    pub(super) async fn redeliver(
         &self,
         tenant: &str,
         wait_id: Uuid,
@@ -281,10 +281,7 @@ impl SqliteDialect {
         Ok(Requeue::Queued)
     }
 
-    pub(in crate::store) async fn set_delivery_limits(
-        &self,
-        l: DeliveryLimits,
-    ) -> Result<(), StoreError> {
+    pub(super) async fn set_delivery_limits(&self, l: DeliveryLimits) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO delivery_limits (id, per_webhook, per_wait, per_tenant, redelivery_interval_ms)
              VALUES (1, ?1, ?2, ?3, ?4)
@@ -300,7 +297,7 @@ impl SqliteDialect {
         Ok(())
     }
 
-    pub(in crate::store) async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
+    pub(super) async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
         Ok(limits_of(
             sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
                 .fetch_optional(&self.pool)
@@ -308,7 +305,7 @@ impl SqliteDialect {
         ))
     }
 
-    pub(in crate::store) async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
+    pub(super) async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
         let rows: Vec<(String, i64)> =
             sqlx::query_as("SELECT reason, dropped FROM deliveries_dropped")
                 .fetch_all(&self.pool)
@@ -322,7 +319,7 @@ impl SqliteDialect {
         Ok(out)
     }
 
-    pub(in crate::store) async fn oldest_pending_delivery(
+    pub(super) async fn oldest_pending_delivery(
         &self,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let (t,): (Option<i64>,) =

@@ -1,4 +1,4 @@
-//! The webhook outbox's statements (§5.10 of the design): claiming due deliveries
+//! The webhook outbox's statements on Postgres (§5.10 of the design): claiming due deliveries
 //! a tenant's turn at a time, writing attempts' outcomes, redelivering, and the
 //! bounds the outbox keeps.
 
@@ -7,18 +7,18 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::PgDialect;
-use crate::model::DeliveryStatus;
-use crate::store::StoreError;
-use crate::store::deliveries::{
+use super::{
     DELIVERY_COLUMNS, DUE_JOINS, DeliveryLimits, DeliveryRow, DueRow, Found, LIMITS_SQL, LimitsRow,
     Outcome, Requeue, Turns, due_columns, limits_of,
 };
+use crate::model::DeliveryStatus;
+use crate::store::StoreError;
+use crate::store::postgres::PgDialect;
 
-/// Webhook deliveries (see [`crate::store::deliveries`]). On the main pool: the lease pool
+/// Webhook deliveries (see [`super`]). On the main pool: the lease pool
 /// is kept for the waits' claims and renewals, which deliveries must not delay.
 impl PgDialect {
-    pub(in crate::store) async fn claim_deliveries(
+    pub(super) async fn claim_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
@@ -107,7 +107,7 @@ impl PgDialect {
     /// One statement for the batch, and for the `stopped` ones the webhook stops,
     /// in the same transaction; the ids written, each with whether it ended with
     /// another delivery of its webhook pending behind it.
-    pub(in crate::store) async fn finish_deliveries(
+    pub(super) async fn finish_deliveries(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
@@ -164,7 +164,7 @@ impl PgDialect {
         Ok(written)
     }
 
-    pub(in crate::store) async fn deliveries(
+    pub(super) async fn deliveries(
         &self,
         tenant: &str,
         wait_id: Uuid,
@@ -185,7 +185,7 @@ impl PgDialect {
             .await?)
     }
 
-    pub(in crate::store) async fn redeliver(
+    pub(super) async fn redeliver(
         &self,
         tenant: &str,
         wait_id: Uuid,
@@ -279,10 +279,7 @@ impl PgDialect {
         Ok(Requeue::Queued)
     }
 
-    pub(in crate::store) async fn set_delivery_limits(
-        &self,
-        l: DeliveryLimits,
-    ) -> Result<(), StoreError> {
+    pub(super) async fn set_delivery_limits(&self, l: DeliveryLimits) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO delivery_limits (id, per_webhook, per_wait, per_tenant, redelivery_interval_ms)
              VALUES (1, $1, $2, $3, $4)
@@ -298,7 +295,7 @@ impl PgDialect {
         Ok(())
     }
 
-    pub(in crate::store) async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
+    pub(super) async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
         Ok(limits_of(
             sqlx::query_as::<_, LimitsRow>(LIMITS_SQL)
                 .fetch_optional(&self.pool)
@@ -307,7 +304,7 @@ impl PgDialect {
     }
 
     /// A sequence's count: `last_value` once `nextval` was called, else none yet.
-    pub(in crate::store) async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
+    pub(super) async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
         let (a, b, c): (i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM deliveries_dropped_webhook_cap),
                     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM deliveries_dropped_wait_cap),
@@ -318,7 +315,7 @@ impl PgDialect {
         Ok([a, b, c])
     }
 
-    pub(in crate::store) async fn oldest_pending_delivery(
+    pub(super) async fn oldest_pending_delivery(
         &self,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         let (t,): (Option<DateTime<Utc>>,) =

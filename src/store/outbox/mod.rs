@@ -11,17 +11,28 @@
 //!
 //! The outbox is bounded: the trigger drops pending deliveries beyond the
 //! [`DeliveryLimits`] per webhook, per wait and per tenant.
+//!
+//! The deliverer ([`crate::notify`]) holds the [`Outbox`] handle; the API reads a
+//! wait's deliveries and queues redeliveries through it.
+//!
+//! On SQLite the outbox lives in the process: its trigger is a row trigger, a
+//! claim is one transaction (not one statement), nothing is locked `SKIP LOCKED`
+//! (one writer), the count of drops is a table (not a sequence per bound), and
+//! the store wakes its own deliverer on the bus after a commit that may have
+//! queued deliveries, where Postgres sends the `waitd_deliveries` notice with
+//! the commit.
 
-use std::collections::BTreeMap;
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::columns::{Json, Time, from_row};
-use super::{Store, StoreError, WaitRow};
-use crate::engine::spec::Notify;
+use super::{Core, StoreError, WaitRow};
 use crate::model::{
     Attempt, Delivery, DeliveryStatus, DropReason, Event, EventBody, Wait, webhook_id,
 };
@@ -29,40 +40,6 @@ use crate::model::{
 /// The attempts a delivery keeps for `GET /waits/{id}/deliveries` (the count of all
 /// of them is kept apart).
 pub const KEPT_ATTEMPTS: usize = 20;
-
-/// A `notify` entry as stored: its index, URL, event kinds, and sealed secret.
-pub(crate) struct NotifyRow {
-    pub endpoint: i32,
-    pub url: String,
-    pub kinds: i32,
-    pub secret: Value,
-}
-
-impl NotifyRow {
-    pub(crate) fn of(
-        notify: &[Notify],
-        cipher: &super::secrets::Cipher,
-    ) -> Result<Vec<NotifyRow>, StoreError> {
-        notify
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let secret = cipher
-                    .seal(&BTreeMap::from([("secret".to_string(), n.secret.clone())]))
-                    .map_err(|why| StoreError::Decode {
-                        what: "webhook secret",
-                        why,
-                    })?;
-                Ok(NotifyRow {
-                    endpoint: i as i32,
-                    url: n.url.clone(),
-                    kinds: n.kinds(),
-                    secret,
-                })
-            })
-            .collect()
-    }
-}
 
 /// The columns a [`DeliveryRow`] reads, from `deliveries d JOIN wait_notify n`.
 pub(crate) const DELIVERY_COLUMNS: &str = "d.id AS d_id, d.wait_id AS d_wait_id, d.tenant AS d_tenant, \
@@ -131,7 +108,7 @@ pub(crate) struct DueRow {
 }
 }
 
-/// What [`Store::finish_deliveries`] wrote.
+/// What [`Outbox::finish`] wrote.
 #[derive(Debug, Default)]
 pub struct Finished {
     /// Per outcome, in order: false when the delivery was no longer this owner's.
@@ -201,7 +178,7 @@ pub struct Turns<'a> {
 }
 
 /// The bounds on the outbox. Each replica writes its settings to the store at
-/// start-up ([`Store::set_delivery_limits`]): the outbox trigger, which applies the
+/// start-up ([`Outbox::set_limits`]): the outbox trigger, which applies the
 /// caps in the transaction of every event, reads them there, as redeliveries do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeliveryLimits {
@@ -336,12 +313,18 @@ pub(crate) const DUE_JOINS: &str = "JOIN wait_notify n ON n.wait_id = d.wait_id 
      JOIN wait_events e ON e.wait_id = d.wait_id AND e.seq = d.seq \
      JOIN waits w ON w.id = d.wait_id JOIN wait_specs s ON s.wait_id = d.wait_id";
 
-impl Store {
+/// The webhook outbox. Cloning is shallow.
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    pub(super) core: Arc<Core>,
+}
+
+impl Outbox {
     /// Takes up to `limit` due pending deliveries (none of whose wait's earlier
     /// deliveries to the same webhook are still pending) under a lease of `ttl`:
     /// unowned, or whose lease ran out (epoch + 1). Tenants take turns (see
     /// [`Turns`]).
-    pub async fn claim_deliveries(
+    pub async fn claim(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
@@ -395,13 +378,14 @@ impl Store {
         // A group's webhook shows its mode and members, a member's its group (looked
         // up only for those the claim found in a group).
         if grouped.contains(&true) {
-            self.annotate_groups_of(
-                due.iter_mut()
-                    .zip(&grouped)
-                    .filter(|(_, g)| **g)
-                    .map(|(d, _)| &mut d.wait),
-            )
-            .await?;
+            self.core
+                .annotate_groups_of(
+                    due.iter_mut()
+                        .zip(&grouped)
+                        .filter(|(_, g)| **g)
+                        .map(|(d, _)| &mut d.wait),
+                )
+                .await?;
         }
         Ok(due)
     }
@@ -410,7 +394,7 @@ impl Store {
     /// epoch: per outcome, false when the delivery is no longer this owner's. A
     /// `stopped` outcome (410 Gone) also stops the webhook: its other pending
     /// deliveries, and those of later events.
-    pub async fn finish_deliveries(
+    pub async fn finish(
         &self,
         owner: Uuid,
         now: DateTime<Utc>,
@@ -439,7 +423,7 @@ impl Store {
 
     /// A tenant's wait's deliveries with id `> after`, in id order (event order per
     /// webhook).
-    pub async fn deliveries(
+    pub async fn of_wait(
         &self,
         tenant: &str,
         wait_id: Uuid,
@@ -492,23 +476,23 @@ impl Store {
     }
 
     /// Writes the bounds the outbox trigger and redeliveries apply.
-    pub async fn set_delivery_limits(&self, limits: DeliveryLimits) -> Result<(), StoreError> {
+    pub async fn set_limits(&self, limits: DeliveryLimits) -> Result<(), StoreError> {
         sql!(self.set_delivery_limits(limits))
     }
 
     /// The bounds in force.
-    pub async fn delivery_limits(&self) -> Result<DeliveryLimits, StoreError> {
+    pub async fn limits(&self) -> Result<DeliveryLimits, StoreError> {
         sql!(self.delivery_limits())
     }
 
     /// Deliveries dropped by each bound ([`DropReason::ALL`]'s order), over the
     /// store's life and every replica.
-    pub async fn dropped_deliveries(&self) -> Result<[i64; 3], StoreError> {
+    pub async fn dropped(&self) -> Result<[i64; 3], StoreError> {
         sql!(self.dropped_deliveries())
     }
 
     /// When the oldest pending delivery was created, if any is pending.
-    pub async fn oldest_pending_delivery(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+    pub async fn oldest_pending(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         sql!(self.oldest_pending_delivery())
     }
 }
