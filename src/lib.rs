@@ -190,7 +190,7 @@ impl App {
             if prober.has_host_rate() {
                 tokio::spawn(count_replicas(
                     prober.clone(),
-                    store.clone(),
+                    store.leases().clone(),
                     (config.lease_ttl / 3).clamp(
                         std::time::Duration::from_secs(1),
                         std::time::Duration::from_secs(10),
@@ -335,13 +335,13 @@ async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, boo
 /// store every `every`.
 async fn count_replicas(
     prober: probe::Prober,
-    store: store::Store,
+    leases: store::Leases,
     every: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
     loop {
-        match store.replicas_alive().await {
+        match leases.replicas_alive().await {
             Ok(n) => prober.set_replicas(u32::try_from(n).unwrap_or(u32::MAX)),
             Err(e) => {
                 tracing::warn!(error = %e, "could not count the replicas alive for --host-rate")
@@ -398,7 +398,7 @@ fn worker_for(
     let _ = metrics.probe_requests.set(prober.request_counts());
     let _ = metrics.tokens.set(prober.tokens());
     worker::Worker {
-        store: store.clone(),
+        leases: store.leases().clone(),
         prober,
         bus: bus.clone(),
         cfg: worker::WorkerConfig {

@@ -344,20 +344,34 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
         };
         // Claimed, its poll begun, given back: the next claimer sees one begun.
         let a = Uuid::now_v7();
-        let c = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
+        let c = store
+            .leases()
+            .claim(a, ttl, Duration::ZERO, 10)
+            .await
+            .unwrap();
         assert_eq!(c[0].claims, 0, "{}", backend.url());
         let marked = store
+            .leases()
             .mark_polling(a, &[WaitEpoch::from((w.id, c[0].epoch))])
             .await
             .unwrap();
         assert_eq!(marked, vec![w.id], "{}", backend.url());
-        store.release(a, &[checkpoint(c[0].epoch)]).await.unwrap();
+        store
+            .leases()
+            .release(a, &[checkpoint(c[0].epoch)])
+            .await
+            .unwrap();
         let b = Uuid::now_v7();
-        let c = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
+        let c = store
+            .leases()
+            .claim(b, ttl, Duration::ZERO, 10)
+            .await
+            .unwrap();
         assert_eq!(c[0].claims, 1, "{}", backend.url());
         // A confirmation under an old epoch or by another owner lands nowhere.
         assert!(
             store
+                .leases()
                 .confirm_polled(b, &[WaitEpoch::from((w.id, c[0].epoch - 1))])
                 .await
                 .unwrap()
@@ -365,6 +379,7 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
         );
         assert!(
             store
+                .leases()
                 .confirm_polled(a, &[WaitEpoch::from((w.id, c[0].epoch))])
                 .await
                 .unwrap()
@@ -372,16 +387,23 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
         );
         // Begun and completed under this claim: the count is back to 0.
         store
+            .leases()
             .mark_polling(b, &[WaitEpoch::from((w.id, c[0].epoch))])
             .await
             .unwrap();
         let confirmed = store
+            .leases()
             .confirm_polled(b, &[WaitEpoch::from((w.id, c[0].epoch))])
             .await
             .unwrap();
         assert_eq!(confirmed, vec![w.id], "{}", backend.url());
-        store.release(b, &[checkpoint(c[0].epoch)]).await.unwrap();
+        store
+            .leases()
+            .release(b, &[checkpoint(c[0].epoch)])
+            .await
+            .unwrap();
         let c = store
+            .leases()
             .claim(Uuid::now_v7(), ttl, Duration::ZERO, 10)
             .await
             .unwrap();
@@ -399,7 +421,11 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             .wait;
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         let ttl = Duration::from_secs(30);
-        let claimed = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
+        let claimed = store
+            .leases()
+            .claim(a, ttl, Duration::ZERO, 10)
+            .await
+            .unwrap();
         assert_eq!(claimed.len(), 1, "{}", backend.url());
         assert_eq!(
             claimed[0].spec.target.headers["Authorization"],
@@ -407,6 +433,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
         );
         assert!(
             store
+                .leases()
                 .claim(b, ttl, Duration::ZERO, 10)
                 .await
                 .unwrap()
@@ -414,8 +441,12 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
         );
         // The lease runs out: a renewal for no time at all leaves it ending now,
         // on the store's clock.
-        store.renew_lease(a, Duration::ZERO).await.unwrap();
-        let taken = store.claim(b, ttl, Duration::ZERO, 10).await.unwrap();
+        store.leases().renew_lease(a, Duration::ZERO).await.unwrap();
+        let taken = store
+            .leases()
+            .claim(b, ttl, Duration::ZERO, 10)
+            .await
+            .unwrap();
         assert_eq!(taken.len(), 1);
         assert!(taken[0].epoch > claimed[0].epoch);
         // The old owner is fenced off: its writes and renewals no longer land.
@@ -430,14 +461,19 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             }],
             end: None,
         };
-        assert!(!store.record(a, Utc::now(), &stale).await.unwrap());
+        assert!(!store.leases().record(a, Utc::now(), &stale).await.unwrap());
         let renew = [WaitEpoch::from((w.id, claimed[0].epoch))];
         assert_eq!(
-            store.renew(a, ttl, &renew, &[]).await.unwrap().lost,
+            store
+                .leases()
+                .renew(a, ttl, &renew, &[])
+                .await
+                .unwrap()
+                .lost,
             renew.to_vec()
         );
         let renew_b = [WaitEpoch::from((w.id, taken[0].epoch))];
-        let renewal = store.renew(b, ttl, &renew_b, &[]).await.unwrap();
+        let renewal = store.leases().renew(b, ttl, &renew_b, &[]).await.unwrap();
         assert!(renewal.lost.is_empty() && renewal.strays.is_empty());
         assert_eq!(
             store
@@ -472,6 +508,7 @@ async fn concurrent_claimers_never_claim_the_same_wait() {
                 let mut mine = Vec::new();
                 while claimed.load(SeqCst) < 40 && std::time::Instant::now() < until {
                     let got: Vec<Uuid> = s
+                        .leases()
                         .claim(me, Duration::from_secs(30), Duration::ZERO, 4)
                         .await
                         .unwrap()
@@ -516,6 +553,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
                 .wait;
             let me = Uuid::now_v7();
             let c = store
+                .leases()
                 .claim(me, Duration::from_secs(30), Duration::ZERO, 1)
                 .await
                 .unwrap()
@@ -536,7 +574,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
             };
             let (s1, s2) = (store.clone(), store.clone());
             let (a, b) = tokio::join!(
-                async move { s1.record(me, Utc::now(), &success).await.unwrap() },
+                async move { s1.leases().record(me, Utc::now(), &success).await.unwrap() },
                 async move { s2.cancel("t", w.id, Utc::now()).await.unwrap() }
             );
             let events = store.events().of_wait("t", w.id, 0, 10).await.unwrap();
@@ -577,6 +615,7 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
             .wait;
         let me = Uuid::now_v7();
         let claimed = store
+            .leases()
             .claim(me, Duration::from_secs(30), Duration::ZERO, 10)
             .await
             .unwrap();
@@ -599,7 +638,7 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
                 ],
                 end: None,
             };
-            assert!(store.record(me, Utc::now(), &p).await.unwrap());
+            assert!(store.leases().record(me, Utc::now(), &p).await.unwrap());
         }
         let e1 = store.events().of_wait("t", w1.id, 0, 100).await.unwrap();
         assert_eq!(
@@ -668,6 +707,7 @@ async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
         // A canceled wait is no longer claimable.
         assert!(
             store
+                .leases()
                 .claim(Uuid::now_v7(), Duration::from_secs(1), Duration::ZERO, 10)
                 .await
                 .unwrap()
@@ -686,20 +726,29 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             .unwrap()
             .wait;
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        let held = store.claim(a, ttl, Duration::ZERO, 10).await.unwrap();
+        let held = store
+            .leases()
+            .claim(a, ttl, Duration::ZERO, 10)
+            .await
+            .unwrap();
         assert_eq!(held.len(), 1, "{}", backend.url());
         store.create("t", &spec(), Utc::now(), None).await.unwrap();
         assert_eq!(
-            store.claim(a, ttl, Duration::ZERO, 10).await.unwrap().len(),
+            store
+                .leases()
+                .claim(a, ttl, Duration::ZERO, 10)
+                .await
+                .unwrap()
+                .len(),
             1
         );
         // The lease is at its end (a renewal for no time leaves it ending now, on
         // the store's clock) when a renewal that names only the first wait comes
         // (the second claim may still be on its way back to the worker): it keeps
         // both.
-        store.renew_lease(a, Duration::ZERO).await.unwrap();
+        store.leases().renew_lease(a, Duration::ZERO).await.unwrap();
         let renew = [WaitEpoch::from((first.id, held[0].epoch))];
-        let renewal = store.renew(a, ttl, &renew, &[]).await.unwrap();
+        let renewal = store.leases().renew(a, ttl, &renew, &[]).await.unwrap();
         assert!(renewal.lost.is_empty());
         // The one it does not name is reported: owned, and not in the renewal (a
         // claim whose answer the worker never got would stay so).
@@ -707,6 +756,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         assert_ne!(renewal.strays[0].id, first.id);
         assert!(
             store
+                .leases()
                 .claim(b, ttl, Duration::ZERO, 10)
                 .await
                 .unwrap()
@@ -716,13 +766,23 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
         );
         // Without another renewal both go to the next claimer once the lease runs
         // out, and the old owner learns it.
-        store.renew_lease(a, Duration::ZERO).await.unwrap();
+        store.leases().renew_lease(a, Duration::ZERO).await.unwrap();
         assert_eq!(
-            store.claim(b, ttl, Duration::ZERO, 10).await.unwrap().len(),
+            store
+                .leases()
+                .claim(b, ttl, Duration::ZERO, 10)
+                .await
+                .unwrap()
+                .len(),
             2
         );
         assert_eq!(
-            store.renew(a, ttl, &renew, &[]).await.unwrap().lost,
+            store
+                .leases()
+                .renew(a, ttl, &renew, &[])
+                .await
+                .unwrap()
+                .lost,
             renew.to_vec()
         );
     });
@@ -736,6 +796,7 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         }
         let a = Uuid::now_v7();
         let mut held = store
+            .leases()
             .claim(a, Duration::from_secs(60), Duration::ZERO, 10)
             .await
             .unwrap();
@@ -768,13 +829,18 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         // Another replica's write of the same batch lands nowhere.
         assert_eq!(
             store
+                .leases()
                 .record_many(Uuid::now_v7(), Utc::now(), &batch)
                 .await
                 .unwrap(),
             vec![false, false, false]
         );
         assert_eq!(
-            store.record_many(a, Utc::now(), &batch).await.unwrap(),
+            store
+                .leases()
+                .record_many(a, Utc::now(), &batch)
+                .await
+                .unwrap(),
             vec![true, false, false]
         );
         let kinds = |id| {
@@ -794,7 +860,11 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         assert_eq!(kinds(held[1].id).await, ["created"]);
         assert_eq!(kinds(held[2].id).await, ["created", "canceled"]);
         assert_eq!(
-            store.record_many(a, Utc::now(), &[]).await.unwrap(),
+            store
+                .leases()
+                .record_many(a, Utc::now(), &[])
+                .await
+                .unwrap(),
             Vec::<bool>::new()
         );
     });
@@ -806,6 +876,7 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
         store.create("t", &spec(), Utc::now(), None).await.unwrap();
         let a = Uuid::now_v7();
         let c = store
+            .leases()
             .claim(a, Duration::from_secs(60), Duration::ZERO, 1)
             .await
             .unwrap()
@@ -814,6 +885,7 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
         engine.polls = 42;
         let next = Utc::now();
         let n = store
+            .leases()
             .release(
                 a,
                 &[Checkpoint {
@@ -827,6 +899,7 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
             .unwrap();
         assert_eq!(n, 1, "{}", backend.url());
         let again = store
+            .leases()
             .claim(Uuid::now_v7(), Duration::from_secs(60), Duration::ZERO, 1)
             .await
             .unwrap();
@@ -843,6 +916,7 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         let ttl = Duration::from_secs(30);
         let c = store
+            .leases()
             .claim(a, ttl, Duration::ZERO, 1)
             .await
             .unwrap()
@@ -858,9 +932,9 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
             }
         };
         // Another replica's checkpoint lands nowhere.
-        store.checkpoint(b, ttl, &[at(9)]).await.unwrap();
+        store.leases().checkpoint(b, ttl, &[at(9)]).await.unwrap();
         assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 0);
-        store.checkpoint(a, ttl, &[at(5)]).await.unwrap();
+        store.leases().checkpoint(a, ttl, &[at(5)]).await.unwrap();
         assert_eq!(
             store.get("t", c.id).await.unwrap().unwrap().polls,
             5,
@@ -868,15 +942,16 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
             backend.url()
         );
         // An older one (a progress write got there first) does not go back.
-        store.checkpoint(a, ttl, &[at(3)]).await.unwrap();
+        store.leases().checkpoint(a, ttl, &[at(3)]).await.unwrap();
         assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 5);
         // A checkpoint renews the lease: one with nothing in it, written when the
         // lease is at its end (a renewal for no time leaves it ending now, on the
         // store's clock), keeps the wait from the next claimer.
-        store.renew_lease(a, Duration::ZERO).await.unwrap();
-        store.checkpoint(a, ttl, &[]).await.unwrap();
+        store.leases().renew_lease(a, Duration::ZERO).await.unwrap();
+        store.leases().checkpoint(a, ttl, &[]).await.unwrap();
         assert!(
             store
+                .leases()
                 .claim(b, ttl, Duration::ZERO, 1)
                 .await
                 .unwrap()
@@ -884,9 +959,14 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
             "{}: the lease ran out",
             backend.url()
         );
-        store.renew_lease(a, Duration::ZERO).await.unwrap();
+        store.leases().renew_lease(a, Duration::ZERO).await.unwrap();
         assert_eq!(
-            store.claim(b, ttl, Duration::ZERO, 1).await.unwrap().len(),
+            store
+                .leases()
+                .claim(b, ttl, Duration::ZERO, 1)
+                .await
+                .unwrap()
+                .len(),
             1,
             "{}: the lease did not run out",
             backend.url()
@@ -957,6 +1037,7 @@ async fn a_wait_given_back_is_claimed_when_its_checkpointed_poll_comes_not_befor
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         let ttl = Duration::from_secs(30);
         let c = store
+            .leases()
             .claim(a, ttl, Duration::ZERO, 1)
             .await
             .unwrap()
@@ -970,11 +1051,12 @@ async fn a_wait_given_back_is_claimed_when_its_checkpointed_poll_comes_not_befor
             engine: Some(engine),
             next_poll_at: Some(later),
         };
-        assert_eq!(store.release(a, &[given_back]).await.unwrap(), 1);
+        assert_eq!(store.leases().release(a, &[given_back]).await.unwrap(), 1);
         // Due in an hour: not within a minute's lookahead, whatever order the
         // store claims by.
         assert!(
             store
+                .leases()
                 .claim(b, ttl, Duration::from_secs(60), 1)
                 .await
                 .unwrap()
@@ -983,6 +1065,7 @@ async fn a_wait_given_back_is_claimed_when_its_checkpointed_poll_comes_not_befor
             backend.url()
         );
         let taken = store
+            .leases()
             .claim(b, ttl, Duration::from_secs(7200), 1)
             .await
             .unwrap();
@@ -1013,7 +1096,11 @@ async fn on_postgres_a_checkpoint_of_a_held_wait_writes_no_index_entry() {
     }
     let a = Uuid::now_v7();
     let ttl = Duration::from_secs(30);
-    let held = store.claim(a, ttl, Duration::ZERO, N as i64).await.unwrap();
+    let held = store
+        .leases()
+        .claim(a, ttl, Duration::ZERO, N as i64)
+        .await
+        .unwrap();
     assert_eq!(held.len(), N);
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
         .await
@@ -1041,7 +1128,7 @@ async fn on_postgres_a_checkpoint_of_a_held_wait_writes_no_index_entry() {
                 engine: Some(engine),
                 next_poll_at: Some(Utc::now() + chrono::Duration::seconds(60 * round as i64)),
             };
-            store.checkpoint(a, ttl, &[one]).await.unwrap();
+            store.leases().checkpoint(a, ttl, &[one]).await.unwrap();
         }
     }
     drop(snapshot);
@@ -1118,6 +1205,7 @@ async fn on_postgres_a_wait_inserted_without_a_claim_order_is_claimed() {
     );
     let a = Uuid::now_v7();
     let taken = store
+        .leases()
         .claim(a, Duration::from_secs(30), Duration::ZERO, 10)
         .await
         .unwrap();

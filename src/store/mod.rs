@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::bus::Bus;
@@ -43,55 +42,6 @@ pub(crate) use rows::{
 pub use postgres::PgDialect;
 use sqlite::SqliteDialect;
 
-/// A wait the worker pool has just claimed.
-#[derive(Clone, Debug)]
-pub struct Claimed {
-    pub id: Uuid,
-    pub epoch: i64,
-    /// Polls of this wait begun since one last completed (each by a replica that
-    /// then stopped): see [`MAX_CLAIMS`].
-    pub claims: i32,
-    /// The tenant the wait belongs to: its work takes that tenant's turns on the
-    /// CPU pool.
-    pub tenant: String,
-    pub spec: Spec,
-    pub engine: EngineState,
-    pub next_poll_at: DateTime<Utc>,
-    /// The `traceparent` its polls join.
-    pub trace: Option<Box<str>>,
-    /// Polled before, by another replica or an earlier run of this one.
-    pub resumed: bool,
-    /// Its first poll is counted in its own row before it begins ([`MAX_CLAIMS`]):
-    /// a wait claimed on its own, one whose poll began and never completed, or
-    /// one taken over in a slot whose holders kept dying ([`SLOT_CLAIMS`]).
-    pub count_first_poll: bool,
-    /// Taken over in a slot whose holder died: once every wait taken with it has
-    /// been polled, the slot is settled ([`Store::settle`]).
-    pub settles: Option<SlotToken>,
-}
-
-/// A slot taken over, and the token its waits were taken under.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SlotToken {
-    pub slot: Uuid,
-    pub token: i64,
-}
-
-/// A slot taken from holders that died this many times in a row, without its
-/// waits all polled in between, has the first poll of each of its waits counted
-/// one by one, as a wait claimed on its own has: one of them may be what takes
-/// its replicas down. One death is not enough (a replica dies for many reasons),
-/// and counting every wait's first poll would write every row a takeover takes.
-pub const SLOT_CLAIMS: i32 = 2;
-
-/// A wait whose poll began this many times in a row without completing (each
-/// replica that polled it died meanwhile) is ended by its next claimer instead of
-/// polled, so that it cannot take down one replica after another. The count is kept
-/// in the store: [`Store::mark_polling`] adds to it as the first poll after a claim
-/// begins, and the write of a completed poll ([`Store::confirm_polled`] when it
-/// changed nothing) clears it.
-pub const MAX_CLAIMS: i32 = 3;
-
 /// A wait as every fenced write names it: its id and the epoch of the claim it
 /// is held under. A write under an older epoch finds the wait no longer its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,37 +54,6 @@ impl From<(Uuid, i64)> for WaitEpoch {
     fn from((id, epoch): (Uuid, i64)) -> WaitEpoch {
         WaitEpoch { id, epoch }
     }
-}
-
-/// The counters and schedule of a held wait, written in periodic batches.
-#[derive(Clone, Debug)]
-pub struct Checkpoint {
-    pub id: Uuid,
-    pub epoch: i64,
-    /// `None` when nothing changed since the last checkpoint: only the lease is renewed.
-    pub engine: Option<EngineState>,
-    pub next_poll_at: Option<DateTime<Utc>>,
-}
-
-/// How a wait ended, as its progress records it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Ended {
-    pub status: Status,
-    pub reason: String,
-    pub error_detail: Option<Value>,
-}
-
-/// What one poll changed, written at once (a new state, a retry, or the end).
-#[derive(Clone, Debug)]
-pub struct Progress {
-    pub id: Uuid,
-    pub epoch: i64,
-    pub engine: EngineState,
-    pub next_poll_at: Option<DateTime<Utc>>,
-    /// The events the poll observed (`state`, `retry`); the terminal one follows
-    /// from `end`.
-    pub events: Vec<EventBody>,
-    pub end: Option<Ended>,
 }
 
 /// Filters of `GET /waits`.
@@ -209,16 +128,6 @@ pub struct Canceled {
     pub ended: bool,
 }
 
-/// What a renewal found: the named waits no longer the owner's under the epoch
-/// they were named with (taken over, or ended elsewhere), and the waits the owner
-/// owns without naming them (a claim whose answer never came back: the connection
-/// broke after its commit), each with its epoch.
-#[derive(Debug, Default, PartialEq)]
-pub struct Renewal {
-    pub lost: Vec<WaitEpoch>,
-    pub strays: Vec<WaitEpoch>,
-}
-
 /// The reason recorded when a client cancels a wait.
 pub const CANCEL_REASON: &str = "canceled by a client";
 
@@ -246,8 +155,11 @@ macro_rules! sql {
 pub mod outbox;
 pub use outbox::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outbox, Outcome, Redeliver, Turns};
 pub mod groups;
-mod leases;
+pub mod leases;
+pub use leases::{Checkpoint, Claimed, Leases, Renewal, SLOT_CLAIMS, SlotToken};
+pub mod progress;
 pub use groups::{Group, GroupRefused, GroupRequest, MemberRequest, MemberState};
+pub use progress::{Ended, MAX_CLAIMS, Progress};
 pub mod events;
 pub use events::{Events, FeedEvent};
 pub mod retention;
@@ -276,6 +188,7 @@ struct Core {
 pub struct Store {
     core: Arc<Core>,
     events: Events,
+    leases: Leases,
     outbox: Outbox,
     retention: Retention,
 }
@@ -314,6 +227,7 @@ impl Store {
         let core = Arc::new(core);
         Store {
             events: Events { core: core.clone() },
+            leases: Leases { core: core.clone() },
             outbox: Outbox { core: core.clone() },
             retention: Retention { core: core.clone() },
             core,
@@ -323,6 +237,11 @@ impl Store {
     /// The reads of events: a wait's, a tenant's, the feed.
     pub fn events(&self) -> &Events {
         &self.events
+    }
+
+    /// The worker pool's leases on waits, and what its polls write.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
     }
 
     /// The webhook outbox: claims, outcomes, redeliveries, bounds.
@@ -574,49 +493,5 @@ impl Store {
     /// Running waits in the store; with a tenant, only that tenant's.
     pub async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
         sql!(self.count_running(tenant))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_progress_that_ends_writes_its_terminal_event_last_and_no_next_poll() {
-        let engine = EngineState {
-            deadline: Utc::now(),
-            polls: 4,
-            retries: 1,
-            budget_used: 0,
-            poll_interval_ms: 1000,
-            retry_delay_ms: 1000,
-            transition_seen: true,
-            hits: 1,
-            state: Some("on".into()),
-            last_error: Some("e".into()),
-            paused: None,
-        };
-        let p = Progress {
-            id: Uuid::now_v7(),
-            epoch: 2,
-            engine,
-            next_poll_at: Some(Utc::now()),
-            events: vec![EventBody::State {
-                from: Some("off".into()),
-                to: "on".into(),
-            }],
-            end: Some(Ended {
-                status: Status::Succeeded,
-                reason: "the target reached \"on\"".into(),
-                error_detail: None,
-            }),
-        };
-        let row = p.row().unwrap();
-        assert_eq!(row.status, "succeeded");
-        assert!(row.ended && row.next_poll_at.is_none());
-        let kinds: Vec<&str> = row.events.iter().map(|(k, _)| *k).collect();
-        assert_eq!(kinds, ["state", "succeeded"]);
-        assert_eq!(row.events[1].1["state"], "on");
-        assert_eq!(row.events[1].1["last_error"], "e");
     }
 }

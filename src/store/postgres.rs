@@ -44,9 +44,6 @@ pub const PAUSE_CHANNEL: &str = "waitd_pause";
 // After `work_channel!`, which `waits` uses.
 mod creates;
 mod groups;
-mod leases;
-mod progress;
-mod slots;
 mod waits;
 
 /// Held by the one sequencer at a time that gives committed events their global

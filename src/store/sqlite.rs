@@ -22,8 +22,6 @@ use super::StoreError;
 use crate::bus::{Bus, BusMsg, Notice};
 
 mod groups;
-mod leases;
-mod progress;
 mod waits;
 
 /// A handle on the embedded database. Cloning is shallow.

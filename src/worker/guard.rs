@@ -39,7 +39,7 @@ impl Loop {
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let ids: Vec<WaitEpoch> = marks.iter().map(|(at, _)| *at).collect();
-            let result = w.store.mark_polling(w.owner, &ids).await;
+            let result = w.leases.mark_polling(w.owner, &ids).await;
             w.metrics.write();
             let _ = tx.send(Msg::Marked { marks, result });
         });
@@ -164,7 +164,7 @@ impl Loop {
         self.settling.remove(&slot);
         let w = self.w.clone();
         tokio::spawn(async move {
-            if let Err(e) = w.store.settle(w.owner, slot).await {
+            if let Err(e) = w.leases.settle(w.owner, slot).await {
                 // It stays counted: the next takeover of it counts its waits'
                 // first polls one by one, which costs writes, not safety.
                 tracing::warn!(error = %e, "could not record that a slot's waits were all polled");

@@ -235,7 +235,7 @@ impl Loop {
             // The lease first, on its own: checkpoints after a takeover or a
             // restart may take seconds to write, and the lease must not wait
             // for them.
-            let r = match w.store.renew_lease(owner, ttl).await {
+            let r = match w.leases.renew_lease(owner, ttl).await {
                 Err(e) => Err(e),
                 Ok(()) => {
                     let _ = tx.send(Msg::Leased {
@@ -244,9 +244,9 @@ impl Loop {
                         alone: false,
                     });
                     if full {
-                        w.store.compare(owner, &named, &checkpoints).await
+                        w.leases.compare(owner, &named, &checkpoints).await
                     } else {
-                        w.store
+                        w.leases
                             .write_checkpoints(owner, &checkpoints)
                             .await
                             .map(|()| Renewal::default())
@@ -260,7 +260,7 @@ impl Loop {
             let mut unreleased = let_go;
             if r.is_ok() && !unreleased.is_empty() {
                 w.metrics.write();
-                match w.store.release(owner, &unreleased).await {
+                match w.leases.release(owner, &unreleased).await {
                     Ok(n) => {
                         tracing::debug!(n, "gave back waits let go");
                         unreleased.clear();
@@ -270,7 +270,7 @@ impl Loop {
                     }
                 }
             }
-            if let Err(e) = w.store.maintain().await {
+            if let Err(e) = w.leases.maintain().await {
                 tracing::debug!(error = %e, "store housekeeping failed");
             }
             let _ = tx.send(Msg::Renewed(Renewed {
@@ -295,7 +295,7 @@ impl Loop {
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let r = w.store.renew_lease(w.owner, w.cfg.lease_ttl).await;
+            let r = w.leases.renew_lease(w.owner, w.cfg.lease_ttl).await;
             w.metrics.write();
             if let Err(e) = &r {
                 tracing::warn!(error = %e, "renewing the lease failed");

@@ -40,7 +40,7 @@ use crate::engine::{EngineState, Spec};
 use crate::metrics::Metrics;
 use crate::probe::Prober;
 use crate::store::{
-    Checkpoint, Claimed, MAX_CLAIMS, Progress, SlotToken, Store, StoreError, WaitEpoch,
+    Checkpoint, Claimed, Leases, MAX_CLAIMS, Progress, SlotToken, StoreError, WaitEpoch,
 };
 use clock::Clock;
 use lease::{Reconcile, Renewed, Sweep};
@@ -81,7 +81,7 @@ impl Default for WorkerConfig {
 }
 
 pub struct Worker {
-    pub store: Store,
+    pub leases: Leases,
     pub prober: Prober,
     pub bus: Bus,
     pub cfg: WorkerConfig,
@@ -431,11 +431,11 @@ impl Loop {
         checkpoints.append(&mut self.let_go);
         let w = &self.w;
         w.metrics.write();
-        match w.store.hand_over(w.owner, &checkpoints).await {
+        match w.leases.hand_over(w.owner, &checkpoints).await {
             Ok(n) => {
                 // Gone from the replicas alive: the others claim every wait
                 // released, whatever its placement (§6.2).
-                if let Err(e) = w.store.retire(w.owner).await {
+                if let Err(e) = w.leases.retire(w.owner).await {
                     tracing::debug!(error = %e, "could not end this replica's lease");
                 }
                 tracing::info!(released = n, "leases released");
@@ -462,7 +462,7 @@ impl Loop {
             let limit = free.min(1000) as i64;
             let started = Instant::now();
             let r = w
-                .store
+                .leases
                 .claim(w.owner, w.cfg.lease_ttl, lookahead, limit)
                 .await;
             tracing::debug!(

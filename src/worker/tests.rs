@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::*;
 use crate::engine::Limits;
 use crate::probe::ProbeConfig;
-use crate::store::{EventBody, Status};
+use crate::store::{EventBody, Status, Store};
 
 /// A loop on a fresh store, with the receiving end of what its tasks report.
 struct Rig {
@@ -57,7 +57,7 @@ async fn rig_with(lease_ttl: Duration, concurrency: usize) -> Rig {
         }
     });
     let w = Arc::new(Worker {
-        store: store.clone(),
+        leases: store.leases().clone(),
         prober: Prober::new(ProbeConfig::default()).unwrap(),
         bus,
         cfg: WorkerConfig {
@@ -167,7 +167,12 @@ async fn a_wait_another_replica_took_over_is_dropped_at_the_next_renewal() {
     assert_eq!(r.phase(id), Some(Phase::Claimed));
     outlive_the_lease();
     let other = Uuid::now_v7();
-    let taken = r.store.claim(other, TTL, Duration::ZERO, 10).await.unwrap();
+    let taken = r
+        .store
+        .leases()
+        .claim(other, TTL, Duration::ZERO, 10)
+        .await
+        .unwrap();
     assert_eq!(taken.len(), 1, "the lapsed lease lets another replica in");
 
     r.renew().await;
@@ -187,6 +192,7 @@ async fn a_wait_owned_but_not_held_is_given_back_once_two_renewals_find_it() {
     let owner = r.lp.w.owner;
     let claimed = r
         .store
+        .leases()
         .claim(owner, LONG, Duration::ZERO, 10)
         .await
         .unwrap();
@@ -199,6 +205,7 @@ async fn a_wait_owned_but_not_held_is_given_back_once_two_renewals_find_it() {
     let other = Uuid::now_v7();
     assert!(
         r.store
+            .leases()
             .claim(other, LONG, Duration::ZERO, 10)
             .await
             .unwrap()
@@ -214,6 +221,7 @@ async fn a_wait_owned_but_not_held_is_given_back_once_two_renewals_find_it() {
     assert!(r.lp.let_go.is_empty());
     let taken = r
         .store
+        .leases()
         .claim(other, LONG, Duration::ZERO, 10)
         .await
         .unwrap();
@@ -284,12 +292,20 @@ async fn a_wait_whose_polls_never_complete_is_ended_by_its_next_claimer_not_poll
     // Three replicas in a row claim it, begin a poll, and die before it completes.
     for _ in 0..crate::store::MAX_CLAIMS {
         let dead = Uuid::now_v7();
-        let c = r.store.claim(dead, TTL, Duration::ZERO, 10).await.unwrap();
+        let c = r
+            .store
+            .leases()
+            .claim(dead, TTL, Duration::ZERO, 10)
+            .await
+            .unwrap();
         let at = WaitEpoch {
             id,
             epoch: c[0].epoch,
         };
-        assert_eq!(r.store.mark_polling(dead, &[at]).await.unwrap(), vec![id]);
+        assert_eq!(
+            r.store.leases().mark_polling(dead, &[at]).await.unwrap(),
+            vec![id]
+        );
         outlive_the_lease();
     }
     let mut signals = r.lp.w.signals.subscribe().unwrap();

@@ -86,7 +86,7 @@ impl Loop {
             let tx = self.tx.clone();
             tokio::spawn(async move {
                 let ids: Vec<WaitEpoch> = batch.iter().map(|(at, _)| *at).collect();
-                let result = w.store.confirm_polled(w.owner, &ids).await;
+                let result = w.leases.confirm_polled(w.owner, &ids).await;
                 let _ = tx.send(Msg::Confirmed { batch, result });
             });
         }
@@ -174,7 +174,7 @@ pub(super) async fn write_progress(
     clock: Clock,
     progress: &[Progress],
 ) -> Vec<Written> {
-    let refused = match w.store.record_many(w.owner, clock.now(), progress).await {
+    let refused = match w.leases.record_many(w.owner, clock.now(), progress).await {
         Ok(done) => {
             return done
                 .into_iter()
@@ -190,7 +190,7 @@ pub(super) async fn write_progress(
     let mut out = Vec::with_capacity(progress.len());
     for p in progress {
         w.metrics.write();
-        let why = match w.store.record(w.owner, clock.now(), p).await {
+        let why = match w.leases.record(w.owner, clock.now(), p).await {
             Ok(true) => {
                 out.push(Written::Yes);
                 continue;
@@ -213,7 +213,7 @@ pub(super) async fn write_progress(
             format!("could not store what the target answered: {why}"),
         );
         w.metrics.write();
-        out.push(match w.store.record(w.owner, clock.now(), &end).await {
+        out.push(match w.leases.record(w.owner, clock.now(), &end).await {
             Ok(true) => Written::Abandoned,
             Ok(false) => Written::NotOwned,
             Err(e) => Written::Failed(e.to_string()),

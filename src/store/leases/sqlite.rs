@@ -1,4 +1,4 @@
-//! The worker's leases: claiming waits, the replica's lease row, checkpoints
+//! The worker's leases on SQLite: claiming waits, the replica's lease row, checkpoints
 //! and releases, and forgetting replicas long gone.
 
 use std::time::Duration;
@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::{SqliteDialect, ms};
 use crate::bus::BusMsg;
+use crate::store::sqlite::{SqliteDialect, ms};
 use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
 
 impl SqliteDialect {

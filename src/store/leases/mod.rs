@@ -1,6 +1,18 @@
-//! What the worker pool asks of the store: claims, the counts of polls begun and
-//! completed, progress, renewals of the replica's lease, checkpoints and releases.
-//! Every write here is fenced by owner and epoch.
+//! The worker pool's side of the store: claims, renewals of the replica's lease,
+//! checkpoints, releases and hand-overs, through the [`Leases`] handle, which the
+//! worker holds; what its polls write is in [`super::progress`], on the same
+//! handle. Every write here is fenced by owner and epoch.
+//!
+//! On SQLite there are no slots ([`slots`] is Postgres's alone): a replica holds
+//! each wait it claimed by its own row (`owner` names the replica), a claim takes
+//! a lapsed replica's waits one by one, the token a wait is held under is the
+//! epoch of its claim, a hand-over at shutdown is a release, and a slot has no
+//! takeovers to settle ([`Leases::settle`] does nothing). The replica's lease is
+//! its row in `replicas` on both.
+
+mod postgres;
+pub(super) mod slots;
+mod sqlite;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,13 +20,78 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{
-    Checkpoint, CheckpointRow, ClaimRow, Claimed, Dialect, Progress, Renewal, SLOT_CLAIMS,
-    SlotToken, Store, StoreError, WaitEpoch,
-};
+use super::{CheckpointRow, ClaimRow, Core, Dialect, Progress, StoreError, WaitEpoch};
 use crate::engine::{EngineState, Spec};
 
-impl Store {
+/// A wait the worker pool has just claimed.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub epoch: i64,
+    /// Polls of this wait begun since one last completed (each by a replica that
+    /// then stopped): see [`MAX_CLAIMS`].
+    pub claims: i32,
+    /// The tenant the wait belongs to: its work takes that tenant's turns on the
+    /// CPU pool.
+    pub tenant: String,
+    pub spec: Spec,
+    pub engine: EngineState,
+    pub next_poll_at: DateTime<Utc>,
+    /// The `traceparent` its polls join.
+    pub trace: Option<Box<str>>,
+    /// Polled before, by another replica or an earlier run of this one.
+    pub resumed: bool,
+    /// Its first poll is counted in its own row before it begins ([`MAX_CLAIMS`]):
+    /// a wait claimed on its own, one whose poll began and never completed, or
+    /// one taken over in a slot whose holders kept dying ([`SLOT_CLAIMS`]).
+    pub count_first_poll: bool,
+    /// Taken over in a slot whose holder died: once every wait taken with it has
+    /// been polled, the slot is settled ([`Leases::settle`]).
+    pub settles: Option<SlotToken>,
+}
+
+/// A slot taken over, and the token its waits were taken under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotToken {
+    pub slot: Uuid,
+    pub token: i64,
+}
+
+/// A slot taken from holders that died this many times in a row, without its
+/// waits all polled in between, has the first poll of each of its waits counted
+/// one by one, as a wait claimed on its own has: one of them may be what takes
+/// its replicas down. One death is not enough (a replica dies for many reasons),
+/// and counting every wait's first poll would write every row a takeover takes.
+pub const SLOT_CLAIMS: i32 = 2;
+
+/// The counters and schedule of a held wait, written in periodic batches.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    pub id: Uuid,
+    pub epoch: i64,
+    /// `None` when nothing changed since the last checkpoint: only the lease is renewed.
+    pub engine: Option<EngineState>,
+    pub next_poll_at: Option<DateTime<Utc>>,
+}
+
+/// What a renewal found: the named waits no longer the owner's under the epoch
+/// they were named with (taken over, or ended elsewhere), and the waits the owner
+/// owns without naming them (a claim whose answer never came back: the connection
+/// broke after its commit), each with its epoch.
+#[derive(Debug, Default, PartialEq)]
+pub struct Renewal {
+    pub lost: Vec<WaitEpoch>,
+    pub strays: Vec<WaitEpoch>,
+}
+
+/// The worker pool's leases on waits, and what its polls write. Cloning is
+/// shallow.
+#[derive(Clone, Debug)]
+pub struct Leases {
+    pub(super) core: Arc<Core>,
+}
+
+impl Leases {
     /// Claims up to `limit` running waits due within `lookahead` that are unowned or
     /// whose owner's lease has run out (epoch + 1). A row this version cannot read is
     /// ended in `error` rather than spun on.
@@ -58,11 +135,11 @@ impl Store {
         while !rows.is_empty() {
             let rest = rows.split_off(per.min(rows.len()));
             let share = std::mem::replace(&mut rows, rest);
-            let store = self.clone();
+            let leases = self.clone();
             tasks.push(tokio::task::spawn_blocking(move || {
                 share
                     .iter()
-                    .map(|r| store.decode_one(r))
+                    .map(|r| leases.decode_one(r))
                     .collect::<Vec<_>>()
             }));
         }
@@ -128,92 +205,6 @@ impl Store {
         Ok((spec, engine))
     }
 
-    /// Records that a poll of each of these waits (id, epoch) begins, the first
-    /// since its claim: it adds one to the wait's `claims`, which a completed poll's
-    /// write sets back to 0 ([`MAX_CLAIMS`]). Fenced by owner and epoch; returns
-    /// the ids still the owner's.
-    pub async fn mark_polling(
-        &self,
-        owner: Uuid,
-        ids: &[WaitEpoch],
-    ) -> Result<Vec<Uuid>, StoreError> {
-        self.count_polls(owner, ids, true).await
-    }
-
-    /// Records that the first poll since the claim of each of these waits (id,
-    /// epoch) completed and changed nothing worth an event: their `claims` goes back
-    /// to 0, and nothing else is written (the poll count and schedule follow in a
-    /// checkpoint). One statement for all of them; a claim of a million waits
-    /// writes each row a third time otherwise, with every progress column.
-    /// Fenced by owner and epoch; returns the ids still the owner's.
-    pub async fn confirm_polled(
-        &self,
-        owner: Uuid,
-        ids: &[WaitEpoch],
-    ) -> Result<Vec<Uuid>, StoreError> {
-        self.count_polls(owner, ids, false).await
-    }
-
-    async fn count_polls(
-        &self,
-        owner: Uuid,
-        ids: &[WaitEpoch],
-        begun: bool,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        sql!(self.count_polls(owner, ids, begun))
-    }
-
-    /// Writes what one poll changed, fenced by owner and epoch; false when the wait is
-    /// no longer this owner's. `now` (the writer's clock) is when it is written: the
-    /// wait's `updated_at`, and `finished_at` when it ends.
-    pub async fn record(
-        &self,
-        owner: Uuid,
-        now: DateTime<Utc>,
-        progress: &Progress,
-    ) -> Result<bool, StoreError> {
-        Ok(self
-            .record_many(owner, now, std::slice::from_ref(progress))
-            .await?
-            .first()
-            .copied()
-            .unwrap_or(false))
-    }
-
-    /// [`Store::record`] for many waits in one transaction: one answer per entry, in
-    /// order. A wait may appear once. The written rows' polls-begun counts go back
-    /// to 0.
-    pub async fn record_many(
-        &self,
-        owner: Uuid,
-        now: DateTime<Utc>,
-        progress: &[Progress],
-    ) -> Result<Vec<bool>, StoreError> {
-        if progress.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = progress
-            .iter()
-            .map(Progress::row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let written = sql!(self.record(owner, now, &rows))?;
-        if self.postgres().is_some() && self.core.ends.receiver_count() > 0 {
-            let ended: Arc<[Uuid]> = progress
-                .iter()
-                .zip(&written)
-                .filter(|(p, w)| **w && p.end.is_some())
-                .map(|(p, _)| p.id)
-                .collect();
-            if !ended.is_empty() {
-                let _ = self.core.ends.send(ended);
-            }
-        }
-        Ok(written)
-    }
-
     /// Renews the owner's lease (one row a replica, however many waits it holds)
     /// and writes `checkpoints`; says which of `named` (every wait the owner holds,
     /// with its epoch) are no longer the owner's under that epoch, and which waits
@@ -232,7 +223,7 @@ impl Store {
         self.compare(owner, named, checkpoints).await
     }
 
-    /// [`Store::renew`] after its lease row: writes `checkpoints`, then compares
+    /// [`Leases::renew`] after its lease row: writes `checkpoints`, then compares
     /// `named` with what the owner owns.
     pub async fn compare(
         &self,

@@ -1,5 +1,5 @@
-//! Slots: what a replica holds its waits through on Postgres (docs/design.md
-//! §6.2). A wait's `owner` names a slot; a replica holds slots, and a wait is
+//! Slots: what a replica holds its waits through on Postgres, and only there
+//! (docs/design.md §6.2). A wait's `owner` names a slot; a replica holds slots, and a wait is
 //! its holder's. A wait enters one of its claimer's slots when first claimed,
 //! and stays in it: taking a dead replica's waits over is taking its slots
 //! (a few rows) and reading their waits, without writing one of them.
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{PgDialect, WORK_CHANNEL};
+use crate::store::postgres::{PgDialect, WORK_CHANNEL};
 use crate::store::{CheckpointRow, ClaimRow, StoreError};
 
 /// Slots a replica makes for the waits it claims one by one, when it holds none.
@@ -53,7 +53,7 @@ macro_rules! fenced {
          AND w.owner IS NOT DISTINCT FROM f.id AND w.epoch = (u.epoch >> 32)"
     };
 }
-pub(super) use {fence, fenced};
+pub(in crate::store) use {fence, fenced};
 
 impl PgDialect {
     /// Makes slots of `owner`'s own when it holds none (its first claim, or every

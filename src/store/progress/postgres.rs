@@ -1,4 +1,4 @@
-//! Progress: first polls counted, and batches of waits' progress written with
+//! Progress on Postgres: first polls counted, and batches of waits' progress written with
 //! their events.
 
 use std::collections::HashSet;
@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::slots::{fence, fenced};
-use super::{PgDialect, SEQUENCER_LOCK};
 use crate::store::events::postgres::sequence_in;
+use crate::store::leases::slots::{fence, fenced};
+use crate::store::postgres::{PgDialect, SEQUENCER_LOCK};
 use crate::store::{ProgressRow, StoreError, WaitEpoch};
 
 impl PgDialect {

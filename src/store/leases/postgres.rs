@@ -1,4 +1,4 @@
-//! The worker's leases: claiming waits, the replica's lease row, checkpoints
+//! The worker's leases on Postgres: claiming waits, the replica's lease row, checkpoints
 //! and releases, and forgetting replicas long gone. On the lease pool.
 
 use std::time::Duration;
@@ -7,12 +7,12 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::slots::{fence, fenced};
-use super::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
+use crate::store::postgres::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
 use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
 
 /// How long past its due time a wait waits for the replica its placement gives
 /// it before any replica claims it.
-pub(in crate::store) const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
+const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
 
 impl PgDialect {
     /// Claims up to `limit` running waits (more when a slot taken holds more):

@@ -6,9 +6,9 @@ use serde_json::Value;
 use sqlx::{Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::{SqliteDialect, ms};
 use crate::bus::Notice;
 use crate::store::events::sqlite::append_events;
+use crate::store::sqlite::{SqliteDialect, ms};
 use crate::store::{ProgressRow, StoreError, WaitEpoch};
 
 impl SqliteDialect {
