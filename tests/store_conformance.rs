@@ -105,9 +105,14 @@ macro_rules! for_each_store {
 #[tokio::test]
 async fn a_created_wait_reads_back_with_its_created_event_and_redacted_headers() {
     for_each_store!(|store, backend| {
-        let created = store.create("t1", &spec(), Utc::now(), None).await.unwrap();
+        let created = store
+            .waits()
+            .create("t1", &spec(), Utc::now(), None)
+            .await
+            .unwrap();
         assert!(!created.existing);
         let w = store
+            .waits()
             .get("t1", created.wait.id)
             .await
             .unwrap()
@@ -126,13 +131,15 @@ async fn a_created_wait_reads_back_with_its_created_event_and_redacted_headers()
 async fn another_tenant_sees_nothing_of_a_wait() {
     for_each_store!(|store, _backend| {
         let w = store
+            .waits()
             .create("t1", &spec(), Utc::now(), None)
             .await
             .unwrap()
             .wait;
-        assert!(store.get("t2", w.id).await.unwrap().is_none());
+        assert!(store.waits().get("t2", w.id).await.unwrap().is_none());
         assert!(
             store
+                .waits()
                 .cancel("t2", w.id, Utc::now())
                 .await
                 .unwrap()
@@ -155,6 +162,7 @@ async fn another_tenant_sees_nothing_of_a_wait() {
                 .is_empty()
         );
         let page = store
+            .waits()
             .list(
                 "t2",
                 &ListFilter {
@@ -166,7 +174,7 @@ async fn another_tenant_sees_nothing_of_a_wait() {
             .unwrap();
         assert!(page.is_empty());
         assert_eq!(
-            store.get("t1", w.id).await.unwrap().unwrap().status,
+            store.waits().get("t1", w.id).await.unwrap().unwrap().status,
             Status::Running
         );
     });
@@ -180,6 +188,7 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
             let labels = json!({"team": if i % 2 == 0 { "a" } else { "b" }});
             ids.push(
                 store
+                    .waits()
                     .create("t", &spec_with(labels), Utc::now(), None)
                     .await
                     .unwrap()
@@ -187,14 +196,14 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
                     .id,
             );
         }
-        store.cancel("t", ids[0], Utc::now()).await.unwrap();
+        store.waits().cancel("t", ids[0], Utc::now()).await.unwrap();
         let mut seen = Vec::new();
         let mut filter = ListFilter {
             limit: 3,
             ..Default::default()
         };
         loop {
-            let page = store.list("t", &filter).await.unwrap();
+            let page = store.waits().list("t", &filter).await.unwrap();
             seen.extend(page.iter().map(|w| w.id));
             if page.len() < 3 {
                 break;
@@ -208,6 +217,7 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
         let mut labels = BTreeMap::new();
         labels.insert("team".to_string(), "a".to_string());
         let team_a = store
+            .waits()
             .list(
                 "t",
                 &ListFilter {
@@ -220,6 +230,7 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
             .unwrap();
         assert_eq!(team_a.len(), 4);
         let canceled = store
+            .waits()
             .list(
                 "t",
                 &ListFilter {
@@ -241,26 +252,31 @@ async fn the_list_is_newest_first_filtered_and_paged_without_overlap() {
 async fn an_idempotency_key_returns_the_first_wait_and_refuses_another_body() {
     for_each_store!(|store, _backend| {
         let first = store
+            .waits()
             .create("t", &spec(), Utc::now(), Some(("k1", "hash-a")))
             .await
             .unwrap();
         let again = store
+            .waits()
             .create("t", &spec(), Utc::now(), Some(("k1", "hash-a")))
             .await
             .unwrap();
         assert!(again.existing);
         assert_eq!(first.wait.id, again.wait.id);
         let other = store
+            .waits()
             .create("t", &spec(), Utc::now(), Some(("k1", "hash-b")))
             .await;
         assert!(matches!(other, Err(StoreError::IdempotencyConflict)));
         // Keys are per tenant.
         let elsewhere = store
+            .waits()
             .create("u", &spec(), Utc::now(), Some(("k1", "hash-b")))
             .await
             .unwrap();
         assert!(!elsewhere.existing);
         let all = store
+            .waits()
             .list(
                 "t",
                 &ListFilter {
@@ -285,7 +301,7 @@ async fn concurrent_creates_make_one_wait_a_key_and_one_each_without() {
             let store = store.clone();
             asks.push(tokio::spawn(async move {
                 let idem = key.as_deref().map(|k| (k, "same-body"));
-                let created = store.create("t", &spec(), Utc::now(), idem).await;
+                let created = store.waits().create("t", &spec(), Utc::now(), idem).await;
                 (key, created.expect("every create is answered").wait.id)
             }));
         }
@@ -309,6 +325,7 @@ async fn concurrent_creates_make_one_wait_a_key_and_one_each_without() {
             backend.url()
         );
         let all = store
+            .waits()
             .list(
                 "t",
                 &ListFilter {
@@ -331,6 +348,7 @@ async fn concurrent_creates_make_one_wait_a_key_and_one_each_without() {
 async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fenced() {
     for_each_store!(|store, backend| {
         let w = store
+            .waits()
             .create("t", &spec(), Utc::now(), None)
             .await
             .unwrap()
@@ -415,6 +433,7 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
 async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_out() {
     for_each_store!(|store, backend| {
         let w = store
+            .waits()
             .create("t", &spec(), Utc::now(), None)
             .await
             .unwrap()
@@ -492,7 +511,11 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
 async fn concurrent_claimers_never_claim_the_same_wait() {
     for_each_store!(|store, backend| {
         for _ in 0..40 {
-            store.create("t", &spec(), Utc::now(), None).await.unwrap();
+            store
+                .waits()
+                .create("t", &spec(), Utc::now(), None)
+                .await
+                .unwrap();
         }
         // The waits share one placement: one claimer's to take, until they are
         // overdue (§6.2) and the others race it for what is left.
@@ -547,6 +570,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
     for_each_store!(|store, backend| {
         for _ in 0..10 {
             let w = store
+                .waits()
                 .create("t", &spec(), Utc::now(), None)
                 .await
                 .unwrap()
@@ -575,7 +599,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
             let (s1, s2) = (store.clone(), store.clone());
             let (a, b) = tokio::join!(
                 async move { s1.leases().record(me, Utc::now(), &success).await.unwrap() },
-                async move { s2.cancel("t", w.id, Utc::now()).await.unwrap() }
+                async move { s2.waits().cancel("t", w.id, Utc::now()).await.unwrap() }
             );
             let events = store.events().of_wait("t", w.id, 0, 10).await.unwrap();
             let terminal: Vec<_> = events.iter().filter(|e| e.is_terminal()).collect();
@@ -586,7 +610,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
                 serde_json::to_string(&events).unwrap(),
                 backend.url()
             );
-            let end = store.get("t", w.id).await.unwrap().unwrap();
+            let end = store.waits().get("t", w.id).await.unwrap().unwrap();
             assert_eq!(end.status.as_str(), terminal[0].kind());
             assert_eq!(a, end.status == Status::Succeeded);
             let b = b.expect("the wait exists");
@@ -604,11 +628,13 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
 async fn events_replay_by_seq_and_by_global_cursor_in_order() {
     for_each_store!(|store, backend| {
         let w1 = store
+            .waits()
             .create("t", &spec_with(json!({"k": "1"})), Utc::now(), None)
             .await
             .unwrap()
             .wait;
         let w2 = store
+            .waits()
             .create("t", &spec_with(json!({"k": "2"})), Utc::now(), None)
             .await
             .unwrap()
@@ -687,15 +713,26 @@ async fn events_replay_by_seq_and_by_global_cursor_in_order() {
 async fn canceling_an_ended_wait_returns_it_unchanged_and_adds_no_event() {
     for_each_store!(|store, _backend| {
         let w = store
+            .waits()
             .create("t", &spec(), Utc::now(), None)
             .await
             .unwrap()
             .wait;
-        let first = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
+        let first = store
+            .waits()
+            .cancel("t", w.id, Utc::now())
+            .await
+            .unwrap()
+            .unwrap();
         assert!(first.ended, "the first cancel ends it");
         let first = first.wait;
         assert_eq!(first.status, Status::Canceled);
-        let second = store.cancel("t", w.id, Utc::now()).await.unwrap().unwrap();
+        let second = store
+            .waits()
+            .cancel("t", w.id, Utc::now())
+            .await
+            .unwrap()
+            .unwrap();
         assert!(!second.ended, "the second finds it ended");
         let second = second.wait;
         assert_eq!(second.finished_at, first.finished_at);
@@ -721,6 +758,7 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
     for_each_store!(|store, backend| {
         let ttl = Duration::from_secs(30);
         let first = store
+            .waits()
             .create("t", &spec(), Utc::now(), None)
             .await
             .unwrap()
@@ -732,7 +770,11 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
             .await
             .unwrap();
         assert_eq!(held.len(), 1, "{}", backend.url());
-        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        store
+            .waits()
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap();
         assert_eq!(
             store
                 .leases()
@@ -792,7 +834,11 @@ async fn a_renewal_keeps_every_wait_the_owner_holds_named_or_not() {
 async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
     for_each_store!(|store, backend| {
         for _ in 0..3 {
-            store.create("t", &spec(), Utc::now(), None).await.unwrap();
+            store
+                .waits()
+                .create("t", &spec(), Utc::now(), None)
+                .await
+                .unwrap();
         }
         let a = Uuid::now_v7();
         let mut held = store
@@ -804,6 +850,7 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
         assert_eq!(held.len(), 3, "{}", backend.url());
         // The third is canceled through the API while its owner still polls it.
         store
+            .waits()
             .cancel("t", held[2].id, Utc::now())
             .await
             .unwrap()
@@ -873,7 +920,11 @@ async fn a_batch_of_progress_writes_each_wait_it_still_owns_and_only_those() {
 #[tokio::test]
 async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
     for_each_store!(|store, backend| {
-        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        store
+            .waits()
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap();
         let a = Uuid::now_v7();
         let c = store
             .leases()
@@ -905,14 +956,21 @@ async fn released_leases_are_claimable_at_once_with_their_checkpoint() {
             .unwrap();
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].engine.polls, 42);
-        assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 42);
+        assert_eq!(
+            store.waits().get("t", c.id).await.unwrap().unwrap().polls,
+            42
+        );
     });
 }
 
 #[tokio::test]
 async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_newer() {
     for_each_store!(|store, backend| {
-        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        store
+            .waits()
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap();
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         let ttl = Duration::from_secs(30);
         let c = store
@@ -933,17 +991,23 @@ async fn a_checkpoint_renews_the_lease_and_lands_only_for_its_owner_and_when_new
         };
         // Another replica's checkpoint lands nowhere.
         store.leases().checkpoint(b, ttl, &[at(9)]).await.unwrap();
-        assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 0);
+        assert_eq!(
+            store.waits().get("t", c.id).await.unwrap().unwrap().polls,
+            0
+        );
         store.leases().checkpoint(a, ttl, &[at(5)]).await.unwrap();
         assert_eq!(
-            store.get("t", c.id).await.unwrap().unwrap().polls,
+            store.waits().get("t", c.id).await.unwrap().unwrap().polls,
             5,
             "{}",
             backend.url()
         );
         // An older one (a progress write got there first) does not go back.
         store.leases().checkpoint(a, ttl, &[at(3)]).await.unwrap();
-        assert_eq!(store.get("t", c.id).await.unwrap().unwrap().polls, 5);
+        assert_eq!(
+            store.waits().get("t", c.id).await.unwrap().unwrap().polls,
+            5
+        );
         // A checkpoint renews the lease: one with nothing in it, written when the
         // lease is at its end (a renewal for no time leaves it ending now, on the
         // store's clock), keeps the wait from the next claimer.
@@ -979,6 +1043,7 @@ async fn waits_and_events_persist_across_a_reopen() {
     for backend in backends().await {
         let store = backend.open().await;
         let w = store
+            .waits()
             .create("t", &spec(), Utc::now(), None)
             .await
             .unwrap()
@@ -986,7 +1051,12 @@ async fn waits_and_events_persist_across_a_reopen() {
         store.close().await;
         drop(store);
         let reopened = backend.open().await;
-        let back = reopened.get("t", w.id).await.unwrap().expect("persisted");
+        let back = reopened
+            .waits()
+            .get("t", w.id)
+            .await
+            .unwrap()
+            .expect("persisted");
         assert_eq!(back.id, w.id, "{}", backend.url());
         assert_eq!(
             reopened
@@ -1033,7 +1103,11 @@ async fn a_bad_database_url_is_refused_naming_the_problem() {
 #[tokio::test]
 async fn a_wait_given_back_is_claimed_when_its_checkpointed_poll_comes_not_before() {
     for_each_store!(|store, backend| {
-        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        store
+            .waits()
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap();
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         let ttl = Duration::from_secs(30);
         let c = store
@@ -1092,7 +1166,11 @@ async fn on_postgres_a_checkpoint_of_a_held_wait_writes_no_index_entry() {
     const N: usize = 40;
     const ROUNDS: u32 = 3;
     for _ in 0..N {
-        store.create("t", &spec(), Utc::now(), None).await.unwrap();
+        store
+            .waits()
+            .create("t", &spec(), Utc::now(), None)
+            .await
+            .unwrap();
     }
     let a = Uuid::now_v7();
     let ttl = Duration::from_secs(30);
@@ -1177,7 +1255,11 @@ async fn on_postgres_a_wait_inserted_without_a_claim_order_is_claimed() {
     let db = TestDb::new().await;
     let store = Store::open(&db.url, 4, Bus::new()).unwrap();
     store.migrate().await.unwrap();
-    let made = store.create("t", &spec(), Utc::now(), None).await.unwrap();
+    let made = store
+        .waits()
+        .create("t", &spec(), Utc::now(), None)
+        .await
+        .unwrap();
     let old = made.wait.id;
     let new = Uuid::now_v7();
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)

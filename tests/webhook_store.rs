@@ -78,6 +78,7 @@ fn announcing_events(events: &[&str]) -> Spec {
 /// Creates a wait of `tenant` at `at`; its id.
 async fn wait_of(store: &Store, tenant: &str, at: DateTime<Utc>) -> Uuid {
     store
+        .waits()
         .create(tenant, &announcing(), at, None)
         .await
         .unwrap()
@@ -149,9 +150,16 @@ async fn a_delivered_outcome_says_when_another_delivery_of_its_webhook_is_behind
         let name = backend.name();
         let t0 = Utc::now() - chrono::Duration::seconds(60);
         let spec = announcing_events(&["created", "canceled"]);
-        let wait = store.create("a", &spec, t0, None).await.unwrap().wait.id;
+        let wait = store
+            .waits()
+            .create("a", &spec, t0, None)
+            .await
+            .unwrap()
+            .wait
+            .id;
         let lone = wait_of(&store, "a", t0).await;
         store
+            .waits()
             .cancel("a", wait, t0 + chrono::Duration::seconds(1))
             .await
             .unwrap()

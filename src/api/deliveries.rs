@@ -69,7 +69,7 @@ pub async fn list_deliveries(
             )
         })?,
     };
-    if s.store.get(&tenant, id).await?.is_none() {
+    if s.store.waits().get(&tenant, id).await?.is_none() {
         return Err(no_such_wait(id));
     }
     let mut items = s
@@ -132,7 +132,7 @@ pub async fn retry_delivery(
         ))
     };
     let number = number(&delivery).ok_or_else(no_such_delivery)?;
-    if s.store.get(&tenant, id).await?.is_none() {
+    if s.store.waits().get(&tenant, id).await?.is_none() {
         return Err(no_such_wait(id));
     }
     match s

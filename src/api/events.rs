@@ -50,7 +50,7 @@ pub async fn list_wait_events(
     let stream_it = wants_stream(&headers, q.follow.as_deref())?;
     // A seq past any a wait can have: after all of them.
     let after = i32::try_from(resume_point(&headers, q.after.as_deref())?).unwrap_or(i32::MAX);
-    if s.store.get(&tenant, id).await?.is_none() {
+    if s.store.waits().get(&tenant, id).await?.is_none() {
         return Err(ApiError::not_found(crate::retention::no_such_wait(id)));
     }
     if !stream_it {

@@ -162,7 +162,7 @@ pub(super) async fn create(
             if let Err(e) = crate::groups::watch::settle(&s.store, &s.metrics, id).await {
                 tracing::warn!(group_id = %id, error = %e, "could not decide a new group; the sweep will");
             }
-            if let Some(again) = s.store.get(&tenant, id).await? {
+            if let Some(again) = s.store.waits().get(&tenant, id).await? {
                 wait = again;
             }
         }

@@ -100,7 +100,7 @@ async fn active_waits(s: &AppState) -> Option<i64> {
     {
         return Some(n);
     }
-    let n = s.store.count_running(None).await.ok()?;
+    let n = s.store.waits().count_running(None).await.ok()?;
     *last = Some((std::time::Instant::now(), n));
     Some(n)
 }

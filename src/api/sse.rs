@@ -232,7 +232,9 @@ impl WaitStream {
         {
             Ok(v) => match v.first() {
                 Some(e) => i64::from(e.seq) == self.last && e.is_terminal(),
-                None => matches!(s.store.get(tenant, id).await, Ok(Some(w)) if !w.is_running()),
+                None => {
+                    matches!(s.store.waits().get(tenant, id).await, Ok(Some(w)) if !w.is_running())
+                }
             },
             Err(_) => false,
         }

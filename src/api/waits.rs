@@ -69,7 +69,7 @@ pub(super) enum Held {
 /// has some.
 async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
     let ids = [id];
-    let (got, live) = tokio::join!(s.store.read(tenant, id), s.live.progress(&ids));
+    let (got, live) = tokio::join!(s.store.waits().read(tenant, id), s.live.progress(&ids));
     let (mut wait, grouped) = got?.ok_or_else(|| no_such_wait(id))?;
     if grouped {
         s.store
@@ -320,6 +320,7 @@ pub async fn create_wait(
     let slot = hold.map(|_| s.streams.acquire(&tenant)).transpose()?;
     let created = s
         .store
+        .waits()
         .create_within(
             &tenant,
             &spec,
@@ -431,7 +432,7 @@ pub async fn list_waits(
     // One more than asked for: a cursor is given only when another page exists.
     let limit = filter.limit;
     filter.limit += 1;
-    let mut items = s.store.list(&tenant, &filter).await?;
+    let mut items = s.store.waits().list(&tenant, &filter).await?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
     s.store.annotate_groups(&mut items).await?;
@@ -465,6 +466,7 @@ pub async fn cancel_wait(
 ) -> ApiResult<Response> {
     let canceled = s
         .store
+        .waits()
         .cancel(&tenant, id, Utc::now())
         .await?
         .ok_or_else(|| no_such_wait(id))?;

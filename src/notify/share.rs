@@ -357,7 +357,7 @@ mod tests {
         let spec = fixtures::spec(&["created"]);
         let t0 = chrono::Utc::now() - chrono::Duration::seconds(60);
         for _ in 0..n {
-            store.create("a", &spec, t0, None).await.unwrap();
+            store.waits().create("a", &spec, t0, None).await.unwrap();
         }
         fixtures::due(&store, uuid::Uuid::now_v7(), n as i64).await
     }

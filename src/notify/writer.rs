@@ -90,8 +90,15 @@ mod tests {
         let store = fixtures::store().await;
         let spec = fixtures::spec(&["created", "canceled"]);
         let t0 = Utc::now() - chrono::Duration::seconds(60);
-        let id = store.create("a", &spec, t0, None).await.unwrap().wait.id;
+        let id = store
+            .waits()
+            .create("a", &spec, t0, None)
+            .await
+            .unwrap()
+            .wait
+            .id;
         store
+            .waits()
             .cancel("a", id, t0 + chrono::Duration::seconds(1))
             .await
             .unwrap()

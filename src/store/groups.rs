@@ -233,7 +233,7 @@ impl Store {
         trace: Option<&str>,
     ) -> Result<Created, GroupRefused> {
         if let Some((key, hash)) = idempotency
-            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+            && let Some(found) = self.waits.find_idempotent(tenant, key, hash).await?
         {
             return Ok(Created {
                 wait: found,
@@ -256,7 +256,7 @@ impl Store {
             };
             let field = format!("{name}[{i}].id");
             // Another tenant's wait is unknown here, group or not.
-            if self.get(tenant, *id).await?.is_none() {
+            if self.waits.get(tenant, *id).await?.is_none() {
                 return Err(GroupRefused::NoSuchMember { field, id: *id });
             }
             if links.iter().any(|l| l.group_id == *id) {
@@ -270,6 +270,7 @@ impl Store {
                 MemberRequest::Id { id, .. } => *id,
                 MemberRequest::Spec { spec, .. } => {
                     match self
+                        .waits
                         .create_within(tenant, spec, now, None, max_active, trace)
                         .await
                     {
@@ -320,23 +321,23 @@ impl Store {
             members: members.clone(),
             by_id,
         };
-        let admission = self.admission(tenant, max_active);
+        let admission = self.waits.admission(tenant, max_active);
         let inserted = sql!(self.insert_group(tenant, now, &group, idempotency, admission));
         match inserted {
             Ok(Inserted::Yes { counted }) => {
                 if let Some(n) = counted {
-                    self.counted(tenant, n);
+                    self.waits.counted(tenant, n);
                 }
             }
             Ok(Inserted::Full(n)) => {
-                self.counted(tenant, n);
+                self.waits.counted(tenant, n);
                 return self.at_limit(tenant, &made, now, idempotency, n).await;
             }
             Ok(Inserted::KeyTaken) => {
                 // Another request with this key won the race: answer with its group.
                 self.undo_members(tenant, &made, now, UNDONE_RACE).await;
                 let (key, hash) = idempotency.expect("only a key can be taken");
-                return match self.find_idempotent(tenant, key, hash).await? {
+                return match self.waits.find_idempotent(tenant, key, hash).await? {
                     Some(found) => Ok(Created {
                         wait: found,
                         existing: true,
@@ -390,7 +391,7 @@ impl Store {
         n: i64,
     ) -> Result<Created, GroupRefused> {
         if let Some((key, hash)) = idempotency
-            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
+            && let Some(found) = self.waits.find_idempotent(tenant, key, hash).await?
         {
             self.undo_members(tenant, made, now, UNDONE_RACE).await;
             return Ok(Created {

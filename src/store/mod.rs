@@ -15,7 +15,6 @@
 //! ends exactly once however replicas race.
 
 mod columns;
-mod counts;
 mod migrations;
 #[macro_use]
 pub mod postgres;
@@ -23,21 +22,18 @@ mod rows;
 pub mod secrets;
 mod sqlite;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::bus::Bus;
-use crate::engine::{EngineState, Spec};
+use crate::engine::EngineState;
 pub use crate::model::{Ending, Event, EventBody, Status, Wait};
-use counts::TenantCounts;
 pub(crate) use rows::{
     Admission, CheckpointRow, ClaimRow, EventRow, FeedRow, GROUPED_COLUMN, GotRow, Inserted,
     LIMIT_MARGIN, NewWait, NotifyRow, ProgressRow, WAIT_COLUMNS, WaitRow,
 };
+use waits::TenantCounts;
 
 pub use postgres::PgDialect;
 use sqlite::SqliteDialect;
@@ -54,16 +50,6 @@ impl From<(Uuid, i64)> for WaitEpoch {
     fn from((id, epoch): (Uuid, i64)) -> WaitEpoch {
         WaitEpoch { id, epoch }
     }
-}
-
-/// Filters of `GET /waits`.
-#[derive(Clone, Debug, Default)]
-pub struct ListFilter {
-    pub status: Option<Status>,
-    pub labels: BTreeMap<String, String>,
-    pub limit: i64,
-    /// Return waits older than this id (UUIDv7 order).
-    pub before: Option<Uuid>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,24 +99,6 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-/// The result of a create: the wait, and whether an idempotency key found an earlier one.
-#[derive(Debug)]
-pub struct Created {
-    pub wait: Wait,
-    pub existing: bool,
-}
-
-/// The answer to a cancel: the wait as it now stands, and whether this cancel is
-/// what ended it (false when it had ended already).
-#[derive(Debug)]
-pub struct Canceled {
-    pub wait: Wait,
-    pub ended: bool,
-}
-
-/// The reason recorded when a client cancels a wait.
-pub const CANCEL_REASON: &str = "canceled by a client";
-
 // ---------------------------------------------------------------------------------
 // The dialects, and the store over them
 // ---------------------------------------------------------------------------------
@@ -152,6 +120,8 @@ macro_rules! sql {
     };
 }
 
+pub mod waits;
+pub use waits::{CANCEL_REASON, Canceled, Created, ListFilter, Waits};
 pub mod outbox;
 pub use outbox::{DeliveryLimits, Due, Finished, KEPT_ATTEMPTS, Outbox, Outcome, Redeliver, Turns};
 pub mod groups;
@@ -191,6 +161,7 @@ pub struct Store {
     leases: Leases,
     outbox: Outbox,
     retention: Retention,
+    waits: Waits,
 }
 
 impl Store {
@@ -230,6 +201,7 @@ impl Store {
             leases: Leases { core: core.clone() },
             outbox: Outbox { core: core.clone() },
             retention: Retention { core: core.clone() },
+            waits: Waits { core: core.clone() },
             core,
         }
     }
@@ -252,6 +224,11 @@ impl Store {
     /// What the retention sweep deletes and reads.
     pub fn retention(&self) -> &Retention {
         &self.retention
+    }
+
+    /// Waits: creates, reads, lists, cancels.
+    pub fn waits(&self) -> &Waits {
+        &self.waits
     }
 
     /// The ids of the waits each of this process's progress writes ended, as the
@@ -318,180 +295,10 @@ impl Store {
         sql!(self.close())
     }
 
-    /// Creates a wait with its `created` event. With an idempotency key (and the
-    /// request's hash), a second call with the same key and hash returns the first
-    /// wait; the same key with another hash is [`StoreError::IdempotencyConflict`].
-    pub async fn create(
-        &self,
-        tenant: &str,
-        spec: &Spec,
-        now: DateTime<Utc>,
-        idempotency: Option<(&str, &str)>,
-    ) -> Result<Created, StoreError> {
-        self.create_within(tenant, spec, now, idempotency, None, None)
-            .await
-    }
-
-    /// [`Store::create`], refusing with [`StoreError::TooManyActive`] when the tenant
-    /// already has `max_active` running waits. The count and the insert are atomic
-    /// (concurrent creates cannot overshoot), and an idempotent replay is answered
-    /// before the limit is looked at. `trace` is the `traceparent` the wait's
-    /// polls and webhook attempts join.
-    pub async fn create_within(
-        &self,
-        tenant: &str,
-        spec: &Spec,
-        now: DateTime<Utc>,
-        idempotency: Option<(&str, &str)>,
-        max_active: Option<i64>,
-        trace: Option<&str>,
-    ) -> Result<Created, StoreError> {
-        if let Some((key, hash)) = idempotency
-            && let Some(found) = self.find_idempotent(tenant, key, hash).await?
-        {
-            return Ok(Created {
-                wait: found,
-                existing: true,
-            });
-        }
-        let mut nw = NewWait::prepare(spec, now, &self.core.cipher, trace)?;
-        nw.placement = Some(rows::placement(tenant, &spec.target.url));
-        let admission = self.admission(tenant, max_active);
-        match sql!(self.insert_wait(tenant, now, &nw, idempotency, admission))? {
-            Inserted::Yes { counted } => {
-                if let Some(n) = counted {
-                    self.counted(tenant, n);
-                }
-                Ok(Created {
-                    wait: nw.wait(now),
-                    existing: false,
-                })
-            }
-            Inserted::Full(n) => {
-                self.counted(tenant, n);
-                // A request with the same key may have made the wait meanwhile (its
-                // place is what the limit counted): then the answer is that wait.
-                if let Some((key, hash)) = idempotency
-                    && let Some(found) = self.find_idempotent(tenant, key, hash).await?
-                {
-                    return Ok(Created {
-                        wait: found,
-                        existing: true,
-                    });
-                }
-                Err(StoreError::TooManyActive(n))
-            }
-            Inserted::KeyTaken => {
-                let (key, hash) = idempotency.expect("a key was taken, so one was given");
-                match self.find_idempotent(tenant, key, hash).await? {
-                    Some(found) => Ok(Created {
-                        wait: found,
-                        existing: true,
-                    }),
-                    None => Err(StoreError::Decode {
-                        what: "idempotency key",
-                        why: "the key was taken, then vanished".into(),
-                    }),
-                }
-            }
-        }
-    }
-
-    /// How a create of `tenant`'s is admitted under `max_active`: counted in its
-    /// transaction, unless no limit applies or the tenant is far under it.
-    fn admission(&self, tenant: &str, max_active: Option<i64>) -> Admission {
-        match max_active {
-            Some(max) if !self.far_under_limit(tenant, max) => Admission::Count { max },
-            _ => Admission::Free,
-        }
-    }
-
-    async fn find_idempotent(
-        &self,
-        tenant: &str,
-        key: &str,
-        hash: &str,
-    ) -> Result<Option<Wait>, StoreError> {
-        match sql!(self.find_idempotent(tenant, key))? {
-            None => Ok(None),
-            Some((h, _)) if h != hash => Err(StoreError::IdempotencyConflict),
-            Some((_, id)) => self.get(tenant, id).await,
-        }
-    }
-
-    fn far_under_limit(&self, tenant: &str, max: i64) -> bool {
-        let mut counts = self.core.counts.lock().unwrap_or_else(|e| e.into_inner());
-        counts.far_under(tenant, max, Instant::now())
-    }
-
-    fn counted(&self, tenant: &str, n: i64) {
-        let mut counts = self.core.counts.lock().unwrap_or_else(|e| e.into_inner());
-        counts.counted(tenant, n, Instant::now());
-    }
-
-    pub async fn get(&self, tenant: &str, id: Uuid) -> Result<Option<Wait>, StoreError> {
-        Ok(self.read(tenant, id).await?.map(|(wait, _)| wait))
-    }
-
-    /// [`Store::get`], and whether the wait is a group or a member of one (whose
-    /// groups [`Store::annotate_groups`] then fills in), in one statement.
-    pub async fn read(&self, tenant: &str, id: Uuid) -> Result<Option<(Wait, bool)>, StoreError> {
-        sql!(self.get(tenant, id))?
-            .map(|row| Ok((row.wait.into_wait()?, row.grouped)))
-            .transpose()
-    }
-
-    /// A page of a tenant's waits, newest first.
-    pub async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Vec<Wait>, StoreError> {
-        sql!(self.list(tenant, filter))?
-            .into_iter()
-            .map(WaitRow::into_wait)
-            .collect()
-    }
-
-    /// Cancels a running wait, ending it exactly once; an ended wait is returned as it
-    /// is. `None` when the tenant has no such wait.
-    pub async fn cancel(
-        &self,
-        tenant: &str,
-        id: Uuid,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Canceled>, StoreError> {
-        let canceled = |state: Option<String>| {
-            EventBody::end(
-                Status::Canceled,
-                Ending {
-                    reason: CANCEL_REASON.into(),
-                    state,
-                    error_detail: None,
-                    last_error: None,
-                },
-            )
-            .to_parts()
-        };
-        let ended = sql!(self.cancel(
-            tenant,
-            id,
-            now,
-            CANCEL_REASON,
-            Status::Canceled.as_str(),
-            &canceled
-        ))?;
-        Ok(self
-            .get(tenant, id)
-            .await?
-            .map(|wait| Canceled { wait, ended }))
-    }
-
     /// Runs one statement as written: for tests that bend the schema (a trigger
     /// that refuses a value, say).
     #[cfg(test)]
     pub(crate) async fn execute(&self, statement: &'static str) -> Result<(), StoreError> {
         sql!(self.execute(statement))
-    }
-
-    /// Running waits in the store; with a tenant, only that tenant's.
-    pub async fn count_running(&self, tenant: Option<&str>) -> Result<i64, StoreError> {
-        sql!(self.count_running(tenant))
     }
 }

@@ -41,10 +41,7 @@ pub const DELIVERIES_CHANNEL: &str = deliveries_channel!();
 /// The channel on which replicas tell each other of a host that asked for quiet.
 pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
-// After `work_channel!`, which `waits` uses.
-mod creates;
 mod groups;
-mod waits;
 
 /// Held by the one sequencer at a time that gives committed events their global
 /// cursor (`gid`).
@@ -68,7 +65,7 @@ pub struct PgDialect {
     /// Wakes the sequencer after a commit that left events to sequence.
     pub(in crate::store) committed: Arc<Notify>,
     /// Creates waiting to share a statement.
-    creates: Arc<creates::Creates>,
+    pub(in crate::store) creates: Arc<super::waits::batches::Creates>,
 }
 
 pub(in crate::store) fn labels_json(labels: &BTreeMap<String, String>) -> Value {

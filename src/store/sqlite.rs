@@ -22,7 +22,6 @@ use super::StoreError;
 use crate::bus::{Bus, BusMsg, Notice};
 
 mod groups;
-mod waits;
 
 /// A handle on the embedded database. Cloning is shallow.
 #[derive(Clone, Debug)]

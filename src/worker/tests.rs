@@ -91,7 +91,11 @@ impl Rig {
             &Limits::default(),
         )
         .unwrap();
-        let created = self.store.create("t", &spec, Utc::now(), None).await;
+        let created = self
+            .store
+            .waits()
+            .create("t", &spec, Utc::now(), None)
+            .await;
         created.unwrap().wait.id
     }
 
@@ -108,7 +112,11 @@ impl Rig {
             &Limits::default(),
         )
         .unwrap();
-        let created = self.store.create("t", &spec, Utc::now(), None).await;
+        let created = self
+            .store
+            .waits()
+            .create("t", &spec, Utc::now(), None)
+            .await;
         created.unwrap().wait.id
     }
 
@@ -150,7 +158,12 @@ impl Rig {
 
     /// The wait as the store has it.
     async fn read(&self, id: Uuid) -> crate::model::Wait {
-        self.store.get("t", id).await.unwrap().expect("the wait")
+        self.store
+            .waits()
+            .get("t", id)
+            .await
+            .unwrap()
+            .expect("the wait")
     }
 }
 

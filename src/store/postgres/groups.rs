@@ -22,7 +22,8 @@ impl PgDialect {
         let nw = g.wait;
         let mut tx = self.pool.begin().await?;
         // The group is a running wait of the tenant's, counted as any other.
-        let counted = match super::waits::admit(&mut tx, tenant, admission).await? {
+        let counted = match crate::store::waits::postgres::admit(&mut tx, tenant, admission).await?
+        {
             Ok(counted) => counted,
             Err(n) => return Ok(Inserted::Full(n)),
         };
@@ -49,7 +50,8 @@ impl PgDialect {
         .execute(&mut *tx)
         .await?;
         if let Some((key, hash)) = idempotency
-            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+            && !crate::store::waits::postgres::take_key(&mut tx, tenant, key, hash, nw.id, now)
+                .await?
         {
             tx.rollback().await?;
             return Ok(Inserted::KeyTaken);

@@ -28,7 +28,7 @@ impl SqliteDialect {
         let nw = g.wait;
         let mut tx = self.pool.begin().await?;
         // The group is a running wait of the tenant's, counted as any other.
-        let counted = match super::waits::admit(&mut tx, tenant, admission).await? {
+        let counted = match crate::store::waits::sqlite::admit(&mut tx, tenant, admission).await? {
             Ok(counted) => counted,
             Err(n) => return Ok(Inserted::Full(n)),
         };
@@ -54,7 +54,8 @@ impl SqliteDialect {
             .execute(&mut *tx)
             .await?;
         if let Some((key, hash)) = idempotency
-            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+            && !crate::store::waits::sqlite::take_key(&mut tx, tenant, key, hash, nw.id, now)
+                .await?
         {
             tx.rollback().await?;
             return Ok(Inserted::KeyTaken);

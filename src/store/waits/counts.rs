@@ -22,7 +22,7 @@ const CACHED_MARGIN: i64 = 1024;
 
 /// Per tenant, the running count as last read ([`COUNT_FRESH`], [`CACHED_MARGIN`]).
 #[derive(Debug, Default)]
-pub(super) struct TenantCounts(std::collections::HashMap<String, Counted>);
+pub(in crate::store) struct TenantCounts(std::collections::HashMap<String, Counted>);
 
 impl TenantCounts {
     /// True when the tenant was counted lately and far enough under `max` that no

@@ -1,13 +1,13 @@
-//! Waits' own statements: creating one (with its key, its count and its
+//! Waits' own statements on SQLite: creating one (with its key, its count and its
 //! webhooks), reading, listing and canceling.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{SqliteDialect, ms};
 use crate::bus::BusMsg;
 use crate::store::events::sqlite::append_events;
+use crate::store::sqlite::{SqliteDialect, ms};
 use crate::store::{
     Admission, GROUPED_COLUMN, GotRow, Inserted, ListFilter, NewWait, StoreError, WAIT_COLUMNS,
     WaitRow,
@@ -65,7 +65,7 @@ impl SqliteDialect {
             .execute(&mut *tx)
             .await?;
         if let Some((key, hash)) = idempotency
-            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+            && !take_key(&mut tx, tenant, key, hash, nw.id, now).await?
         {
             tx.rollback().await?;
             return Ok(Inserted::KeyTaken);
@@ -211,7 +211,7 @@ pub(in crate::store) async fn take_key(
     .bind(key)
     .bind(hash)
     .bind(id)
-    .bind(super::ms(now))
+    .bind(ms(now))
     .execute(tx)
     .await?
     .rows_affected();
@@ -221,7 +221,7 @@ pub(in crate::store) async fn take_key(
 /// Admission within a create's transaction: the tenant's running count when one
 /// is to be taken (one connection is the only writer, so it holds until the
 /// insert), or `Err` with the count when the tenant is at `max`.
-pub(super) async fn admit(
+pub(in crate::store) async fn admit(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     tenant: &str,
     admission: Admission,

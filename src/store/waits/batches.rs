@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::PgDialect;
+use crate::store::postgres::PgDialect;
 use crate::store::{Inserted, NewWait, StoreError};
 
 /// Batches written at once: one to fill while another commits.
@@ -33,7 +33,7 @@ const MOST: usize = 256;
 
 /// The creates waiting for a batch, and how many batches are running.
 #[derive(Default)]
-pub(super) struct Creates {
+pub(in crate::store) struct Creates {
     queue: Mutex<Queue>,
 }
 

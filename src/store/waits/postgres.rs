@@ -1,4 +1,4 @@
-//! Waits' own statements: creating one (with its key, its count and its
+//! Waits' own statements on Postgres: creating one (with its key, its count and its
 //! webhooks), reading, listing and canceling.
 
 use chrono::{DateTime, Utc};
@@ -6,7 +6,7 @@ use serde_json::Value;
 use sqlx::Postgres;
 use uuid::Uuid;
 
-use super::{PgDialect, labels_json};
+use crate::store::postgres::{PgDialect, labels_json};
 use crate::store::{
     Admission, GROUPED_COLUMN, GotRow, Inserted, LIMIT_MARGIN, ListFilter, NewWait, StoreError,
     WAIT_COLUMNS, WaitRow,
@@ -28,7 +28,7 @@ impl PgDialect {
     }
 
     /// The insert of a new wait. Without a count it joins the next batch of
-    /// creates ([`super::creates`]); with one it is a transaction of its own: the
+    /// creates ([`super::batches`]); with one it is a transaction of its own: the
     /// count (again under the tenant's lock near the limit, so the count and the
     /// insert cannot interleave), the insert, and the key.
     pub(in crate::store) async fn insert_wait(
@@ -49,7 +49,7 @@ impl PgDialect {
         };
         insert_wait(tenant, now, nw).execute(&mut *tx).await?;
         if let Some((key, hash)) = idempotency
-            && !super::waits::take_key(&mut tx, tenant, key, hash, nw.id, now).await?
+            && !take_key(&mut tx, tenant, key, hash, nw.id, now).await?
         {
             tx.rollback().await?;
             return Ok(Inserted::KeyTaken);
@@ -247,7 +247,7 @@ pub(in crate::store) async fn take_key(
 /// is to be taken (again under the tenant's lock near the limit, so the count
 /// and the insert cannot interleave), or `Err` with the count when the tenant
 /// is at `max`.
-pub(super) async fn admit(
+pub(in crate::store) async fn admit(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     tenant: &str,
     admission: Admission,
