@@ -174,7 +174,7 @@ impl App {
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
         // Groups are decided on every replica, as their members end.
         tokio::spawn(groups::watch::run(
-            store.clone(),
+            store.groups().clone(),
             bus.clone(),
             metrics.clone(),
             stopped(stop_rx.clone()),

@@ -122,7 +122,8 @@ pub(super) async fn create(
     let slot = hold.map(|_| s.streams.acquire(&tenant)).transpose()?;
     let created = s
         .store
-        .create_group(
+        .groups()
+        .create(
             &tenant,
             &req,
             Utc::now(),
@@ -159,7 +160,7 @@ pub(super) async fn create(
             .iter()
             .any(|m| matches!(m, MemberRequest::Id { .. }))
         {
-            if let Err(e) = crate::groups::watch::settle(&s.store, &s.metrics, id).await {
+            if let Err(e) = crate::groups::watch::settle(s.store.groups(), &s.metrics, id).await {
                 tracing::warn!(group_id = %id, error = %e, "could not decide a new group; the sweep will");
             }
             if let Some(again) = s.store.waits().get(&tenant, id).await? {
@@ -169,7 +170,8 @@ pub(super) async fn create(
     }
     if wait.grouping.members.is_none() {
         s.store
-            .annotate_groups(std::slice::from_mut(&mut wait))
+            .groups()
+            .annotate(std::slice::from_mut(&mut wait))
             .await?;
     }
     let mut res = match hold.zip(slot) {

@@ -73,7 +73,8 @@ async fn read(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Wait> {
     let (mut wait, grouped) = got?.ok_or_else(|| no_such_wait(id))?;
     if grouped {
         s.store
-            .annotate_groups(std::slice::from_mut(&mut wait))
+            .groups()
+            .annotate(std::slice::from_mut(&mut wait))
             .await?;
     }
     apply_live(std::slice::from_mut(&mut wait), &live);
@@ -435,7 +436,7 @@ pub async fn list_waits(
     let mut items = s.store.waits().list(&tenant, &filter).await?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
-    s.store.annotate_groups(&mut items).await?;
+    s.store.groups().annotate(&mut items).await?;
     current(&s, &mut items).await;
     let next_cursor = more
         .then(|| items.last().map(|w| w.id.to_string()))
@@ -472,7 +473,8 @@ pub async fn cancel_wait(
         .ok_or_else(|| no_such_wait(id))?;
     let mut wait = canceled.wait;
     s.store
-        .annotate_groups(std::slice::from_mut(&mut wait))
+        .groups()
+        .annotate(std::slice::from_mut(&mut wait))
         .await?;
     if canceled.ended {
         s.metrics.ended(Status::Canceled);

@@ -15,7 +15,7 @@ use chrono::Utc;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::store::Store;
+use crate::store::Groups;
 use crate::store::groups::Group;
 
 /// Groups whose progress one write carries. The write holds their rows until it
@@ -67,7 +67,7 @@ impl Queue {
     }
 
     /// Writes what is queued, one batch at a time, for as long as it runs.
-    pub async fn write(self, store: Store) {
+    pub async fn write(self, store: Groups) {
         loop {
             self.wake.notified().await;
             loop {
@@ -78,7 +78,7 @@ impl Queue {
                 for chunk in batch.chunks(BATCH) {
                     let writes: Vec<(&Group, String)> =
                         chunk.iter().map(|(g, s)| (g, s.clone())).collect();
-                    if let Err(e) = store.groups_progress(&writes, Utc::now()).await {
+                    if let Err(e) = store.progress_many(&writes, Utc::now()).await {
                         tracing::warn!(error = %e, groups = writes.len(), "could not record groups' progress; the next sweep tries again");
                     }
                 }

@@ -37,7 +37,7 @@ use crate::bus::{Bus, BusMsg};
 use crate::metrics::Metrics;
 use crate::model::Status;
 use crate::store::groups::{Group, GroupEnd};
-use crate::store::{Store, StoreError};
+use crate::store::{Groups, StoreError};
 
 /// Members one batch of ends ends at once: each holds one database connection
 /// at a time. Canceling members is off the path of the group's end.
@@ -84,7 +84,7 @@ pub fn member_deadline_reason(group: Uuid) -> String {
 
 /// Looks at one group again: decides it, or records how far it is; ends the
 /// running members of a decided group. Safe to run on several replicas at once.
-pub async fn settle(store: &Store, metrics: &Arc<Metrics>, id: Uuid) -> Result<(), StoreError> {
+pub async fn settle(store: &Groups, metrics: &Arc<Metrics>, id: Uuid) -> Result<(), StoreError> {
     settle_all(store, metrics, &[id], None).await
 }
 
@@ -94,7 +94,7 @@ pub async fn settle(store: &Store, metrics: &Arc<Metrics>, id: Uuid) -> Result<(
 /// still open goes to the queue's writer, and the ends (of groups, and of the
 /// members a decision ends) to tasks of their own.
 pub async fn settle_all(
-    store: &Store,
+    store: &Groups,
     metrics: &Arc<Metrics>,
     ids: &[Uuid],
     deferred: Option<&Deferred>,
@@ -127,12 +127,12 @@ struct Decided {
 }
 
 async fn settle_batch(
-    store: &Store,
+    store: &Groups,
     metrics: &Arc<Metrics>,
     ids: &[Uuid],
     deferred: Option<&Deferred>,
 ) -> Result<(), StoreError> {
-    let groups = store.groups(ids).await?;
+    let groups = store.read_many(ids).await?;
     let now = Utc::now();
     let mut ends = Vec::new();
     let mut moved = Vec::new();
@@ -158,7 +158,7 @@ async fn settle_batch(
             },
         )
         .await;
-        store.groups_progress(&progress, Utc::now()).await?;
+        store.progress_many(&progress, Utc::now()).await?;
         return written;
     };
     // Rounds run one at a time, so the progress queued here is never older than
@@ -189,7 +189,7 @@ async fn settle_batch(
 /// Writes the ends of the decided groups, then ends the running members of
 /// every ended group of the batch (canceled; or, past the deadline of a group
 /// that keeps them running, timed out).
-async fn write_ends(store: &Store, metrics: &Metrics, d: Decided) -> Result<(), StoreError> {
+async fn write_ends(store: &Groups, metrics: &Metrics, d: Decided) -> Result<(), StoreError> {
     // Stamped when written: a group ends when its end is written, not read.
     let now = Utc::now();
     let groups = &d.groups;
@@ -203,7 +203,7 @@ async fn write_ends(store: &Store, metrics: &Metrics, d: Decided) -> Result<(), 
             state,
         })
         .collect();
-    let ended: HashSet<Uuid> = store.end_groups(&ends, now).await?.into_iter().collect();
+    let ended: HashSet<Uuid> = store.end_many(&ends, now).await?.into_iter().collect();
     for e in &ends {
         if ended.contains(&e.group.id) {
             metrics.ended(e.status);
@@ -218,7 +218,7 @@ async fn write_ends(store: &Store, metrics: &Metrics, d: Decided) -> Result<(), 
         .filter(|id| !ended.contains(id))
         .collect();
     let again: HashMap<Uuid, Status> = store
-        .groups(&lost)
+        .read_many(&lost)
         .await?
         .into_iter()
         .map(|g| (g.id, g.status))
@@ -275,7 +275,7 @@ struct Heard {
 /// Listens to the bus without pause, so that a long round does not make the bus
 /// drop notices for it (which would cost a sweep of every open group): what it
 /// hears waits in `heard` for the next round. It also hears of the ends this
-/// replica's own writes make as they commit ([`Store::local_ends`]), ahead of
+/// replica's own writes make as they commit ([`Groups::local_ends`]), ahead of
 /// their notices, and skips the notice of an end it heard so.
 async fn listen(
     mut rx: broadcast::Receiver<BusMsg>,
@@ -341,7 +341,7 @@ async fn listen(
 }
 
 /// Decides groups as their members end, until `stop`.
-pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Future<Output = ()>) {
+pub async fn run(store: Groups, bus: Bus, metrics: Arc<Metrics>, stop: impl Future<Output = ()>) {
     let heard = Arc::new(std::sync::Mutex::new(Heard::default()));
     let wake = Arc::new(Notify::new());
     let listener = tokio::spawn(listen(
@@ -396,7 +396,7 @@ pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Futur
 }
 
 async fn round(
-    store: &Store,
+    store: &Groups,
     metrics: &Arc<Metrics>,
     deferred: &Deferred,
     ended: &[Uuid],
@@ -405,15 +405,11 @@ async fn round(
     let started = std::time::Instant::now();
     let mut due = BTreeSet::new();
     for chunk in ended.chunks(500) {
-        due.extend(store.groups_touching(chunk).await?);
+        due.extend(store.touching(chunk).await?);
     }
     if let Some(all) = sweep {
         let recent = chrono::Duration::from_std(RECENT).unwrap_or_default();
-        due.extend(
-            store
-                .groups_to_settle(Utc::now(), all, recent, SWEEP)
-                .await?,
-        );
+        due.extend(store.to_settle(Utc::now(), all, recent, SWEEP).await?);
     }
     let due: Vec<Uuid> = due.into_iter().collect();
     let looked_up = started.elapsed();

@@ -128,14 +128,14 @@ pub mod groups;
 pub mod leases;
 pub use leases::{Checkpoint, Claimed, Leases, Renewal, SLOT_CLAIMS, SlotToken};
 pub mod progress;
-pub use groups::{Group, GroupRefused, GroupRequest, MemberRequest, MemberState};
+pub use groups::{Group, GroupEnd, GroupRefused, GroupRequest, Groups, MemberRequest, MemberState};
 pub use progress::{Ended, MAX_CLAIMS, Progress};
 pub mod events;
 pub use events::{Events, FeedEvent};
 pub mod retention;
 pub use retention::Retention;
 
-/// Batches of ended ids [`Store::local_ends`] keeps for a slow receiver.
+/// Batches of ended ids [`Groups::local_ends`] keeps for a slow receiver.
 const LOCAL_ENDS: usize = 1024;
 
 /// What every job's handle shares: the database, and what is kept beside it.
@@ -148,7 +148,7 @@ struct Core {
     counts: Arc<Mutex<TenantCounts>>,
     /// On Postgres, the waits this process's progress writes ended, as each
     /// write commits (before the sequencer announces them): see
-    /// [`Store::local_ends`].
+    /// [`Groups::local_ends`].
     ends: tokio::sync::broadcast::Sender<Arc<[Uuid]>>,
 }
 
@@ -158,6 +158,7 @@ struct Core {
 pub struct Store {
     core: Arc<Core>,
     events: Events,
+    groups: Groups,
     leases: Leases,
     outbox: Outbox,
     retention: Retention,
@@ -198,6 +199,10 @@ impl Store {
         let core = Arc::new(core);
         Store {
             events: Events { core: core.clone() },
+            groups: Groups {
+                core: core.clone(),
+                waits: Waits { core: core.clone() },
+            },
             leases: Leases { core: core.clone() },
             outbox: Outbox { core: core.clone() },
             retention: Retention { core: core.clone() },
@@ -209,6 +214,11 @@ impl Store {
     /// The reads of events: a wait's, a tenant's, the feed.
     pub fn events(&self) -> &Events {
         &self.events
+    }
+
+    /// Groups: creates, reads, ends, progress, and how a wait stands in them.
+    pub fn groups(&self) -> &Groups {
+        &self.groups
     }
 
     /// The worker pool's leases on waits, and what its polls write.
@@ -229,16 +239,6 @@ impl Store {
     /// Waits: creates, reads, lists, cancels.
     pub fn waits(&self) -> &Waits {
         &self.waits
-    }
-
-    /// The ids of the waits each of this process's progress writes ended, as the
-    /// write commits, on Postgres (SQLite publishes every notice on the bus at
-    /// commit already). Early word for this replica's group watcher: the same
-    /// ends reach every replica as notices once the sequencer numbers them, which
-    /// in a burst of ends takes a sequencer run or two. A receiver that falls
-    /// behind misses some; the notices still come.
-    pub fn local_ends(&self) -> tokio::sync::broadcast::Receiver<Arc<[Uuid]>> {
-        self.core.ends.subscribe()
     }
 
     /// Seals target header values at rest under `cipher`'s key.

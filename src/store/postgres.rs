@@ -41,8 +41,6 @@ pub const DELIVERIES_CHANNEL: &str = deliveries_channel!();
 /// The channel on which replicas tell each other of a host that asked for quiet.
 pub const PAUSE_CHANNEL: &str = "waitd_pause";
 
-mod groups;
-
 /// Held by the one sequencer at a time that gives committed events their global
 /// cursor (`gid`).
 pub(in crate::store) const SEQUENCER_LOCK: i64 = 0x7761_6974_6400_0001;

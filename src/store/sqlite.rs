@@ -21,8 +21,6 @@ use uuid::Uuid;
 use super::StoreError;
 use crate::bus::{Bus, BusMsg, Notice};
 
-mod groups;
-
 /// A handle on the embedded database. Cloning is shallow.
 #[derive(Clone, Debug)]
 pub(crate) struct SqliteDialect {

@@ -1,5 +1,11 @@
-//! Groups in the store: creating one with its members, reading how its members
-//! stand, and ending it once.
+//! Groups in the store: creating one with its members ([`create`]), reading how
+//! its members stand, and ending it once, through the [`Groups`] handle, which the
+//! group watcher ([`crate::groups::watch`]) holds.
+//!
+//! On SQLite a batch of ends or of progress is written one group at a time (its
+//! one writer makes a transaction a group no slower than one for all), and a
+//! batch of reads reads one group's row at a time; Postgres writes and reads a
+//! batch in one statement.
 //!
 //! A group is a `waits` row with no next poll (no claim ever takes it), its spec
 //! and its events like any wait's, and two tables: `wait_groups` (its mode) and
@@ -7,19 +13,21 @@
 //! as any wait's end (`status = 'running'`), so two replicas deciding it at once
 //! write one end and one terminal event.
 
+mod create;
+mod postgres;
+mod sqlite;
+
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::columns::{Time, from_row};
-use super::{
-    Core, Created, Dialect, EventBody, Inserted, NewWait, NotifyRow, Status, Store, StoreError,
-    Wait,
-};
-use crate::engine::{EngineState, Spec};
-use crate::model::{Ending, GroupMember, GroupMode, Grouping};
+use super::{Core, Dialect, EventBody, NewWait, Status, StoreError, Wait, Waits};
+use crate::engine::Spec;
+use crate::model::{Ending, GroupMember, GroupMode};
 
 /// A member as it stands, as the rule that decides its group sees it
 /// ([`crate::groups::decide`]).
@@ -145,7 +153,7 @@ pub(crate) struct GroupWrite<'a> {
     pub event: (&'static str, Value),
 }
 
-/// A group's end as [`Store::end_groups`] takes it.
+/// A group's end as [`Groups::end_many`] takes it.
 pub struct GroupEnd<'a> {
     pub group: &'a Group,
     pub status: Status,
@@ -212,214 +220,24 @@ fn state_event(group: &Group, state: &str) -> (&'static str, Value) {
     .to_parts()
 }
 
-/// Why a member made for a group that was not made is canceled.
-const UNDONE_REFUSED: &str = "canceled: the group it was created for could not be stored";
-const UNDONE_FULL: &str =
-    "canceled: the group it was created for would have passed the tenant's running-wait limit";
-const UNDONE_RACE: &str =
-    "canceled: another request with the same Idempotency-Key made the group first";
+/// Groups: their creates, reads, ends and progress, and how a wait stands in
+/// them. Cloning is shallow.
+#[derive(Clone, Debug)]
+pub struct Groups {
+    pub(super) core: Arc<Core>,
+    /// A group's new members are waits, created as any other.
+    pub(super) waits: Waits,
+}
 
-impl Store {
-    /// Creates a group: its new members (each a wait, counted against the
-    /// tenant's limit), then the group row (a running wait, counted too) with its
-    /// membership in one transaction. A member by id must be the tenant's and no group.
-    pub async fn create_group(
-        &self,
-        tenant: &str,
-        req: &GroupRequest,
-        now: DateTime<Utc>,
-        idempotency: Option<(&str, &str)>,
-        max_active: Option<i64>,
-        trace: Option<&str>,
-    ) -> Result<Created, GroupRefused> {
-        if let Some((key, hash)) = idempotency
-            && let Some(found) = self.waits.find_idempotent(tenant, key, hash).await?
-        {
-            return Ok(Created {
-                wait: found,
-                existing: true,
-            });
-        }
-        let name = req.mode.as_str();
-        let by_id: Vec<Uuid> = req
-            .members
-            .iter()
-            .filter_map(|m| match m {
-                MemberRequest::Id { id, .. } => Some(*id),
-                MemberRequest::Spec { .. } => None,
-            })
-            .collect();
-        let links = self.group_links(&by_id).await?;
-        for (i, m) in req.members.iter().enumerate() {
-            let MemberRequest::Id { id, .. } = m else {
-                continue;
-            };
-            let field = format!("{name}[{i}].id");
-            // Another tenant's wait is unknown here, group or not.
-            if self.waits.get(tenant, *id).await?.is_none() {
-                return Err(GroupRefused::NoSuchMember { field, id: *id });
-            }
-            if links.iter().any(|l| l.group_id == *id) {
-                return Err(GroupRefused::MemberIsGroup { field, id: *id });
-            }
-        }
-        let mut members = Vec::with_capacity(req.members.len());
-        let mut made = Vec::new();
-        for m in &req.members {
-            let id = match m {
-                MemberRequest::Id { id, .. } => *id,
-                MemberRequest::Spec { spec, .. } => {
-                    match self
-                        .waits
-                        .create_within(tenant, spec, now, None, max_active, trace)
-                        .await
-                    {
-                        Ok(c) => {
-                            made.push(c.wait.id);
-                            c.wait.id
-                        }
-                        Err(StoreError::TooManyActive(n)) => {
-                            return self.at_limit(tenant, &made, now, idempotency, n).await;
-                        }
-                        Err(e) => {
-                            self.undo_members(tenant, &made, now, UNDONE_REFUSED).await;
-                            return Err(e.into());
-                        }
-                    }
-                }
-            };
-            members.push((id, m.required()));
-        }
-        let (engine, _) = EngineState::start(&req.shell, now);
-        let to_json = |v: Result<Value, serde_json::Error>, what| {
-            v.map_err(|e| StoreError::Decode {
-                what,
-                why: e.to_string(),
-            })
-        };
-        let nw = NewWait {
-            id: Uuid::now_v7(),
-            first_poll: engine.deadline,
-            spec: req.spec.clone(),
-            headers: Value::Object(Default::default()),
-            labels: to_json(serde_json::to_value(&req.shell.labels), "labels")?,
-            engine_json: to_json(serde_json::to_value(&engine), "engine state")?,
-            created: EventBody::Created {
-                deadline: engine.deadline,
-            }
-            .to_parts(),
-            notify: NotifyRow::of(&req.shell.notify, &self.core.cipher)?,
-            engine,
-            trace: trace.map(str::to_owned),
-            placement: None,
-        };
-        let group = NewGroup {
-            wait: &nw,
-            mode: name,
-            keep_running: req.keep_running,
-            state: format!("0 of {} succeeded", members.len()),
-            members: members.clone(),
-            by_id,
-        };
-        let admission = self.waits.admission(tenant, max_active);
-        let inserted = sql!(self.insert_group(tenant, now, &group, idempotency, admission));
-        match inserted {
-            Ok(Inserted::Yes { counted }) => {
-                if let Some(n) = counted {
-                    self.waits.counted(tenant, n);
-                }
-            }
-            Ok(Inserted::Full(n)) => {
-                self.waits.counted(tenant, n);
-                return self.at_limit(tenant, &made, now, idempotency, n).await;
-            }
-            Ok(Inserted::KeyTaken) => {
-                // Another request with this key won the race: answer with its group.
-                self.undo_members(tenant, &made, now, UNDONE_RACE).await;
-                let (key, hash) = idempotency.expect("only a key can be taken");
-                return match self.waits.find_idempotent(tenant, key, hash).await? {
-                    Some(found) => Ok(Created {
-                        wait: found,
-                        existing: true,
-                    }),
-                    None => Err(StoreError::Decode {
-                        what: "idempotency key",
-                        why: "the key was taken, then vanished".into(),
-                    }
-                    .into()),
-                };
-            }
-            Err(e) => {
-                self.undo_members(tenant, &made, now, UNDONE_REFUSED).await;
-                return Err(e.into());
-            }
-        }
-        let mut wait = nw.wait(now);
-        wait.next_poll_at = None;
-        wait.state = Some(group.state.clone());
-        wait.grouping = Grouping {
-            mode: Some(req.mode),
-            members: Some(
-                members
-                    .iter()
-                    .map(|&(id, required)| GroupMember {
-                        id,
-                        status: Status::Running,
-                        required,
-                    })
-                    .collect(),
-            ),
-            group: None,
-            paused: None,
-        };
-        Ok(Created {
-            wait,
-            existing: false,
-        })
-    }
-
-    /// A group create that found the tenant at its running-wait limit: the members
-    /// made for it are canceled, and the answer is the limit, unless a request
-    /// with the same key made the group meanwhile (its places are what the limit
-    /// counted): then the answer is that group.
-    async fn at_limit(
-        &self,
-        tenant: &str,
-        made: &[Uuid],
-        now: DateTime<Utc>,
-        idempotency: Option<(&str, &str)>,
-        n: i64,
-    ) -> Result<Created, GroupRefused> {
-        if let Some((key, hash)) = idempotency
-            && let Some(found) = self.waits.find_idempotent(tenant, key, hash).await?
-        {
-            self.undo_members(tenant, made, now, UNDONE_RACE).await;
-            return Ok(Created {
-                wait: found,
-                existing: true,
-            });
-        }
-        self.undo_members(tenant, made, now, UNDONE_FULL).await;
-        Err(StoreError::TooManyActive(n).into())
-    }
-
-    /// Cancels the members a group create made before it failed.
-    async fn undo_members(&self, tenant: &str, made: &[Uuid], now: DateTime<Utc>, why: &str) {
-        for id in made {
-            let _ = self
-                .end_member(tenant, *id, now, Status::Canceled, why)
-                .await;
-        }
-    }
-
+impl Groups {
     /// The memberships that name any of `ids`, as group or as member.
-    pub(crate) async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
+    async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
         self.core.group_links(ids).await
     }
 
     /// The groups an end of the waits `ids` may concern: the groups they are
     /// members of, and those of them that are groups.
-    pub async fn groups_touching(&self, ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
+    pub async fn touching(&self, ids: &[Uuid]) -> Result<Vec<Uuid>, StoreError> {
         let mut out: Vec<Uuid> = self
             .group_links(ids)
             .await?
@@ -432,7 +250,7 @@ impl Store {
     }
 
     /// A group and its members as they stand; `None` when `id` is no group.
-    pub async fn group(&self, id: Uuid) -> Result<Option<Group>, StoreError> {
+    pub async fn read(&self, id: Uuid) -> Result<Option<Group>, StoreError> {
         let Some(head) = sql!(self.group_head(id))? else {
             return Ok(None);
         };
@@ -448,7 +266,7 @@ impl Store {
 
     /// The groups among `ids` with their members as they stand, read at once (a
     /// burst of ends is a burst of groups); ids that are no group are left out.
-    pub async fn groups(&self, ids: &[Uuid]) -> Result<Vec<Group>, StoreError> {
+    pub async fn read_many(&self, ids: &[Uuid]) -> Result<Vec<Group>, StoreError> {
         if ids.is_empty() {
             return Ok(vec![]);
         }
@@ -479,7 +297,7 @@ impl Store {
     /// Ends each running group of `ends` with its terminal event, in one
     /// transaction where the store allows; the ids of the groups this call ended
     /// (one that had ended already, on this replica or another, keeps its end).
-    pub async fn end_groups(
+    pub async fn end_many(
         &self,
         ends: &[GroupEnd<'_>],
         now: DateTime<Utc>,
@@ -506,7 +324,7 @@ impl Store {
                 let mut ended = Vec::new();
                 for e in ends {
                     if self
-                        .end_group(e.group, e.status, e.reason, e.state, now)
+                        .end_one(e.group, e.status, e.reason, e.state, now)
                         .await?
                     {
                         ended.push(e.group.id);
@@ -517,9 +335,9 @@ impl Store {
         }
     }
 
-    /// [`Store::group_progress`] for many groups, in one transaction where the
+    /// [`Groups::progress_one`] for many groups, in one transaction where the
     /// store allows.
-    pub async fn groups_progress(
+    pub async fn progress_many(
         &self,
         progress: &[(&Group, String)],
         now: DateTime<Utc>,
@@ -544,7 +362,7 @@ impl Store {
             }
             Dialect::Sqlite(_) => {
                 for (g, state) in progress {
-                    self.group_progress(g, state, now).await?;
+                    self.progress_one(g, state, now).await?;
                 }
             }
         }
@@ -553,7 +371,7 @@ impl Store {
 
     /// Ends a running group with its terminal event; true when this call ended it
     /// (false when it had ended already, on this replica or another).
-    pub async fn end_group(
+    async fn end_one(
         &self,
         group: &Group,
         status: Status,
@@ -575,7 +393,7 @@ impl Store {
 
     /// Records how far a running group is (`2 of 3 succeeded`) with a `state`
     /// event, unless it says so already.
-    pub async fn group_progress(
+    async fn progress_one(
         &self,
         group: &Group,
         state: &str,
@@ -615,7 +433,7 @@ impl Store {
     /// passed within `recent` and that still have running members; with `all`,
     /// every running group and every ended one that still has running members to
     /// cancel or to end at its deadline; at most `limit`.
-    pub async fn groups_to_settle(
+    pub async fn to_settle(
         &self,
         now: DateTime<Utc>,
         all: bool,
@@ -625,9 +443,19 @@ impl Store {
         sql!(self.groups_to_settle(now, all, recent, limit))
     }
 
+    /// The ids of the waits each of this process's progress writes ended, as the
+    /// write commits, on Postgres (SQLite publishes every notice on the bus at
+    /// commit already). Early word for this replica's group watcher: the same
+    /// ends reach every replica as notices once the sequencer numbers them, which
+    /// in a burst of ends takes a sequencer run or two. A receiver that falls
+    /// behind misses some; the notices still come.
+    pub fn local_ends(&self) -> tokio::sync::broadcast::Receiver<Arc<[Uuid]>> {
+        self.core.ends.subscribe()
+    }
+
     /// Fills in how each wait stands in a group: a group's mode and members, a
     /// member's group.
-    pub async fn annotate_groups(&self, waits: &mut [Wait]) -> Result<(), StoreError> {
+    pub async fn annotate(&self, waits: &mut [Wait]) -> Result<(), StoreError> {
         self.core.annotate_groups_of(waits.iter_mut()).await
     }
 }
@@ -646,7 +474,7 @@ impl Core {
         }
     }
 
-    /// [`Store::annotate_groups`] over waits held elsewhere (a delivery's wait).
+    /// [`Groups::annotate`] over waits held elsewhere (a delivery's wait).
     pub(super) async fn annotate_groups_of<'a>(
         &self,
         waits: impl IntoIterator<Item = &'a mut Wait>,

@@ -1,17 +1,17 @@
-//! Groups on Postgres: SQL only (see [`crate::store::groups`]).
+//! Groups on Postgres: SQL only (see [`super`]).
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::PgDialect;
-use crate::store::groups::{GroupHead, GroupWrite, LinkRow, NewGroup};
+use super::{GroupHead, GroupWrite, LinkRow, NewGroup};
+use crate::store::postgres::PgDialect;
 use crate::store::{Admission, Inserted, StoreError};
 
 impl PgDialect {
     /// The group's row, its spec, its `created` event, its webhooks, its mode and
     /// its members, in one transaction; false when the idempotency key was taken.
-    pub(in crate::store) async fn insert_group(
+    pub(super) async fn insert_group(
         &self,
         tenant: &str,
         now: DateTime<Utc>,
@@ -111,10 +111,7 @@ impl PgDialect {
         Ok(Inserted::Yes { counted })
     }
 
-    pub(in crate::store) async fn group_links(
-        &self,
-        ids: &[Uuid],
-    ) -> Result<Vec<LinkRow>, StoreError> {
+    pub(super) async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
         let rows = sqlx::query_as(
             "SELECT m.group_id, g.mode, m.position, m.member_id, m.required, x.status, x.deadline
              FROM group_members m
@@ -128,10 +125,7 @@ impl PgDialect {
         Ok(rows)
     }
 
-    pub(in crate::store) async fn group_head(
-        &self,
-        id: Uuid,
-    ) -> Result<Option<GroupHead>, StoreError> {
+    pub(super) async fn group_head(&self, id: Uuid) -> Result<Option<GroupHead>, StoreError> {
         let row = sqlx::query_as(
             "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
              FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = $1",
@@ -143,7 +137,7 @@ impl PgDialect {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::store) async fn end_group(
+    pub(super) async fn end_group(
         &self,
         id: Uuid,
         tenant: &str,
@@ -171,7 +165,7 @@ impl PgDialect {
         self.append_one(tx, id, tenant, now, event, row).await
     }
 
-    pub(in crate::store) async fn group_progress(
+    pub(super) async fn group_progress(
         &self,
         id: Uuid,
         tenant: &str,
@@ -225,10 +219,7 @@ impl PgDialect {
     }
 
     /// The rows of the groups `ids` (those that are groups), in one read.
-    pub(in crate::store) async fn group_heads(
-        &self,
-        ids: &[Uuid],
-    ) -> Result<Vec<GroupHead>, StoreError> {
+    pub(super) async fn group_heads(&self, ids: &[Uuid]) -> Result<Vec<GroupHead>, StoreError> {
         let rows = sqlx::query_as(
             "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
              FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = ANY($1)",
@@ -247,7 +238,7 @@ impl PgDialect {
     /// them: batches that share groups (two rounds' ends, a round's ends and the
     /// progress writer's batch, two replicas') wait for each other rather than
     /// deadlock.
-    pub(in crate::store) async fn end_groups(
+    pub(super) async fn end_groups(
         &self,
         ends: &[GroupWrite<'_>],
         now: DateTime<Utc>,
@@ -276,7 +267,7 @@ impl PgDialect {
 
     /// [`Self::group_progress`] for many groups in one transaction; the ids of
     /// the groups whose `state` changed.
-    pub(in crate::store) async fn groups_progress(
+    pub(super) async fn groups_progress(
         &self,
         writes: &[GroupWrite<'_>],
         now: DateTime<Utc>,
@@ -345,7 +336,7 @@ impl PgDialect {
         Ok(ids)
     }
 
-    pub(in crate::store) async fn groups_to_settle(
+    pub(super) async fn groups_to_settle(
         &self,
         now: DateTime<Utc>,
         all: bool,

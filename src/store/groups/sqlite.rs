@@ -1,12 +1,12 @@
-//! Groups on SQLite: SQL only (see [`crate::store::groups`]).
+//! Groups on SQLite: SQL only (see [`super`]).
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{SqliteDialect, ms};
+use super::{GroupHead, LinkRow, NewGroup};
 use crate::store::events::sqlite::append_events;
-use crate::store::groups::{GroupHead, LinkRow, NewGroup};
+use crate::store::sqlite::{SqliteDialect, ms};
 use crate::store::{Admission, Inserted, StoreError};
 
 /// `?, ?, …` for `n` parameters.
@@ -17,7 +17,7 @@ fn params(n: usize) -> String {
 impl SqliteDialect {
     /// The group's row, its spec, its `created` event, its webhooks, its mode and
     /// its members, in one transaction; false when the idempotency key was taken.
-    pub(in crate::store) async fn insert_group(
+    pub(super) async fn insert_group(
         &self,
         tenant: &str,
         now: DateTime<Utc>,
@@ -116,10 +116,7 @@ impl SqliteDialect {
         Ok(Inserted::Yes { counted })
     }
 
-    pub(in crate::store) async fn group_links(
-        &self,
-        ids: &[Uuid],
-    ) -> Result<Vec<LinkRow>, StoreError> {
+    pub(super) async fn group_links(&self, ids: &[Uuid]) -> Result<Vec<LinkRow>, StoreError> {
         let list = params(ids.len());
         let sql = format!(
             "SELECT m.group_id, g.mode, m.position, m.member_id, m.required, x.status, x.deadline
@@ -137,10 +134,7 @@ impl SqliteDialect {
         Ok(q.fetch_all(&self.pool).await?)
     }
 
-    pub(in crate::store) async fn group_head(
-        &self,
-        id: Uuid,
-    ) -> Result<Option<GroupHead>, StoreError> {
+    pub(super) async fn group_head(&self, id: Uuid) -> Result<Option<GroupHead>, StoreError> {
         let row = sqlx::query_as(
             "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
              FROM wait_groups g JOIN waits w ON w.id = g.group_id WHERE g.group_id = ?",
@@ -152,7 +146,7 @@ impl SqliteDialect {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::store) async fn end_group(
+    pub(super) async fn end_group(
         &self,
         id: Uuid,
         tenant: &str,
@@ -181,7 +175,7 @@ impl SqliteDialect {
         self.append_one(tx, id, tenant, now, event, row).await
     }
 
-    pub(in crate::store) async fn group_progress(
+    pub(super) async fn group_progress(
         &self,
         id: Uuid,
         tenant: &str,
@@ -234,7 +228,7 @@ impl SqliteDialect {
         Ok(true)
     }
 
-    pub(in crate::store) async fn groups_to_settle(
+    pub(super) async fn groups_to_settle(
         &self,
         now: DateTime<Utc>,
         all: bool,
