@@ -52,6 +52,5 @@ mod timestamps;
 mod tls_targets;
 mod tokens;
 mod traces;
-mod webhook_store;
 mod webhook_wake;
 mod webhooks;

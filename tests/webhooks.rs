@@ -4,7 +4,7 @@
 //! time; bounded attempts; one tenant's hung receiver against another tenant's
 //! deliveries; the bounds on pending deliveries; redeliveries in a loop. On both
 //! stores. The crash and two-replica cases are in `tests/webhook_replicas.rs`, the
-//! store's claim turns and bounds in `tests/webhook_store.rs`.
+//! store's claim turns and bounds in `tests/store_conformance/outbox.rs`.
 
 use crate::support;
 

@@ -1,59 +1,13 @@
-//! The outbox's claim turns and bounds, against both stores: what the deliverer
+//! The outbox's claim turns and bounds, against both databases: what the deliverer
 //! relies on so that one tenant cannot take another's attempts, and the caps on
 //! pending deliveries and redeliveries that `tests/webhooks.rs` checks from the
 //! outside.
 
-use crate::support;
-
-use std::time::Duration;
-
-use chrono::{DateTime, Utc};
-use serde_json::json;
-use support::TestDb;
-use uuid::Uuid;
-use waitd::bus::Bus;
-use waitd::engine::{Limits, Spec};
+use super::*;
 use waitd::model::{Delivery, DeliveryStatus, DropReason};
-use waitd::store::{DeliveryLimits, Due, Outcome, Redeliver, Store, Turns};
+use waitd::store::{DeliveryLimits, Due, Outcome, Redeliver, Turns};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-
-enum Backend {
-    Postgres(TestDb),
-    Sqlite(support::TempDir),
-}
-
-impl Backend {
-    async fn all() -> Vec<Backend> {
-        vec![
-            Backend::Postgres(TestDb::new().await),
-            Backend::Sqlite(support::TempDir::new("waitd-webhook-store")),
-        ]
-    }
-
-    async fn open(&self) -> Store {
-        let url = match self {
-            Backend::Postgres(db) => db.url.clone(),
-            Backend::Sqlite(dir) => dir.sqlite_url(),
-        };
-        let store = Store::open(&url, 4, Bus::new()).unwrap();
-        store.migrate().await.unwrap();
-        store
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Backend::Postgres(_) => "postgres",
-            Backend::Sqlite(_) => "sqlite",
-        }
-    }
-
-    async fn finish(self) {
-        if let Backend::Postgres(db) = self {
-            db.drop_db().await;
-        }
-    }
-}
 
 /// A wait announcing its `created` event to one webhook.
 fn announcing() -> Spec {
@@ -145,7 +99,7 @@ async fn deliver(store: &Store, owner: Uuid, due: &Due, now: DateTime<Utc>) -> b
 
 #[tokio::test]
 async fn a_delivered_outcome_says_when_another_delivery_of_its_webhook_is_behind_it() {
-    for backend in Backend::all().await {
+    for backend in backends().await {
         let store = backend.open().await;
         let name = backend.name();
         let t0 = Utc::now() - chrono::Duration::seconds(60);
@@ -195,7 +149,7 @@ async fn a_delivered_outcome_says_when_another_delivery_of_its_webhook_is_behind
 
 #[tokio::test]
 async fn a_claim_gives_every_tenant_with_a_due_delivery_a_turn_before_any_gets_a_second() {
-    for backend in Backend::all().await {
+    for backend in backends().await {
         let store = backend.open().await;
         let name = backend.name();
         let t0 = Utc::now() - chrono::Duration::seconds(60);
@@ -230,7 +184,7 @@ async fn a_claim_gives_every_tenant_with_a_due_delivery_a_turn_before_any_gets_a
 
 #[tokio::test]
 async fn a_stalled_receivers_due_deliveries_are_left_and_put_off_until_the_time_given() {
-    for backend in Backend::all().await {
+    for backend in backends().await {
         let store = backend.open().await;
         let name = backend.name();
         let t0 = Utc::now() - chrono::Duration::seconds(60);
@@ -278,7 +232,7 @@ async fn a_stalled_receivers_due_deliveries_are_left_and_put_off_until_the_time_
 #[tokio::test]
 async fn past_a_tenants_bound_its_oldest_pending_deliveries_are_dropped_and_counted_but_never_one_in_flight()
  {
-    for backend in Backend::all().await {
+    for backend in backends().await {
         let store = backend.open().await;
         let name = backend.name();
         store
@@ -336,7 +290,7 @@ async fn past_a_tenants_bound_its_oldest_pending_deliveries_are_dropped_and_coun
 
 #[tokio::test]
 async fn a_redelivery_waits_for_its_interval_and_for_room_under_the_bounds() {
-    for backend in Backend::all().await {
+    for backend in backends().await {
         let store = backend.open().await;
         let name = backend.name();
         store
