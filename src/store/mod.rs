@@ -1,12 +1,26 @@
 //! The system of record: waits, their specs, their event history, idempotency keys,
-//! and the leases the worker pool takes on them.
+//! webhook deliveries, groups, and the leases the worker pool takes on waits.
 //!
-//! [`Store`] is written once: how a create is admitted and answered, how a claimed
-//! row becomes a wait to poll, what a poll's progress writes, how rows read back.
-//! The two backends ([`postgres`], and the embedded [`sqlite`] file) hold only SQL
-//! and conversions, behind [`Dialect`]. The rows both read and write are in
-//! [`rows`]; what the worker pool asks of the store (claims, progress, the lease)
-//! is in [`leases`]; the cached per-tenant counts of running waits in [`counts`].
+//! One folder per job, each holding its logic (written once) beside both
+//! databases' SQL (its `postgres.rs` and `sqlite.rs`), and each with a handle that
+//! does that job and no other:
+//!
+//! - [`waits`] ([`Store::waits`]): creates, with idempotency keys and the tenant's
+//!   running-wait limit; reads, lists, cancels.
+//! - [`events`] ([`Store::events`]): a wait's history, a tenant's events, the feed.
+//! - [`leases`] ([`Store::leases`]): the worker pool's claims, renewals,
+//!   checkpoints and releases; what its polls write is [`progress`], on the same
+//!   handle.
+//! - [`outbox`] ([`Store::outbox`]): webhook deliveries.
+//! - [`groups`] ([`Store::groups`]): groups' creates, reads, ends and progress.
+//! - [`retention`] ([`Store::retention`]): deleting ended waits.
+//!
+//! The worker holds the leases handle, the deliverer the outbox's, the group
+//! watcher the groups', the retention sweep its own and the event feed the
+//! events'; only the API holds the whole [`Store`]. Beside the jobs: each
+//! database's connections and migrations ([`postgres`], [`sqlite`]), the rows
+//! both read and write ([`rows`], [`columns`]), and values at rest ([`secrets`]).
+//! Each folder's `mod.rs` opens with what differs on SQLite.
 //!
 //! The store knows no HTTP and no scheduling: the API and the worker pool meet here
 //! and on the event [`crate::bus`], never in each other's code. Every worker write
@@ -104,7 +118,8 @@ impl From<sqlx::Error> for StoreError {
 // ---------------------------------------------------------------------------------
 
 /// A backend: SQL and conversions. Each method is one statement or one
-/// transaction; what to do with the answers is [`Store`]'s.
+/// transaction; what to do with the answers is the handle's of the job it
+/// serves.
 #[derive(Clone, Debug)]
 enum Dialect {
     Postgres(PgDialect),
@@ -146,6 +161,8 @@ struct Core {
     cipher: Arc<secrets::Cipher>,
     /// Per tenant: running waits when last counted, and when.
     counts: Arc<Mutex<TenantCounts>>,
+    /// On Postgres, the creates waiting to share a statement.
+    creates: Arc<waits::batches::Creates>,
     /// On Postgres, the waits this process's progress writes ended, as each
     /// write commits (before the sequencer announces them): see
     /// [`Groups::local_ends`].
@@ -190,6 +207,7 @@ impl Store {
             db,
             cipher: Default::default(),
             counts: Default::default(),
+            creates: Default::default(),
             ends: tokio::sync::broadcast::channel(LOCAL_ENDS).0,
         }))
     }

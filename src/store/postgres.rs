@@ -1,5 +1,6 @@
-//! The Postgres dialect: SQL and conversions. What to do with the answers is
-//! [`super::Store`]'s.
+//! The Postgres backend: its three pools, migrations, diagnosis of a connection
+//! that fails, and the channels its notices go out on. Each job's statements are
+//! in its folder's `postgres.rs` (`store/waits/postgres.rs`, …).
 //!
 //! Postgres gives events their global cursor (`gid`) after commit, one sequencer
 //! at a time (see [`PgDialect::sequence`], run by [`crate::events`]): a writer that
@@ -62,8 +63,6 @@ pub struct PgDialect {
     pub(in crate::store) options: Arc<PgConnectOptions>,
     /// Wakes the sequencer after a commit that left events to sequence.
     pub(in crate::store) committed: Arc<Notify>,
-    /// Creates waiting to share a statement.
-    pub(in crate::store) creates: Arc<super::waits::batches::Creates>,
 }
 
 pub(in crate::store) fn labels_json(labels: &BTreeMap<String, String>) -> Value {
@@ -101,7 +100,6 @@ impl PgDialect {
             sequencer_pool: pool_of(1),
             options: Arc::new(options),
             committed: Default::default(),
-            creates: Default::default(),
         })
     }
 

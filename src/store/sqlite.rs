@@ -1,5 +1,6 @@
-//! The embedded SQLite dialect: the zero-setup default for one node. SQL and
-//! conversions; what to do with the answers is [`super::Store`]'s.
+//! The embedded SQLite backend, the zero-setup default for one node: opening and
+//! locking its file, migrations, and the notices it publishes after a commit.
+//! Each job's statements are in its folder's `sqlite.rs`.
 //!
 //! One connection does all the work (SQLite has one writer anyway), in WAL mode with a
 //! busy timeout. The file is locked for the life of the process, so a second waitd on

@@ -1,6 +1,6 @@
 //! Groups in the store: creating one with its members ([`create`]), reading how
 //! its members stand, and ending it once, through the [`Groups`] handle, which the
-//! group watcher ([`crate::groups::watch`]) holds.
+//! group watcher (`src/groups/watch.rs`) holds.
 //!
 //! On SQLite a batch of ends or of progress is written one group at a time (its
 //! one writer makes a transaction a group no slower than one for all), and a
@@ -30,7 +30,7 @@ use crate::engine::Spec;
 use crate::model::{Ending, GroupMember, GroupMode};
 
 /// A member as it stands, as the rule that decides its group sees it
-/// ([`crate::groups::decide`]).
+/// (`src/groups/decide.rs`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberState {
     pub id: Uuid,
@@ -58,7 +58,7 @@ impl MemberRequest {
     }
 }
 
-/// A group's create request, read ([`crate::groups::request`]).
+/// A group's create request, read (`src/groups/request.rs`).
 #[derive(Clone, Debug)]
 pub struct GroupRequest {
     pub mode: GroupMode,

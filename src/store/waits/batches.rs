@@ -17,7 +17,7 @@
 //! database refuses fails alone.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
@@ -104,6 +104,7 @@ impl PgDialect {
     /// Inserts a new wait (and takes its key) in the next batch of creates.
     pub(super) async fn insert_batched(
         &self,
+        creates: &Arc<Creates>,
         tenant: &str,
         now: DateTime<Utc>,
         nw: &NewWait,
@@ -115,7 +116,7 @@ impl PgDialect {
             answer,
         };
         let start = {
-            let mut q = self.creates.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = creates.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.asks.push(ask);
             let start = q.running < RUNNERS;
             if start {
@@ -124,7 +125,7 @@ impl PgDialect {
             start
         };
         if start {
-            tokio::spawn(run(self.clone()));
+            tokio::spawn(run(self.clone(), creates.clone()));
         }
         answered.await.unwrap_or_else(|_| {
             Err(StoreError::Decode {
@@ -136,10 +137,10 @@ impl PgDialect {
 }
 
 /// Writes batches until none is queued.
-async fn run(pg: PgDialect) {
+async fn run(pg: PgDialect, creates: Arc<Creates>) {
     loop {
         let batch: Vec<Ask> = {
-            let mut q = pg.creates.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = creates.queue.lock().unwrap_or_else(|p| p.into_inner());
             if q.asks.is_empty() {
                 q.running -= 1;
                 return;

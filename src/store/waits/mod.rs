@@ -22,7 +22,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{
-    Admission, Core, Ending, EventBody, Inserted, NewWait, Status, StoreError, Wait, WaitRow, rows,
+    Admission, Core, Dialect, Ending, EventBody, Inserted, NewWait, Status, StoreError, Wait,
+    WaitRow, rows,
 };
 use crate::engine::Spec;
 pub(super) use counts::TenantCounts;
@@ -101,7 +102,18 @@ impl Waits {
         let mut nw = NewWait::prepare(spec, now, &self.core.cipher, trace)?;
         nw.placement = Some(rows::placement(tenant, &spec.target.url));
         let admission = self.admission(tenant, max_active);
-        match sql!(self.insert_wait(tenant, now, &nw, idempotency, admission))? {
+        let inserted = match &self.core.db {
+            Dialect::Postgres(d) => {
+                let creates = &self.core.creates;
+                d.insert_wait(tenant, now, &nw, idempotency, admission, creates)
+                    .await
+            }
+            Dialect::Sqlite(d) => {
+                d.insert_wait(tenant, now, &nw, idempotency, admission)
+                    .await
+            }
+        };
+        match inserted? {
             Inserted::Yes { counted } => {
                 if let Some(n) = counted {
                     self.counted(tenant, n);

@@ -1,11 +1,14 @@
 //! Waits' own statements on Postgres: creating one (with its key, its count and its
 //! webhooks), reading, listing and canceling.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::Postgres;
 use uuid::Uuid;
 
+use super::batches::Creates;
 use crate::store::postgres::{PgDialect, labels_json};
 use crate::store::{
     Admission, GROUPED_COLUMN, GotRow, Inserted, LIMIT_MARGIN, ListFilter, NewWait, StoreError,
@@ -31,16 +34,19 @@ impl PgDialect {
     /// creates ([`super::batches`]); with one it is a transaction of its own: the
     /// count (again under the tenant's lock near the limit, so the count and the
     /// insert cannot interleave), the insert, and the key.
-    pub(in crate::store) async fn insert_wait(
+    pub(super) async fn insert_wait(
         &self,
         tenant: &str,
         now: DateTime<Utc>,
         nw: &NewWait,
         idempotency: Option<(&str, &str)>,
         admission: Admission,
+        creates: &Arc<Creates>,
     ) -> Result<Inserted, StoreError> {
         if matches!(admission, Admission::Free) {
-            return self.insert_batched(tenant, now, nw, idempotency).await;
+            return self
+                .insert_batched(creates, tenant, now, nw, idempotency)
+                .await;
         }
         let mut tx = self.pool.begin().await?;
         let counted = match admit(&mut tx, tenant, admission).await? {

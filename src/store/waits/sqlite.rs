@@ -30,7 +30,7 @@ impl SqliteDialect {
 
     /// One transaction: the count (one connection is the only writer, so it holds),
     /// the insert, the key.
-    pub(in crate::store) async fn insert_wait(
+    pub(super) async fn insert_wait(
         &self,
         tenant: &str,
         now: DateTime<Utc>,
