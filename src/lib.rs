@@ -95,7 +95,9 @@ pub struct App {
     /// feature; else it sends nowhere).
     pub signals: worker::Signals,
     stop: watch::Sender<bool>,
-    worker: Option<JoinHandle<()>>,
+    /// Every task started here but the event pipeline's, awaited on shutdown
+    /// before the store closes.
+    tasks: Vec<JoinHandle<()>>,
     events: events::Events,
     connections: server::Limits,
     traces: traces::Traces,
@@ -172,23 +174,29 @@ impl App {
         }
         // The sequencer and the LISTEN adapter (Postgres), and the feed.
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
+        let mut tasks = Vec::new();
         // Groups are decided on every replica, as their members end.
-        tokio::spawn(groups::watch::run(
+        tasks.push(tokio::spawn(groups::watch::run(
             store.clone(),
             bus.clone(),
             metrics.clone(),
             stopped(stop_rx.clone()),
-        ));
+        )));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());
         #[cfg(feature = "test-signals")]
         let signals = worker::Signals::channel();
         #[cfg(not(feature = "test-signals"))]
         let signals = worker::Signals::default();
         let (live, inbox) = worker::live::channel();
-        let worker = (!config.no_worker).then(|| {
-            share_pauses(&prober, &store, &bus, stopped(stop_rx.clone()));
+        if !config.no_worker {
+            tasks.push(share_pauses(
+                &prober,
+                &store,
+                &bus,
+                stopped(stop_rx.clone()),
+            ));
             if prober.has_host_rate() {
-                tokio::spawn(count_replicas(
+                tasks.push(tokio::spawn(count_replicas(
                     prober.clone(),
                     store.clone(),
                     (config.lease_ttl / 3).clamp(
@@ -196,7 +204,7 @@ impl App {
                         std::time::Duration::from_secs(10),
                     ),
                     stopped(stop_rx.clone()),
-                ));
+                )));
             }
             let client = prober.client().clone();
             let mut w = worker_for(&config, &store, prober, &bus, &metrics);
@@ -218,26 +226,22 @@ impl App {
                 wake: deliveries_wake,
                 signals: signals.clone(),
             };
-            let worker = tokio::spawn(w.run(stopped(stop_rx.clone())));
-            let deliverer = tokio::spawn(d.run(stopped(stop_rx.clone())));
-            tokio::spawn(async move {
-                let _ = worker.await;
-                let _ = deliverer.await;
-            })
-        });
-        tokio::spawn(token_set.clone().watch(
+            tasks.push(tokio::spawn(w.run(stopped(stop_rx.clone()))));
+            tasks.push(tokio::spawn(d.run(stopped(stop_rx.clone()))));
+        }
+        tasks.push(tokio::spawn(token_set.clone().watch(
             token_sources,
             signals.clone(),
             stopped(stop_rx.clone()),
-        ));
+        )));
         let retention = Arc::new(retention::Stats::default());
-        tokio::spawn(retention::run(
+        tasks.push(tokio::spawn(retention::run(
             store.clone(),
             config.retention,
             retention.clone(),
             signals.clone(),
             stopped(stop_rx.clone()),
-        ));
+        )));
         let state = api::AppState {
             store: store.clone(),
             bus,
@@ -278,7 +282,7 @@ impl App {
             store,
             signals,
             stop,
-            worker,
+            tasks,
             events,
             connections,
             traces,
@@ -286,10 +290,11 @@ impl App {
     }
 
     /// Stops it: blocked requests and streams end, the worker finishes in-flight
-    /// probes and releases its leases, the event tasks end, the store closes.
+    /// probes and releases its leases, every other task it started ends, the event
+    /// tasks end, and only then the store closes.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        if let Some(t) = self.worker {
+        for t in self.tasks {
             let _ = t.await;
         }
         self.events.stopped().await;
@@ -361,7 +366,7 @@ fn share_pauses(
     store: &store::Store,
     bus: &bus::Bus,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) {
+) -> JoinHandle<()> {
     let mut set_here = prober.announce_pauses();
     let mut heard = bus.subscribe_pauses();
     let (prober, store) = (prober.clone(), store.clone());
@@ -382,7 +387,7 @@ fn share_pauses(
                 },
             }
         }
-    });
+    })
 }
 
 fn worker_for(

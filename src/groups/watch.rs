@@ -393,6 +393,9 @@ pub async fn run(store: Store, bus: Bus, metrics: Arc<Metrics>, stop: impl Futur
     }
     listener.abort();
     writer.abort();
+    // Both are gone before this returns, so none outlives the store it uses.
+    let _ = listener.await;
+    let _ = writer.await;
 }
 
 async fn round(

@@ -101,6 +101,7 @@ impl Deliverer {
         let me = Arc::new(Running { d: self, writes });
         claim::run(me, client, bell, stop).await;
         relay.abort();
+        let _ = relay.await;
         // The last outcomes are written before the store closes (once every sender
         // is gone, which the loop's end made so).
         let _ = written.await;
