@@ -157,24 +157,12 @@ impl Client {
     }
 }
 
-/// The process's crypto provider: ring's, installed as the process default if
-/// none is. Certificates and keys are checked with it where they are given
-/// (`target.tls`), as the client that uses them will.
-pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    // Another part of the process may have installed a provider first; either way
-    // one is installed afterwards.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    rustls::crypto::CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
-}
-
 /// rustls with the process's crypto provider and the platform's verifier, as
 /// reqwest's rustls client has it; or, with `own` authorities, a verifier that
 /// trusts exactly those; and `own` client certificate, if any.
 fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, String> {
     let why = |e: rustls::Error| error_chain(&e);
-    let provider = crypto_provider();
+    let provider = crate::engine::spec::tls::crypto_provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(why)?;
