@@ -25,6 +25,7 @@ pub mod presets;
 pub mod probe;
 pub mod retention;
 pub mod server;
+pub mod signals;
 pub mod store;
 pub mod tokens;
 pub mod traces;
@@ -93,7 +94,7 @@ pub struct App {
     /// What the worker pool, the deliverer, the sweep and the token watcher
     /// report as they work (only with the `test-signals`
     /// feature; else it sends nowhere).
-    pub signals: worker::Signals,
+    pub signals: signals::Signals,
     stop: watch::Sender<bool>,
     /// Every task started here but the event pipeline's, awaited on shutdown
     /// before the store closes.
@@ -184,10 +185,10 @@ impl App {
         )));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());
         #[cfg(feature = "test-signals")]
-        let signals = worker::Signals::channel();
+        let signals = signals::Signals::channel();
         #[cfg(not(feature = "test-signals"))]
-        let signals = worker::Signals::default();
-        let (live, inbox) = worker::live::channel();
+        let signals = signals::Signals::default();
+        let (live, inbox) = bus::live::channel();
         if !config.no_worker {
             tasks.push(share_pauses(
                 &prober,
@@ -422,7 +423,7 @@ fn worker_for(
         },
         metrics: metrics.clone(),
         owner,
-        signals: worker::Signals::default(),
+        signals: signals::Signals::default(),
         live: None,
     }
 }

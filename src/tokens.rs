@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::{Config, SettingError};
-use crate::worker::{Signal, Signals};
+use crate::signals::{Signal, Signals};
 
 /// What a token may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
