@@ -6,22 +6,16 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::engine::duration;
+use crate::engine::duration::{self, DurationError};
 
-/// A setting that cannot be used as given; the sentence names it and says what
-/// to write instead.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SettingError(pub String);
-
-impl From<String> for SettingError {
-    fn from(s: String) -> SettingError {
-        SettingError(s)
-    }
+sentence_error! {
+    /// A setting that cannot be used as given; the sentence names it and says what
+    /// to write instead.
+    pub struct SettingError;
 }
 
 /// `--retention`: a duration, or `0` for keeping everything.
-fn parse_retention(s: &str) -> Result<Duration, String> {
+fn parse_retention(s: &str) -> Result<Duration, DurationError> {
     match s.trim() {
         "0" => Ok(Duration::ZERO),
         s => parse_duration(s),
@@ -29,7 +23,7 @@ fn parse_retention(s: &str) -> Result<Duration, String> {
 }
 
 /// A setting's duration; spaces around it (from an env file, say) are forgiven.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     duration::parse(s.trim())
 }
 

@@ -7,6 +7,9 @@
 //! other. Every request to a host waitd does not run, a probe's or a webhook's,
 //! goes through [`outbound`].
 
+#[macro_use]
+mod sentence;
+
 pub mod api;
 pub mod bus;
 pub mod client;
@@ -522,17 +525,17 @@ fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, Set
         .filter(|e| !e.is_empty())
         .map(|e| {
             let url = url::Url::parse(e).map_err(|_| {
-                format!("--cors-origins entry \"{e}\" is not an origin such as https://dash.example.com")
+                SettingError(format!("--cors-origins entry \"{e}\" is not an origin such as https://dash.example.com"))
             })?;
             let origin = url.origin().ascii_serialization();
             if !matches!(url.scheme(), "http" | "https") || origin != e.trim_end_matches('/') {
-                return Err(format!(
+                return Err(SettingError(format!(
                     "--cors-origins entry \"{e}\" must be exactly an origin (scheme, host and port, no path), such as {origin}"
-                ));
+                )));
             }
-            axum::http::HeaderValue::from_str(&origin)
-                .map_err(|_| format!("--cors-origins entry \"{e}\" is not a valid header value"))
+            axum::http::HeaderValue::from_str(&origin).map_err(|_| {
+                SettingError(format!("--cors-origins entry \"{e}\" is not a valid header value"))
+            })
         })
-        .collect::<Result<_, String>>()
-        .map_err(SettingError)
+        .collect()
 }

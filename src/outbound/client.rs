@@ -84,7 +84,7 @@ impl Client {
     /// there are any, and presents `tls.identity` when the server asks for a
     /// client certificate. Building it is CPU work: [`super::TlsClients`] makes
     /// one per distinct setting.
-    pub fn with_tls(&self, tls: &TlsSettings) -> Result<Client, String> {
+    pub fn with_tls(&self, tls: &TlsSettings) -> Result<Client, TlsError> {
         let config = tls_config(Some(tls))?;
         Ok(
             Client::build(self.guard.clone(), self.resolver.clone(), config)
@@ -157,11 +157,16 @@ impl Client {
     }
 }
 
+sentence_error! {
+    /// Why rustls cannot take a client's TLS settings.
+    pub struct TlsError;
+}
+
 /// rustls with the process's crypto provider and the platform's verifier, as
 /// reqwest's rustls client has it; or, with `own` authorities, a verifier that
 /// trusts exactly those; and `own` client certificate, if any.
-fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, String> {
-    let why = |e: rustls::Error| error_chain(&e);
+fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, TlsError> {
+    let why = |e: rustls::Error| TlsError(error_chain(&e));
     let provider = crate::engine::spec::tls::crypto_provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -177,7 +182,7 @@ fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, String>
                 provider,
             )
             .build()
-            .map_err(|e| error_chain(&e))?;
+            .map_err(|e| TlsError(error_chain(&e)))?;
             builder.with_webpki_verifier(verifier)
         }
         None => {

@@ -30,7 +30,9 @@ mod slots;
 mod tls;
 pub mod token;
 
-pub use client::{Body, Client, MAX_RETRY_AFTER, USER_AGENT, drain, read_body, retry_after};
+pub use client::{
+    Body, Client, MAX_RETRY_AFTER, TlsError, USER_AGENT, drain, read_body, retry_after,
+};
 pub use error::{Error, Peer, error_chain};
 pub use guard::{Guard, GuardedResolver, ResolveError};
 pub use slots::{Full, KeyedSlots, Slot};

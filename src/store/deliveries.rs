@@ -51,7 +51,7 @@ impl NotifyRow {
                     .seal(&BTreeMap::from([("secret".to_string(), n.secret.clone())]))
                     .map_err(|why| StoreError::Decode {
                         what: "webhook secret",
-                        why,
+                        why: why.0,
                     })?;
                 Ok(NotifyRow {
                     endpoint: i as i32,

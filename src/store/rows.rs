@@ -287,7 +287,7 @@ impl NewWait {
                 .seal(&spec.target.secrets())
                 .map_err(|why| StoreError::Decode {
                     what: "target headers",
-                    why,
+                    why: why.0,
                 })?,
             labels: to_json(&spec.labels, "labels")?,
             engine_json: to_json(&engine, "engine state")?,

@@ -132,7 +132,7 @@ impl Phase {
 struct Held {
     spec: Arc<Spec>,
     /// The target as every poll needs it, made once rather than at every poll.
-    target: Result<Arc<crate::probe::Target>, String>,
+    target: Result<Arc<crate::probe::Target>, crate::probe::TargetError>,
     engine: EngineState,
     epoch: i64,
     next: DateTime<Utc>,
