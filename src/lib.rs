@@ -112,52 +112,53 @@ impl App {
     /// pipeline and (unless `--no-worker`) the worker pool. `addr` is where it will
     /// be reached, for the anonymous-use check and the start-up line.
     pub async fn start(config: Config, addr: SocketAddr) -> Result<App, StartError> {
-        if let Some(n) = config.cpu_threads {
+        if let Some(n) = config.process.cpu_threads {
             cpu::configure(n);
         }
-        let token_sources = tokens::Sources::of(&config);
+        let token_sources = tokens::Sources::of(&config.api);
         let token_set = tokens::Tokens::new(token_sources.load().await?);
         let tokens: HashMap<String, String> = token_set
             .current()
             .iter()
             .map(|(k, g)| (k.clone(), g.tenant.clone()))
             .collect();
-        let cors_origins = parse_origins(&config.cors_origins)?;
-        if tokens.is_empty() && !addr.ip().is_loopback() && !config.allow_anonymous {
+        let cors_origins = parse_origins(&config.api.cors_origins)?;
+        if tokens.is_empty() && !addr.ip().is_loopback() && !config.api.allow_anonymous {
             return Err(StartError::Anonymous(addr));
         }
         let limits = engine::Limits {
-            min_poll_interval: config.min_poll_interval,
-            max_timeout: config.max_timeout,
+            min_poll_interval: config.api.min_poll_interval,
+            max_timeout: config.api.max_timeout,
             ..Default::default()
         };
-        let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
-        let guard = probe::guard::Guard::new(&config.allow_targets)?;
+        let presets = presets::Registry::load(config.api.presets_dir.as_deref(), &limits)?;
+        let guard = probe::guard::Guard::new(&config.outbound.allow_targets)?;
         let credentials = Arc::new(
-            outbound::credentials::Credentials::load(config.credentials_file.as_deref()).await?,
+            outbound::credentials::Credentials::load(config.outbound.credentials_file.as_deref())
+                .await?,
         );
-        let traces = match traces::endpoint(config.otlp_endpoint.as_deref())? {
+        let traces = match traces::endpoint(config.traces.otlp_endpoint.as_deref())? {
             Some(url) => traces::Traces::export_to(&url)?,
             None => traces::Traces::off(),
         };
         let bus = bus::Bus::new();
-        let (store, sealed) = open_store(&config, bus.clone()).await?;
+        let (store, sealed) = open_store(&config.database, bus.clone()).await?;
         let prober = probe::Prober::new(probe::ProbeConfig {
-            timeout: config.probe_timeout,
-            max_body: config.max_body,
+            timeout: config.outbound.probe_timeout,
+            max_body: config.outbound.max_body,
             guard: guard.clone(),
-            resolve_overrides: parse_resolve(&config.resolve)?,
-            per_host_concurrency: config.per_host_concurrency.max(1),
-            identity: config.probe_identity.clone(),
-            share_window: config.share_window,
-            max_host_pause: config.max_host_pause,
-            host_rate: config.host_rate,
+            resolve_overrides: parse_resolve(&config.outbound.resolve)?,
+            per_host_concurrency: config.outbound.per_host_concurrency.max(1),
+            identity: config.outbound.probe_identity.clone(),
+            share_window: config.outbound.share_window,
+            max_host_pause: config.outbound.max_host_pause,
+            host_rate: config.outbound.host_rate,
             credentials: credentials.clone(),
             traces: traces.clone(),
         })?;
 
         let fd_limit = server::raise_fd_limit();
-        let connections = server::Limits::new(&config, fd_limit);
+        let connections = server::Limits::new(&config.server, fd_limit);
         let max_connections = connections.max_connections;
         // The summary comes first, so the first line says what this replica runs
         // with; what deserves a second look follows it.
@@ -192,7 +193,7 @@ impl App {
         #[cfg(not(feature = "test-signals"))]
         let signals = signals::Signals::default();
         let (live, inbox) = bus::live::channel();
-        if !config.no_worker {
+        if !config.worker.no_worker {
             tasks.push(share_pauses(
                 &prober,
                 &store,
@@ -203,7 +204,7 @@ impl App {
                 tasks.push(tokio::spawn(count_replicas(
                     prober.clone(),
                     store.clone(),
-                    (config.lease_ttl / 3).clamp(
+                    (config.worker.lease_ttl / 3).clamp(
                         std::time::Duration::from_secs(1),
                         std::time::Duration::from_secs(10),
                     ),
@@ -211,7 +212,15 @@ impl App {
                 )));
             }
             let client = prober.client().clone();
-            let mut w = worker_for(&config, &store, prober, &bus, &metrics);
+            let mut w = worker_for(
+                &config.worker,
+                config.api.min_poll_interval,
+                config.database.db_connections,
+                &store,
+                prober,
+                &bus,
+                &metrics,
+            );
             w.signals = signals.clone();
             w.live = Some(inbox);
             let d = notify::Deliverer {
@@ -220,11 +229,14 @@ impl App {
                 metrics: metrics.clone(),
                 owner: w.owner,
                 cfg: notify::NotifyConfig {
-                    timeout: config.webhook_timeout.min(config.lease_ttl / 2),
-                    retry_base: config.webhook_retry_base,
-                    lease_ttl: config.lease_ttl,
-                    concurrency: config.webhook_concurrency.max(1),
-                    per_tenant: config.webhook_concurrency_per_tenant as usize,
+                    timeout: config
+                        .webhooks
+                        .webhook_timeout
+                        .min(config.worker.lease_ttl / 2),
+                    retry_base: config.webhooks.webhook_retry_base,
+                    lease_ttl: config.worker.lease_ttl,
+                    concurrency: config.webhooks.webhook_concurrency.max(1),
+                    per_tenant: config.webhooks.webhook_concurrency_per_tenant as usize,
                     client,
                 },
                 wake: deliveries_wake,
@@ -241,7 +253,7 @@ impl App {
         let retention = Arc::new(retention::Stats::default());
         tasks.push(tokio::spawn(retention::run(
             store.clone(),
-            config.retention,
+            config.database.retention,
             retention.clone(),
             signals.clone(),
             stopped(stop_rx.clone()),
@@ -255,8 +267,8 @@ impl App {
             guard: Arc::new(guard),
             credentials,
             tokens: token_set.clone(),
-            max_active_waits: config.max_active_waits,
-            rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
+            max_active_waits: config.api.max_active_waits,
+            rate: Arc::new(api::RateLimiter::new(config.api.rate_limit)),
             stopping: stop_rx,
             feed: events.feed.clone(),
             // A stream holds its connection busy, and a busy connection is never
@@ -264,13 +276,14 @@ impl App {
             // connection slots, and one tenant's at most a quarter, whatever the
             // flags say, so a stream-opening tenant cannot take every slot.
             streams: api::streams::StreamLimits::new(
-                config.max_streams.min(max_connections / 2).max(1),
+                config.api.max_streams.min(max_connections / 2).max(1),
                 config
+                    .api
                     .max_streams_per_tenant
                     .min(max_connections / 4)
                     .max(1),
             ),
-            body_timeout: config.body_timeout,
+            body_timeout: config.api.body_timeout,
             traces: traces.clone(),
             cors_origins: Arc::new(cors_origins),
             live,
@@ -278,7 +291,7 @@ impl App {
             active_count: Default::default(),
             signals: signals.clone(),
             replays: Arc::new(tokio::sync::Semaphore::new(
-                (config.db_connections as usize / 4).max(1),
+                (config.database.db_connections as usize / 4).max(1),
             )),
         };
         Ok(App {
@@ -310,7 +323,10 @@ impl App {
 /// The store `config` names (no URL: the embedded SQLite file in the working
 /// directory), checked and migrated, with its cipher; and whether that cipher
 /// seals header values.
-async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, bool), StartError> {
+async fn open_store(
+    config: &config::Database,
+    bus: bus::Bus,
+) -> Result<(store::Store, bool), StartError> {
     let url = config
         .database_url
         .clone()
@@ -395,7 +411,9 @@ fn share_pauses(
 }
 
 fn worker_for(
-    config: &Config,
+    config: &config::Worker,
+    floor: std::time::Duration,
+    db_connections: u32,
     store: &store::Store,
     prober: probe::Prober,
     bus: &bus::Bus,
@@ -411,11 +429,11 @@ fn worker_for(
         bus: bus.clone(),
         cfg: worker::WorkerConfig {
             lease_ttl: config.lease_ttl,
-            floor: config.min_poll_interval,
+            floor,
             capacity: config.capacity,
             concurrency: config.concurrency,
             // Leave half the pool to the API.
-            max_writes: (config.db_connections as usize / 2).max(1),
+            max_writes: (db_connections as usize / 2).max(1),
             // A dead replica's waits are claimable once its lease expires; sweep
             // often enough that takeover follows the TTL closely.
             claim_interval: (config.lease_ttl / 10).clamp(
@@ -449,21 +467,21 @@ fn log_start(
             let tenants: std::collections::HashSet<&String> = tokens.values().collect();
             format!("{} tokens for {} tenants", tokens.len(), tenants.len())
         },
-        allow_targets = %if config.allow_targets.is_empty() {
+        allow_targets = %if config.outbound.allow_targets.is_empty() {
             "none (internal addresses refused)".to_string()
         } else {
-            config.allow_targets.join(",")
+            config.outbound.allow_targets.join(",")
         },
-        worker = %if config.no_worker {
+        worker = %if config.worker.no_worker {
             "off".to_string()
         } else {
             format!(
                 "capacity {}, concurrency {} ({} a host), lease TTL {}, min poll interval {}",
-                config.capacity,
-                config.concurrency,
-                config.per_host_concurrency,
-                engine::duration::format(config.lease_ttl),
-                engine::duration::format(config.min_poll_interval)
+                config.worker.capacity,
+                config.worker.concurrency,
+                config.outbound.per_host_concurrency,
+                engine::duration::format(config.worker.lease_ttl),
+                engine::duration::format(config.api.min_poll_interval)
             )
         },
         max_connections,

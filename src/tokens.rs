@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::{Config, SettingError};
+use crate::config::SettingError;
 use crate::signals::{Signal, Signals};
 
 /// What a token may do.
@@ -167,7 +167,7 @@ pub struct Sources {
 }
 
 impl Sources {
-    pub fn of(config: &Config) -> Sources {
+    pub fn of(config: &crate::config::Api) -> Sources {
         Sources {
             fixed: config.tokens.clone(),
             file: config.tokens_file.clone(),
