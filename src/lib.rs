@@ -132,7 +132,7 @@ impl App {
             ..Default::default()
         };
         let presets = presets::Registry::load(config.api.presets_dir.as_deref(), &limits)?;
-        let guard = probe::guard::Guard::new(&config.outbound.allow_targets)?;
+        let guard = outbound::Guard::new(&config.outbound.allow_targets)?;
         let credentials = Arc::new(
             outbound::credentials::Credentials::load(config.outbound.credentials_file.as_deref())
                 .await?,

@@ -46,7 +46,7 @@ use utoipa_axum::routes;
 use crate::bus::Bus;
 use crate::engine::Limits;
 use crate::metrics::Metrics;
-use crate::probe::guard::Guard;
+use crate::outbound::Guard;
 use crate::store::Store;
 pub use auth::{RateLimiter, Tenant};
 pub use error::{ApiError, ApiResult};
