@@ -7,6 +7,9 @@
 //! other. Every request to a host waitd does not run, a probe's or a webhook's,
 //! goes through [`outbound`].
 
+#[macro_use]
+mod sentence;
+
 pub mod api;
 pub mod bus;
 pub mod client;
@@ -25,6 +28,7 @@ pub mod presets;
 pub mod probe;
 pub mod retention;
 pub mod server;
+pub mod signals;
 pub mod store;
 pub mod tokens;
 pub mod traces;
@@ -93,9 +97,11 @@ pub struct App {
     /// What the worker pool, the deliverer, the sweep and the token watcher
     /// report as they work (only with the `test-signals`
     /// feature; else it sends nowhere).
-    pub signals: worker::Signals,
+    pub signals: signals::Signals,
     stop: watch::Sender<bool>,
-    worker: Option<JoinHandle<()>>,
+    /// Every task started here but the event pipeline's, awaited on shutdown
+    /// before the store closes.
+    tasks: Vec<JoinHandle<()>>,
     events: events::Events,
     connections: server::Limits,
     traces: traces::Traces,
@@ -106,52 +112,53 @@ impl App {
     /// pipeline and (unless `--no-worker`) the worker pool. `addr` is where it will
     /// be reached, for the anonymous-use check and the start-up line.
     pub async fn start(config: Config, addr: SocketAddr) -> Result<App, StartError> {
-        if let Some(n) = config.cpu_threads {
+        if let Some(n) = config.process.cpu_threads {
             cpu::configure(n);
         }
-        let token_sources = tokens::Sources::of(&config);
+        let token_sources = tokens::Sources::of(&config.api);
         let token_set = tokens::Tokens::new(token_sources.load().await?);
         let tokens: HashMap<String, String> = token_set
             .current()
             .iter()
             .map(|(k, g)| (k.clone(), g.tenant.clone()))
             .collect();
-        let cors_origins = parse_origins(&config.cors_origins)?;
-        if tokens.is_empty() && !addr.ip().is_loopback() && !config.allow_anonymous {
+        let cors_origins = parse_origins(&config.api.cors_origins)?;
+        if tokens.is_empty() && !addr.ip().is_loopback() && !config.api.allow_anonymous {
             return Err(StartError::Anonymous(addr));
         }
         let limits = engine::Limits {
-            min_poll_interval: config.min_poll_interval,
-            max_timeout: config.max_timeout,
+            min_poll_interval: config.api.min_poll_interval,
+            max_timeout: config.api.max_timeout,
             ..Default::default()
         };
-        let presets = presets::Registry::load(config.presets_dir.as_deref(), &limits)?;
-        let guard = probe::guard::Guard::new(&config.allow_targets)?;
+        let presets = presets::Registry::load(config.api.presets_dir.as_deref(), &limits)?;
+        let guard = outbound::Guard::new(&config.outbound.allow_targets)?;
         let credentials = Arc::new(
-            outbound::credentials::Credentials::load(config.credentials_file.as_deref()).await?,
+            outbound::credentials::Credentials::load(config.outbound.credentials_file.as_deref())
+                .await?,
         );
-        let traces = match traces::endpoint(config.otlp_endpoint.as_deref())? {
+        let traces = match traces::endpoint(config.traces.otlp_endpoint.as_deref())? {
             Some(url) => traces::Traces::export_to(&url)?,
             None => traces::Traces::off(),
         };
         let bus = bus::Bus::new();
-        let (store, sealed) = open_store(&config, bus.clone()).await?;
+        let (store, sealed) = open_store(&config.database, bus.clone()).await?;
         let prober = probe::Prober::new(probe::ProbeConfig {
-            timeout: config.probe_timeout,
-            max_body: config.max_body,
+            timeout: config.outbound.probe_timeout,
+            max_body: config.outbound.max_body,
             guard: guard.clone(),
-            resolve_overrides: parse_resolve(&config.resolve)?,
-            per_host_concurrency: config.per_host_concurrency.max(1),
-            identity: config.probe_identity.clone(),
-            share_window: config.share_window,
-            max_host_pause: config.max_host_pause,
-            host_rate: config.host_rate,
+            resolve_overrides: parse_resolve(&config.outbound.resolve)?,
+            per_host_concurrency: config.outbound.per_host_concurrency.max(1),
+            identity: config.outbound.probe_identity.clone(),
+            share_window: config.outbound.share_window,
+            max_host_pause: config.outbound.max_host_pause,
+            host_rate: config.outbound.host_rate,
             credentials: credentials.clone(),
             traces: traces.clone(),
         })?;
 
         let fd_limit = server::raise_fd_limit();
-        let connections = server::Limits::new(&config, fd_limit);
+        let connections = server::Limits::new(&config.server, fd_limit);
         let max_connections = connections.max_connections;
         // The summary comes first, so the first line says what this replica runs
         // with; what deserves a second look follows it.
@@ -172,34 +179,48 @@ impl App {
         }
         // The sequencer and the LISTEN adapter (Postgres), and the feed.
         let events = events::Events::start(&store, &bus, || stopped(stop_rx.clone()));
+        let mut tasks = Vec::new();
         // Groups are decided on every replica, as their members end.
-        tokio::spawn(groups::watch::run(
+        tasks.push(tokio::spawn(groups::watch::run(
             store.groups().clone(),
             bus.clone(),
             metrics.clone(),
             stopped(stop_rx.clone()),
-        ));
+        )));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());
         #[cfg(feature = "test-signals")]
-        let signals = worker::Signals::channel();
+        let signals = signals::Signals::channel();
         #[cfg(not(feature = "test-signals"))]
-        let signals = worker::Signals::default();
-        let (live, inbox) = worker::live::channel();
-        let worker = (!config.no_worker).then(|| {
-            share_pauses(&prober, &store, &bus, stopped(stop_rx.clone()));
+        let signals = signals::Signals::default();
+        let (live, inbox) = bus::live::channel();
+        if !config.worker.no_worker {
+            tasks.push(share_pauses(
+                &prober,
+                &store,
+                &bus,
+                stopped(stop_rx.clone()),
+            ));
             if prober.has_host_rate() {
-                tokio::spawn(count_replicas(
+                tasks.push(tokio::spawn(count_replicas(
                     prober.clone(),
                     store.leases().clone(),
-                    (config.lease_ttl / 3).clamp(
+                    (config.worker.lease_ttl / 3).clamp(
                         std::time::Duration::from_secs(1),
                         std::time::Duration::from_secs(10),
                     ),
                     stopped(stop_rx.clone()),
-                ));
+                )));
             }
             let client = prober.client().clone();
-            let mut w = worker_for(&config, &store, prober, &bus, &metrics);
+            let mut w = worker_for(
+                &config.worker,
+                config.api.min_poll_interval,
+                config.database.db_connections,
+                &store,
+                prober,
+                &bus,
+                &metrics,
+            );
             w.signals = signals.clone();
             w.live = Some(inbox);
             let d = notify::Deliverer {
@@ -208,36 +229,35 @@ impl App {
                 metrics: metrics.clone(),
                 owner: w.owner,
                 cfg: notify::NotifyConfig {
-                    timeout: config.webhook_timeout.min(config.lease_ttl / 2),
-                    retry_base: config.webhook_retry_base,
-                    lease_ttl: config.lease_ttl,
-                    concurrency: config.webhook_concurrency.max(1),
-                    per_tenant: config.webhook_concurrency_per_tenant as usize,
+                    timeout: config
+                        .webhooks
+                        .webhook_timeout
+                        .min(config.worker.lease_ttl / 2),
+                    retry_base: config.webhooks.webhook_retry_base,
+                    lease_ttl: config.worker.lease_ttl,
+                    concurrency: config.webhooks.webhook_concurrency.max(1),
+                    per_tenant: config.webhooks.webhook_concurrency_per_tenant as usize,
                     client,
                 },
                 wake: deliveries_wake,
                 signals: signals.clone(),
             };
-            let worker = tokio::spawn(w.run(stopped(stop_rx.clone())));
-            let deliverer = tokio::spawn(d.run(stopped(stop_rx.clone())));
-            tokio::spawn(async move {
-                let _ = worker.await;
-                let _ = deliverer.await;
-            })
-        });
-        tokio::spawn(token_set.clone().watch(
+            tasks.push(tokio::spawn(w.run(stopped(stop_rx.clone()))));
+            tasks.push(tokio::spawn(d.run(stopped(stop_rx.clone()))));
+        }
+        tasks.push(tokio::spawn(token_set.clone().watch(
             token_sources,
             signals.clone(),
             stopped(stop_rx.clone()),
-        ));
+        )));
         let retention = Arc::new(retention::Stats::default());
-        tokio::spawn(retention::run(
+        tasks.push(tokio::spawn(retention::run(
             store.retention().clone(),
-            config.retention,
+            config.database.retention,
             retention.clone(),
             signals.clone(),
             stopped(stop_rx.clone()),
-        ));
+        )));
         let state = api::AppState {
             store: store.clone(),
             bus,
@@ -247,8 +267,8 @@ impl App {
             guard: Arc::new(guard),
             credentials,
             tokens: token_set.clone(),
-            max_active_waits: config.max_active_waits,
-            rate: Arc::new(api::RateLimiter::new(config.rate_limit)),
+            max_active_waits: config.api.max_active_waits,
+            rate: Arc::new(api::RateLimiter::new(config.api.rate_limit)),
             stopping: stop_rx,
             feed: events.feed.clone(),
             // A stream holds its connection busy, and a busy connection is never
@@ -256,13 +276,14 @@ impl App {
             // connection slots, and one tenant's at most a quarter, whatever the
             // flags say, so a stream-opening tenant cannot take every slot.
             streams: api::streams::StreamLimits::new(
-                config.max_streams.min(max_connections / 2).max(1),
+                config.api.max_streams.min(max_connections / 2).max(1),
                 config
+                    .api
                     .max_streams_per_tenant
                     .min(max_connections / 4)
                     .max(1),
             ),
-            body_timeout: config.body_timeout,
+            body_timeout: config.api.body_timeout,
             traces: traces.clone(),
             cors_origins: Arc::new(cors_origins),
             live,
@@ -270,7 +291,7 @@ impl App {
             active_count: Default::default(),
             signals: signals.clone(),
             replays: Arc::new(tokio::sync::Semaphore::new(
-                (config.db_connections as usize / 4).max(1),
+                (config.database.db_connections as usize / 4).max(1),
             )),
         };
         Ok(App {
@@ -278,7 +299,7 @@ impl App {
             store,
             signals,
             stop,
-            worker,
+            tasks,
             events,
             connections,
             traces,
@@ -286,10 +307,11 @@ impl App {
     }
 
     /// Stops it: blocked requests and streams end, the worker finishes in-flight
-    /// probes and releases its leases, the event tasks end, the store closes.
+    /// probes and releases its leases, every other task it started ends, the event
+    /// tasks end, and only then the store closes.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        if let Some(t) = self.worker {
+        for t in self.tasks {
             let _ = t.await;
         }
         self.events.stopped().await;
@@ -301,7 +323,10 @@ impl App {
 /// The store `config` names (no URL: the embedded SQLite file in the working
 /// directory), checked and migrated, with its cipher; and whether that cipher
 /// seals header values.
-async fn open_store(config: &Config, bus: bus::Bus) -> Result<(store::Store, bool), StartError> {
+async fn open_store(
+    config: &config::Database,
+    bus: bus::Bus,
+) -> Result<(store::Store, bool), StartError> {
     let url = config
         .database_url
         .clone()
@@ -362,7 +387,7 @@ fn share_pauses(
     store: &store::Store,
     bus: &bus::Bus,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) {
+) -> JoinHandle<()> {
     let mut set_here = prober.announce_pauses();
     let mut heard = bus.subscribe_pauses();
     let (prober, store) = (prober.clone(), store.clone());
@@ -383,11 +408,13 @@ fn share_pauses(
                 },
             }
         }
-    });
+    })
 }
 
 fn worker_for(
-    config: &Config,
+    config: &config::Worker,
+    floor: std::time::Duration,
+    db_connections: u32,
     store: &store::Store,
     prober: probe::Prober,
     bus: &bus::Bus,
@@ -403,11 +430,11 @@ fn worker_for(
         bus: bus.clone(),
         cfg: worker::WorkerConfig {
             lease_ttl: config.lease_ttl,
-            floor: config.min_poll_interval,
+            floor,
             capacity: config.capacity,
             concurrency: config.concurrency,
             // Leave half the pool to the API.
-            max_writes: (config.db_connections as usize / 2).max(1),
+            max_writes: (db_connections as usize / 2).max(1),
             // A dead replica's waits are claimable once its lease expires; sweep
             // often enough that takeover follows the TTL closely.
             claim_interval: (config.lease_ttl / 10).clamp(
@@ -418,7 +445,7 @@ fn worker_for(
         },
         metrics: metrics.clone(),
         owner,
-        signals: worker::Signals::default(),
+        signals: signals::Signals::default(),
         live: None,
     }
 }
@@ -441,21 +468,21 @@ fn log_start(
             let tenants: std::collections::HashSet<&String> = tokens.values().collect();
             format!("{} tokens for {} tenants", tokens.len(), tenants.len())
         },
-        allow_targets = %if config.allow_targets.is_empty() {
+        allow_targets = %if config.outbound.allow_targets.is_empty() {
             "none (internal addresses refused)".to_string()
         } else {
-            config.allow_targets.join(",")
+            config.outbound.allow_targets.join(",")
         },
-        worker = %if config.no_worker {
+        worker = %if config.worker.no_worker {
             "off".to_string()
         } else {
             format!(
                 "capacity {}, concurrency {} ({} a host), lease TTL {}, min poll interval {}",
-                config.capacity,
-                config.concurrency,
-                config.per_host_concurrency,
-                engine::duration::format(config.lease_ttl),
-                engine::duration::format(config.min_poll_interval)
+                config.worker.capacity,
+                config.worker.concurrency,
+                config.outbound.per_host_concurrency,
+                engine::duration::format(config.worker.lease_ttl),
+                engine::duration::format(config.api.min_poll_interval)
             )
         },
         max_connections,
@@ -517,17 +544,17 @@ fn parse_origins(entries: &[String]) -> Result<Vec<axum::http::HeaderValue>, Set
         .filter(|e| !e.is_empty())
         .map(|e| {
             let url = url::Url::parse(e).map_err(|_| {
-                format!("--cors-origins entry \"{e}\" is not an origin such as https://dash.example.com")
+                SettingError(format!("--cors-origins entry \"{e}\" is not an origin such as https://dash.example.com"))
             })?;
             let origin = url.origin().ascii_serialization();
             if !matches!(url.scheme(), "http" | "https") || origin != e.trim_end_matches('/') {
-                return Err(format!(
+                return Err(SettingError(format!(
                     "--cors-origins entry \"{e}\" must be exactly an origin (scheme, host and port, no path), such as {origin}"
-                ));
+                )));
             }
-            axum::http::HeaderValue::from_str(&origin)
-                .map_err(|_| format!("--cors-origins entry \"{e}\" is not a valid header value"))
+            axum::http::HeaderValue::from_str(&origin).map_err(|_| {
+                SettingError(format!("--cors-origins entry \"{e}\" is not a valid header value"))
+            })
         })
-        .collect::<Result<_, String>>()
-        .map_err(SettingError)
+        .collect()
 }

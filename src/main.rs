@@ -123,10 +123,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match command {
             Command::Serve(config) => {
-                init_logging(config.log_format);
-                let listener = tokio::net::TcpListener::bind(config.listen)
+                init_logging(config.process.log_format);
+                let listener = tokio::net::TcpListener::bind(config.server.listen)
                     .await
-                    .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+                    .map_err(|e| format!("cannot listen on {}: {e}", config.server.listen))?;
                 waitd::serve(listener, *config, shutdown_signal())
                     .await
                     .map_err(|e| e.to_string())

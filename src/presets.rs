@@ -175,6 +175,12 @@ pub struct PresetSummary {
     pub params: BTreeMap<String, Param>,
 }
 
+sentence_error! {
+    /// Why a preset file is refused; the sentence follows its file's name ("the
+    /// preset file x.json …").
+    pub struct PresetError;
+}
+
 impl Preset {
     pub fn summary(&self) -> PresetSummary {
         PresetSummary {
@@ -186,7 +192,7 @@ impl Preset {
 
     /// Parses and checks one preset file. `expected_name` is the name the file must
     /// carry (its file name without `.json`).
-    pub fn parse(text: &str, expected_name: &str) -> Result<Preset, String> {
+    pub fn parse(text: &str, expected_name: &str) -> Result<Preset, PresetError> {
         let file: PresetFile =
             serde_json::from_str(text).map_err(|e| format!("is not a valid preset: {e}"))?;
         let preset = Preset {
@@ -212,7 +218,7 @@ impl Preset {
             return Err(format!(
                 "names the preset \"{}\", but its file name says \"{expected_name}\"; make them agree",
                 preset.name
-            ));
+            ).into());
         }
         if preset.name.is_empty()
             || preset.name.len() > 100
@@ -224,13 +230,13 @@ impl Preset {
             return Err(format!(
                 "has the name \"{}\"; a preset name is 1 to 100 characters of a-z, 0-9, '.', '_' and '-'",
                 preset.name
-            ));
+            ).into());
         }
         for (name, p) in &preset.params {
             if !is_param_name(name) {
                 return Err(format!(
                     "has a parameter \"{name}\"; parameter names are a-z, 0-9 and '_', starting with a letter"
-                ));
+                ).into());
             }
             if name == "base_url" && p.kind != ParamKind::BaseUrl {
                 return Err(
@@ -252,7 +258,8 @@ impl Preset {
             if request.contains_key(reserved) {
                 return Err(format!(
                     "has \"{reserved}\" in its request; a preset cannot name another preset"
-                ));
+                )
+                .into());
             }
         }
         let mut used = Vec::new();
@@ -261,14 +268,16 @@ impl Preset {
             if !preset.params.contains_key(u) {
                 return Err(format!(
                     "uses {{{u}}} in its request, but declares no parameter \"{u}\""
-                ));
+                )
+                .into());
             }
         }
         for name in preset.params.keys() {
             if !used.contains(name) {
                 return Err(format!(
                     "declares the parameter \"{name}\", but its request never uses {{{name}}}"
-                ));
+                )
+                .into());
             }
         }
         Ok(preset)
@@ -330,10 +339,13 @@ impl Registry {
         dir: Option<&Path>,
         limits: &Limits,
     ) -> Result<Registry, crate::config::SettingError> {
-        Registry::load_dir(dir, limits).map_err(crate::config::SettingError)
+        Registry::load_dir(dir, limits)
     }
 
-    fn load_dir(dir: Option<&Path>, limits: &Limits) -> Result<Registry, String> {
+    fn load_dir(
+        dir: Option<&Path>,
+        limits: &Limits,
+    ) -> Result<Registry, crate::config::SettingError> {
         let mut reg = Registry::builtin();
         let Some(dir) = dir else {
             return Ok(reg);
@@ -490,7 +502,10 @@ impl Registry {
                 Ok(()) => {
                     values.insert(name.clone(), text);
                 }
-                Err(e) => errors.push(FieldError { field, message: e }),
+                Err(e) => errors.push(FieldError {
+                    field,
+                    message: e.0,
+                }),
             }
         }
         for (name, def) in &preset.params {

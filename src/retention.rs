@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use crate::signals::{Signal, Signals};
 use crate::store::Retention;
 use crate::store::retention::Swept;
-use crate::worker::{Signal, Signals};
 
 /// Waits one batch deletes at most (with their events, deliveries, spec, webhooks
 /// and idempotency key): one transaction of a few thousand rows.

@@ -44,8 +44,6 @@ use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::config::Config;
-
 /// File descriptors kept free of connections: the database pool, outbound probes,
 /// the SQLite file, logs.
 const FD_RESERVE: u64 = 1024;
@@ -99,7 +97,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(config: &Config, fd_limit: Option<u64>) -> Limits {
+    pub fn new(config: &crate::config::Server, fd_limit: Option<u64>) -> Limits {
         let max_connections = connection_cap(config.max_connections, fd_limit);
         let per_address = match config.max_connections_per_address {
             None => Some((max_connections / 2).max(1)),
@@ -703,8 +701,12 @@ mod tests {
 
     #[test]
     fn the_per_address_cap_is_half_the_slots_unless_set_and_zero_lifts_it() {
-        let limits =
-            |args: &[&str]| Limits::new(&Config::from_args(args).unwrap(), Some(1_048_576));
+        let limits = |args: &[&str]| {
+            Limits::new(
+                &crate::config::Config::from_args(args).unwrap().server,
+                Some(1_048_576),
+            )
+        };
         let l = limits(&["--max-connections", "16"]);
         assert_eq!((l.max_connections, l.per_address), (16, Some(8)));
         assert_eq!(limits(&["--max-connections", "1"]).per_address, Some(1));

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::{Config, SettingError};
-use crate::worker::{Signal, Signals};
+use crate::config::SettingError;
+use crate::signals::{Signal, Signals};
 
 /// What a token may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,8 +99,13 @@ pub fn parse<S: AsRef<str>>(
     Ok(tokens)
 }
 
+sentence_error! {
+    /// Why a line of the tokens is not an entry; the sentence follows where it is.
+    struct EntryError;
+}
+
 /// One entry: its token and grant, or why it is not one.
-fn entry(line: &str) -> Result<(&str, Grant), String> {
+fn entry(line: &str) -> Result<(&str, Grant), EntryError> {
     if line.starts_with('\u{feff}') {
         return Err(
             "begins with a byte-order mark (U+FEFF); save the file as UTF-8 without one".into(),
@@ -114,7 +119,8 @@ fn entry(line: &str) -> Result<(&str, Grant), String> {
                 c if c.is_whitespace() => format!("whitespace (U+{:04X})", u32::from(c)),
                 c => format!("a control character (U+{:04X})", u32::from(c)),
             }
-        ));
+        )
+        .into());
     }
     let mut parts = line.split(':');
     let (tenant, token) = match (parts.next(), parts.next()) {
@@ -134,12 +140,11 @@ fn entry(line: &str) -> Result<(&str, Grant), String> {
     if !is_tenant_name(tenant) {
         return Err(format!(
             "the tenant name is not 1 to {MAX_TENANT} of letters, digits, '.', '_' and '-'"
-        ));
+        )
+        .into());
     }
     if !(MIN_TOKEN..=MAX_TOKEN).contains(&token.len()) {
-        return Err(format!(
-            "the token is not {MIN_TOKEN} to {MAX_TOKEN} characters long"
-        ));
+        return Err(format!("the token is not {MIN_TOKEN} to {MAX_TOKEN} characters long").into());
     }
     if !token.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("the token holds characters other than printable ASCII, which no Authorization header carries".into());
@@ -162,7 +167,7 @@ pub struct Sources {
 }
 
 impl Sources {
-    pub fn of(config: &Config) -> Sources {
+    pub fn of(config: &crate::config::Api) -> Sources {
         Sources {
             fixed: config.tokens.clone(),
             file: config.tokens_file.clone(),

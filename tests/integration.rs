@@ -46,6 +46,7 @@ mod readme;
 mod retention;
 mod security;
 mod shared_polls;
+mod shutdown;
 mod store_conformance;
 mod tenant_pauses;
 mod timestamps;

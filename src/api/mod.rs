@@ -3,10 +3,11 @@
 //! It talks to the store and listens on the event bus; it never calls the worker
 //! pool, which is what lets any replica answer for any wait. Inside, dependencies
 //! point one way: this module assembles the router from the handler modules
-//! ([`waits`], [`events`], [`presets`], [`ops`], [`ui`]), which use the shared
-//! pieces ([`extract`], [`auth`], [`error`], [`streams`], [`sse`]) and the schemas
-//! of [`openapi`]; [`openapi`] reads the routes from here to build the document and
-//! imports no handler.
+//! ([`waits`] and the group create it hands on to, [`events`], [`presets`],
+//! [`ops`], [`ui`]), which use the shared pieces ([`extract`], [`auth`],
+//! [`error`], [`streams`], [`sse`], and for waits [`read`], [`hold`] and
+//! [`guard`]) and the schemas of [`openapi`]; [`openapi`] reads the routes from
+//! here to build the document and imports no handler.
 
 pub mod auth;
 mod deliveries;
@@ -14,9 +15,12 @@ pub mod error;
 mod events;
 pub mod extract;
 mod groups;
+mod guard;
+mod hold;
 pub mod openapi;
 mod ops;
 mod presets;
+mod read;
 mod sse;
 pub mod streams;
 mod strict;
@@ -42,13 +46,13 @@ use utoipa_axum::routes;
 use crate::bus::Bus;
 use crate::engine::Limits;
 use crate::metrics::Metrics;
-use crate::probe::guard::Guard;
+use crate::outbound::Guard;
 use crate::store::Store;
 pub use auth::{RateLimiter, Tenant};
 pub use error::{ApiError, ApiResult};
 pub use extract::MAX_BODY;
+pub use hold::blocked_status;
 pub use traced::RequestTrace;
-pub use waits::blocked_status;
 
 /// What every handler shares. Cloning is shallow.
 #[derive(Clone)]
@@ -84,13 +88,13 @@ pub struct AppState {
     /// so replays cannot take every pooled connection.
     pub replays: Arc<tokio::sync::Semaphore>,
     /// Asks this replica's worker for the current progress of the waits it holds.
-    pub live: crate::worker::live::Live,
+    pub live: crate::bus::live::Live,
     /// What the retention sweep has deleted, for `/metrics`.
     pub retention: Arc<crate::retention::Stats>,
     /// The last count of running waits for `/metrics`, and when it was taken.
     pub active_count: Arc<tokio::sync::Mutex<Option<(std::time::Instant, i64)>>>,
     /// Where a blocked request reports that it holds (the `test-signals` feature).
-    pub signals: crate::worker::Signals,
+    pub signals: crate::signals::Signals,
 }
 
 /// The API's routes, each registered once with its OpenAPI operation (one

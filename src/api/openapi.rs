@@ -7,6 +7,8 @@
 //! operations. The committed copy at `openapi/openapi.json` is checked against it
 //! by a test.
 
+mod groups;
+
 use std::sync::OnceLock;
 
 use serde_json::json;
@@ -319,7 +321,7 @@ fn build() -> serde_json::Value {
     let mut doc = serde_json::to_value(&doc).expect("the OpenAPI document serialises");
     events_as_union(&mut doc);
     create_wait_as_one_object(&mut doc);
-    super::groups::openapi_shape(&mut doc);
+    groups::add(&mut doc);
     doc
 }
 

@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::auth::Tenant;
 use super::error::{ApiError, ApiResult, Problem};
 use super::{AppState, json_response};
+use crate::engine::FieldError;
 use crate::presets::{Preset, PresetSummary};
 
 /// Every preset of this server.
@@ -74,18 +75,22 @@ pub(crate) fn expand<'a>(
     presets: &crate::presets::Registry,
     body: &'a Value,
 ) -> ApiResult<Cow<'a, Value>> {
-    presets.apply(body).map_err(|errors| {
-        let detail = match errors.as_slice() {
-            [one] => format!("{} {}", one.field, one.message),
-            many => format!("the preset request has {} problems; see errors", many.len()),
-        };
-        ApiError {
-            errors,
-            ..ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "Invalid preset request",
-                detail,
-            )
-        }
-    })
+    presets.apply(body).map_err(refused)
+}
+
+/// The 422 problem of a preset request refused: an unknown preset, or a missing,
+/// unknown or malformed parameter.
+pub(crate) fn refused(errors: Vec<FieldError>) -> ApiError {
+    let detail = match errors.as_slice() {
+        [one] => format!("{} {}", one.field, one.message),
+        many => format!("the preset request has {} problems; see errors", many.len()),
+    };
+    ApiError {
+        errors,
+        ..ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid preset request",
+            detail,
+        )
+    }
 }

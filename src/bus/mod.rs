@@ -12,6 +12,7 @@
 //! resyncs): a thousand streams on a thousand waits cost a thousand deliveries per
 //! thousand notices, not a million.
 
+pub mod live;
 pub mod notice;
 mod pause;
 

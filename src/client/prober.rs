@@ -2,6 +2,7 @@
 //! that the in-process wait polls exactly as a server's worker does (the same
 //! client, SSRF guard, body cap and conditions) through the smallest surface.
 
+use crate::config::SettingError;
 use crate::engine::{Observation, Spec};
 use crate::probe::{Guard, ProbeConfig, Prober};
 
@@ -13,13 +14,12 @@ pub(super) struct Poller {
 impl Poller {
     /// A prober whose SSRF guard lets through what `allow_targets` names
     /// (`--allow-targets`), with the server's defaults for everything else.
-    pub(super) fn new(allow_targets: &[String]) -> Result<Poller, String> {
-        let guard = Guard::new(allow_targets).map_err(|e| e.to_string())?;
+    pub(super) fn new(allow_targets: &[String]) -> Result<Poller, SettingError> {
+        let guard = Guard::new(allow_targets)?;
         let prober = Prober::new(ProbeConfig {
             guard,
             ..ProbeConfig::default()
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         Ok(Poller { prober })
     }
 

@@ -204,7 +204,7 @@ pub(super) fn read_bounded(path: &Path, limit: usize, what: &str) -> Result<Stri
     if bytes.len() > limit {
         return Err(format!(
             "{from} is longer than {}, more than {what} can be; is it the right file?",
-            crate::outbound::format_size(limit)
+            crate::engine::bound::format_size(limit)
         )
         .into());
     }

@@ -39,7 +39,7 @@ pub struct WaitArgs {
     pub json: bool,
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
+fn duration(s: &str) -> Result<Duration, engine::duration::DurationError> {
     engine::duration::parse(s.trim())
 }
 
@@ -58,7 +58,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
     };
     let floor = limits.min_poll_interval;
     let spec = validate(Value::Object(request), limits).await?;
-    let poller = Poller::new(&a.allow_targets)?;
+    let poller = Poller::new(&a.allow_targets).map_err(|e| e.0)?;
     if let Ok(url) = url::Url::parse(&spec.target.url)
         && let Some(why) = poller.refusal(&url)
     {

@@ -13,6 +13,21 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+/// "1 MiB", "64 KiB", "100 bytes".
+pub fn format_size(bytes: usize) -> String {
+    const KIB: usize = 1024;
+    const MIB: usize = 1024 * 1024;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
+        format!("{} KiB", bytes / KIB)
+    } else if bytes == 1 {
+        "1 byte".to_string()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// The most bytes of a wait's `state`.
 pub const MAX_STATE: usize = 2 * 1024;
 /// The most bytes of `last_error` (and of a retry event's error).
@@ -151,6 +166,14 @@ fn prune(v: &Value, depth: usize) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn sizes_read_as_a_person_writes_them() {
+        assert_eq!(format_size(1024 * 1024), "1 MiB");
+        assert_eq!(format_size(64 * 1024), "64 KiB");
+        assert_eq!(format_size(100), "100 bytes");
+        assert_eq!(format_size(1500), "1500 bytes");
+    }
 
     #[test]
     fn short_text_is_kept_and_long_text_is_cut_with_its_size() {

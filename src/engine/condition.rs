@@ -156,6 +156,12 @@ pub const FUNCTIONS: &[&str] = &[
     "findAll",
 ];
 
+sentence_error! {
+    /// Why a text is not a condition: a sentence with where in the text, if
+    /// it can say.
+    pub struct ConditionError;
+}
+
 /// A compiled condition: its source, the metered expression evaluated, and what
 /// of a response it reads, shared by the waits that hold the same text.
 #[derive(Clone)]
@@ -246,20 +252,20 @@ impl Condition {
     /// Parses and checks `source`; the error is a sentence with the position. Runs
     /// on the CPU pool (waiting for it when called from another thread), whose
     /// stack is sized for the parser's recursion.
-    pub fn compile(source: &str) -> Result<Condition, String> {
+    pub fn compile(source: &str) -> Result<Condition, ConditionError> {
         if crate::cpu::on_pool_thread() {
             return Condition::compile_here(source);
         }
         let source = source.to_string();
         crate::cpu::pool()
             .run_blocking(move || Condition::compile_here(&source))
-            .unwrap_or_else(|lost| Err(format!("could not be parsed: {lost}")))
+            .unwrap_or_else(|lost| Err(format!("could not be parsed: {lost}").into()))
     }
 
     /// [`Condition::compile`] on the calling thread, whatever its stack: for tests
     /// that measure what the parse needs.
     #[doc(hidden)]
-    pub fn compile_here(source: &str) -> Result<Condition, String> {
+    pub fn compile_here(source: &str) -> Result<Condition, ConditionError> {
         let mut expr = super::cel::check::parse_checked(source, &[], true)?;
         let mut reads = Reads::default();
         collect_reads(&expr, &mut reads);
@@ -304,7 +310,7 @@ impl Condition {
     /// [`Condition::compile`], sharing the compiled form with every other held
     /// wait whose expression is the same text (thousands of waits from one preset
     /// hold one tree).
-    pub fn compile_shared(source: &str) -> Result<Condition, String> {
+    pub fn compile_shared(source: &str) -> Result<Condition, ConditionError> {
         static SHARED: LazyLock<Mutex<HashMap<String, Weak<Compiled>>>> =
             LazyLock::new(Mutex::default);
         let lock = || SHARED.lock().unwrap_or_else(|p| p.into_inner());
@@ -387,7 +393,7 @@ pub fn evaluate_any(
     variables: Vec<(String, cel::Value)>,
 ) -> Result<cel::Value, String> {
     let names: Vec<String> = variables.iter().map(|(n, _)| n.clone()).collect();
-    let mut expr = super::cel::check::parse_checked(source, &names, false)?;
+    let mut expr = super::cel::check::parse_checked(source, &names, false).map_err(|e| e.0)?;
     super::cel::meter::meter(&mut expr);
     let mut context = Context::with_env(Arc::clone(&super::cel::ENV));
     let body: Box<dyn Val> = match body {

@@ -9,32 +9,46 @@ use std::time::Duration;
 /// Parses `"1h30m"`, `"250ms"`, `"0s"`. Units: `ms`, `s`, `m`, `h`, `d`. Nothing
 /// else, not even spaces around it: the grammar is exactly
 /// [`super::schema::DURATION_PATTERN`], which the OpenAPI document gives.
-pub fn parse(text: &str) -> Result<Duration, String> {
+pub fn parse(text: &str) -> Result<Duration, DurationError> {
     parse_within(text, false)
+}
+
+/// Why a text is not a duration; the text shown is cut to 40 characters.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("is empty; write a duration such as \"30s\", \"5m\" or \"1h30m\"")]
+    Empty,
+    #[error(
+        "\"{0}\" is not a duration; write a whole number with a unit, such as \"30s\", \"5m\" or \"1h30m\""
+    )]
+    NotANumber(String),
+    #[error("\"{0}\" is too long a duration")]
+    TooLong(String),
+    #[error("\"{0}\" has a number without a unit; add one of ms, s, m, h, d (e.g. \"30s\")")]
+    NoUnit(String),
+    #[error("\"{text}\" has an unknown unit \"{unit}\"; use ms, s, m, h or d")]
+    UnknownUnit { text: String, unit: String },
 }
 
 /// Like [`parse`], but a duration too long to count (past 584 million years) is
 /// [`Duration::MAX`] rather than an error: for "hold at most this long", where any
 /// such length means "as long as it takes".
-pub fn parse_saturating(text: &str) -> Result<Duration, String> {
+pub fn parse_saturating(text: &str) -> Result<Duration, DurationError> {
     parse_within(text, true)
 }
 
-fn parse_within(text: &str, saturate: bool) -> Result<Duration, String> {
+fn parse_within(text: &str, saturate: bool) -> Result<Duration, DurationError> {
     let s = text;
     if s.is_empty() {
-        return Err("is empty; write a duration such as \"30s\", \"5m\" or \"1h30m\"".into());
+        return Err(DurationError::Empty);
     }
-    let too_long = || format!("\"{}\" is too long a duration", truncate(text));
+    let too_long = || DurationError::TooLong(truncate(text));
     let mut total: u128 = 0;
     let mut rest = s;
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
-            return Err(format!(
-                "\"{}\" is not a duration; write a whole number with a unit, such as \"30s\", \"5m\" or \"1h30m\"",
-                truncate(text)
-            ));
+            return Err(DurationError::NotANumber(truncate(text)));
         }
         let number: u128 = match rest[..digits].parse() {
             Ok(n) => n,
@@ -52,17 +66,13 @@ fn parse_within(text: &str, saturate: bool) -> Result<Duration, String> {
             "h" => 3_600_000,
             "d" => 86_400_000,
             "" => {
-                return Err(format!(
-                    "\"{}\" has a number without a unit; add one of ms, s, m, h, d (e.g. \"30s\")",
-                    truncate(text)
-                ));
+                return Err(DurationError::NoUnit(truncate(text)));
             }
             other => {
-                return Err(format!(
-                    "\"{}\" has an unknown unit \"{}\"; use ms, s, m, h or d",
-                    truncate(text),
-                    truncate(other)
-                ));
+                return Err(DurationError::UnknownUnit {
+                    text: truncate(text),
+                    unit: truncate(other),
+                });
             }
         };
         total = number.saturating_mul(millis_per).saturating_add(total);
@@ -125,7 +135,7 @@ mod tests {
     #[test]
     fn a_duration_past_what_can_be_counted_saturates_only_when_asked() {
         let huge = "99999999999999999999999999999999999999999d";
-        assert!(parse(huge).unwrap_err().contains("too long"));
+        assert!(parse(huge).unwrap_err().to_string().contains("too long"));
         assert_eq!(parse_saturating(huge), Ok(Duration::MAX));
         assert!(
             parse_saturating("5y").is_err(),
@@ -160,11 +170,16 @@ mod tests {
             "1x",
             "99999999999999999999999h",
         ] {
-            let err = parse(bad).unwrap_err();
+            let err = parse(bad).unwrap_err().to_string();
             assert!(!err.is_empty(), "{bad}");
         }
-        assert!(parse("5").unwrap_err().contains("unit"));
-        assert!(parse("1x").unwrap_err().contains("unknown unit"));
+        assert!(parse("5").unwrap_err().to_string().contains("unit"));
+        assert!(
+            parse("1x")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
     }
 
     #[test]

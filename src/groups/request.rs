@@ -36,8 +36,20 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
     }
 }
 
+/// Reads a group request whose members may name presets of `presets`; a member's
+/// preset refused is [`Refusal::Expand`] with the preset's field errors.
+pub fn parse_with_presets(
+    body: &Value,
+    limits: &Limits,
+    presets: &crate::presets::Registry,
+) -> Result<GroupRequest, Refusal<Vec<FieldError>>> {
+    parse(body, limits, &|v: &Value| {
+        presets.apply(v).map(std::borrow::Cow::into_owned)
+    })
+}
+
 /// Reads a group request. `expand` turns a member's preset request into a wait
-/// request (the API's preset expansion).
+/// request (a preset's expansion).
 pub fn parse<E>(
     body: &Value,
     limits: &Limits,

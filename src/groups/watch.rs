@@ -393,6 +393,9 @@ pub async fn run(store: Groups, bus: Bus, metrics: Arc<Metrics>, stop: impl Futu
     }
     listener.abort();
     writer.abort();
+    // Both are gone before this returns, so none outlives the store it uses.
+    let _ = listener.await;
+    let _ = writer.await;
 }
 
 async fn round(

@@ -40,8 +40,8 @@ pub use message::{payload, sign};
 use crate::bus::Bus;
 use crate::metrics::Metrics;
 use crate::outbound::Client;
+use crate::signals::Signals;
 use crate::store::{Outbox, Outcome};
-use crate::worker::Signals;
 
 /// The loop looks for due deliveries at least this often (another replica's
 /// retries, a missed notice).
@@ -76,7 +76,7 @@ pub struct Deliverer {
     /// inserted ring the [`doorbell`] instead).
     pub wake: Arc<Notify>,
     /// Where each attempt's written outcome is reported (see
-    /// [`crate::worker::Signal::Attempted`]).
+    /// [`crate::signals::Signal::Attempted`]).
     pub signals: Signals,
 }
 
@@ -101,6 +101,7 @@ impl Deliverer {
         let me = Arc::new(Running { d: self, writes });
         claim::run(me, client, bell, stop).await;
         relay.abort();
+        let _ = relay.await;
         // The last outcomes are written before the store closes (once every sender
         // is gone, which the loop's end made so).
         let _ = written.await;

@@ -7,8 +7,8 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::model::DeliveryStatus;
+use crate::signals::{Signal, Signals};
 use crate::store::{Outbox, Outcome};
-use crate::worker::{Signal, Signals};
 
 /// Outcomes written in one transaction at most.
 pub const WRITE_BATCH: usize = 256;

@@ -84,7 +84,7 @@ impl Client {
     /// there are any, and presents `tls.identity` when the server asks for a
     /// client certificate. Building it is CPU work: [`super::TlsClients`] makes
     /// one per distinct setting.
-    pub fn with_tls(&self, tls: &TlsSettings) -> Result<Client, String> {
+    pub fn with_tls(&self, tls: &TlsSettings) -> Result<Client, TlsError> {
         let config = tls_config(Some(tls))?;
         Ok(
             Client::build(self.guard.clone(), self.resolver.clone(), config)
@@ -157,24 +157,17 @@ impl Client {
     }
 }
 
-/// The process's crypto provider: ring's, installed as the process default if
-/// none is. Certificates and keys are checked with it where they are given
-/// (`target.tls`), as the client that uses them will.
-pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    // Another part of the process may have installed a provider first; either way
-    // one is installed afterwards.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    rustls::crypto::CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
+sentence_error! {
+    /// Why rustls cannot take a client's TLS settings.
+    pub struct TlsError;
 }
 
 /// rustls with the process's crypto provider and the platform's verifier, as
 /// reqwest's rustls client has it; or, with `own` authorities, a verifier that
 /// trusts exactly those; and `own` client certificate, if any.
-fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, String> {
-    let why = |e: rustls::Error| error_chain(&e);
-    let provider = crypto_provider();
+fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, TlsError> {
+    let why = |e: rustls::Error| TlsError(error_chain(&e));
+    let provider = crate::engine::spec::tls::crypto_provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(why)?;
@@ -189,7 +182,7 @@ fn tls_config(own: Option<&TlsSettings>) -> Result<rustls::ClientConfig, String>
                 provider,
             )
             .build()
-            .map_err(|e| error_chain(&e))?;
+            .map_err(|e| TlsError(error_chain(&e)))?;
             builder.with_webpki_verifier(verifier)
         }
         None => {

@@ -92,12 +92,17 @@ enum Place {
     },
 }
 
+sentence_error! {
+    /// Why one credential of the file is refused; the sentence follows its name.
+    struct EntryError;
+}
+
 impl Place {
     /// Reads one entry of `hosts`.
-    fn parse(entry: &str) -> Result<Place, String> {
+    fn parse(entry: &str) -> Result<Place, EntryError> {
         let shape = "is a host (api.example.com), a host and port (api.example.com:8443) or a URL prefix (https://api.example.com/v1/)";
         if entry.is_empty() || entry.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(format!("{shape}, with no whitespace"));
+            return Err(format!("{shape}, with no whitespace").into());
         }
         if entry.contains("://") {
             let url = url::Url::parse(entry).map_err(|e| format!("{shape} ({e})"))?;
@@ -110,7 +115,7 @@ impl Place {
             {
                 return Err(format!(
                     "{shape}: an http or https URL with a host, and no credentials, query or fragment"
-                ));
+                ).into());
             }
             return Ok(Place::Prefix {
                 scheme: url.scheme().to_string(),
@@ -120,7 +125,7 @@ impl Place {
             });
         }
         if entry.contains(['/', '@', '?', '#', '\\']) {
-            return Err(shape.to_string());
+            return Err(shape.into());
         }
         // The port as given (a URL forgets its scheme's own).
         let (host, port) = match entry.rsplit_once(':') {
@@ -134,7 +139,7 @@ impl Place {
             url::Url::parse(&format!("https://{host}/")).map_err(|e| format!("{shape} ({e})"))?;
         let host = url.host_str().unwrap_or_default();
         if host.is_empty() || url.port().is_some() {
-            return Err(shape.to_string());
+            return Err(shape.into());
         }
         Ok(Place::Host {
             host: host.to_string(),
@@ -388,7 +393,7 @@ impl Credentials {
 }
 
 impl Held {
-    async fn of(name: &str, e: Entry) -> Result<Held, String> {
+    async fn of(name: &str, e: Entry) -> Result<Held, EntryError> {
         if !is_credential_name(name) {
             return Err("a name is 1 to 64 of letters, digits, '_', '.' and '-'".into());
         }
@@ -405,13 +410,13 @@ impl Held {
             return Err(format!(
                 "tenants[{i}] is not a tenant name (1 to {} of letters, digits, '.', '_' and '-') nor \"*\"",
                 crate::tokens::MAX_TENANT
-            ));
+            ).into());
         }
         let tenants = (!e.tenants.iter().any(|t| t == "*")).then_some(e.tenants);
         if e.hosts.is_empty() || e.hosts.len() > MAX_HOSTS {
             return Err(format!(
                 "\"hosts\" names the hosts (or URL prefixes) its token may be sent to: 1 to {MAX_HOSTS} of them"
-            ));
+            ).into());
         }
         let hosts = e
             .hosts
@@ -494,7 +499,8 @@ impl Held {
                 return Err(format!(
                     "\"kind\" is \"{}\"; it is \"bearer_file\" or \"oauth2\"",
                     other.escape_debug()
-                ));
+                )
+                .into());
             }
         };
         Ok(Held {
@@ -550,13 +556,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    async fn load(doc: serde_json::Value) -> Result<Credentials, String> {
+    async fn load(doc: serde_json::Value) -> Result<Credentials, SettingError> {
         let dir =
             std::env::temp_dir().join(format!("waitd-creds-{}", uuid::Uuid::now_v7().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.json");
         std::fs::write(&path, doc.to_string()).unwrap();
-        let out = Credentials::load(Some(&path)).await.map_err(|e| e.0);
+        let out = Credentials::load(Some(&path)).await;
         let _ = std::fs::remove_dir_all(&dir);
         out
     }

@@ -61,7 +61,7 @@ pub enum Error {
     #[error("the {peer} did not answer within {}", crate::engine::duration::format(*within))]
     Timeout { peer: Peer, within: Duration },
     /// The answer's body is larger than what is read of it.
-    #[error("the response body exceeded the {} limit", format_size(*max))]
+    #[error("the response body exceeded the {} limit", crate::engine::bound::format_size(*max))]
     TooLarge { max: usize },
 }
 
@@ -97,21 +97,6 @@ impl Error {
         } else {
             Error::Failed { peer, cause }
         }
-    }
-}
-
-/// "1 MiB", "64 KiB", "100 bytes".
-pub fn format_size(bytes: usize) -> String {
-    const KIB: usize = 1024;
-    const MIB: usize = 1024 * 1024;
-    if bytes >= MIB && bytes.is_multiple_of(MIB) {
-        format!("{} MiB", bytes / MIB)
-    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
-        format!("{} KiB", bytes / KIB)
-    } else if bytes == 1 {
-        "1 byte".to_string()
-    } else {
-        format!("{bytes} bytes")
     }
 }
 
@@ -247,13 +232,5 @@ mod tests {
         );
         assert!(!big.is_transient());
         assert!(!Error::Invalid("no".into()).is_transient());
-    }
-
-    #[test]
-    fn sizes_read_as_a_person_writes_them() {
-        assert_eq!(format_size(1024 * 1024), "1 MiB");
-        assert_eq!(format_size(64 * 1024), "64 KiB");
-        assert_eq!(format_size(100), "100 bytes");
-        assert_eq!(format_size(1500), "1500 bytes");
     }
 }

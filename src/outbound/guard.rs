@@ -176,20 +176,16 @@ impl Guard {
 }
 
 fn parse_rule(entry: &str) -> Result<Rule, SettingError> {
-    parse_rule_text(entry).map_err(SettingError)
-}
-
-fn parse_rule_text(entry: &str) -> Result<Rule, String> {
     let e = entry.to_ascii_lowercase();
     if e.contains("://") {
         return Err(format!(
             "\"{entry}\" in --allow-targets is a URL; list its host name instead (e.g. api.internal)"
-        ));
+        ).into());
     }
     if e == "*" || e == "*." {
         return Err(format!(
             "\"{entry}\" in --allow-targets would open every host; list hosts, *.suffixes, addresses or ranges (0.0.0.0/0 and ::/0 open every address)"
-        ));
+        ).into());
     }
     if let Some((addr, prefix)) = e.split_once('/') {
         let addr = addr.trim_start_matches('[').trim_end_matches(']');
@@ -205,7 +201,7 @@ fn parse_rule_text(entry: &str) -> Result<Rule, String> {
             return Err(format!(
                 "\"{entry}\" in --allow-targets has a prefix length of {prefix}; an IPv{} range allows at most {max}",
                 if addr.is_ipv4() { 4 } else { 6 }
-            ));
+            ).into());
         }
         return Ok(Rule::Net(net(addr, prefix)));
     }
@@ -226,8 +222,8 @@ fn parse_rule_text(entry: &str) -> Result<Rule, String> {
             }
             Ok(_) => Err(format!(
                 "\"{entry}\" in --allow-targets puts a wildcard before an address; a *.suffix needs a domain name"
-            )),
-            Err(_) => Err(not_a_host()),
+            ).into()),
+            Err(_) => Err(not_a_host().into()),
         };
     }
     // The WHATWG host parser, as `url` applies it to http URLs: it turns the odd IPv4
@@ -239,7 +235,7 @@ fn parse_rule_text(entry: &str) -> Result<Rule, String> {
         }
         Ok(Host::Ipv4(ip)) => Ok(Rule::Net(net(IpAddr::V4(ip), 32))),
         Ok(Host::Ipv6(ip)) => Ok(Rule::Net(net(IpAddr::V6(ip), 128))),
-        _ => Err(not_a_host()),
+        _ => Err(not_a_host().into()),
     }
 }
 

@@ -31,9 +31,9 @@ mod tls;
 pub mod token;
 
 pub use client::{
-    Body, Client, MAX_RETRY_AFTER, USER_AGENT, crypto_provider, drain, read_body, retry_after,
+    Body, Client, MAX_RETRY_AFTER, TlsError, USER_AGENT, drain, read_body, retry_after,
 };
-pub use error::{Error, Peer, error_chain, format_size};
+pub use error::{Error, Peer, error_chain};
 pub use guard::{Guard, GuardedResolver, ResolveError};
 pub use slots::{Full, KeyedSlots, Slot};
 pub use tls::{TlsClient, TlsClients, TlsDigest, TlsSettings};

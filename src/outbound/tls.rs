@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 
-use super::client::Client;
+use super::client::{Client, TlsError};
 
 /// TLS settings of one's own, as [`Client::with_tls`] takes them.
 pub struct TlsSettings {
@@ -117,7 +117,7 @@ impl TlsClients {
 
     /// The client of `settings`: the one held already, or a new one. The error
     /// says why rustls cannot take the settings.
-    pub fn client(&self, settings: &TlsSettings) -> Result<Arc<TlsClient>, String> {
+    pub fn client(&self, settings: &TlsSettings) -> Result<Arc<TlsClient>, TlsError> {
         let digest = settings.digest();
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(found) = clients.get(&digest).and_then(Weak::upgrade) {

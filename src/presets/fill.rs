@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use super::{Param, ParamKind};
+use super::{Param, ParamKind, PresetError};
 
 pub(super) fn is_param_name(s: &str) -> bool {
     let mut bytes = s.bytes();
@@ -17,14 +17,19 @@ pub(super) fn is_param_name(s: &str) -> bool {
         && s.len() <= 64
 }
 
+sentence_error! {
+    /// Why a value does not fit a parameter; it completes the sentence "params.x …".
+    pub struct ParamError;
+}
+
 /// Whether `value` is acceptable for a parameter of `kind`; the error completes the
 /// sentence "params.x …".
-pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
+pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), ParamError> {
     if value.chars().any(char::is_control) {
         return Err("has a control character, which no parameter may contain".into());
     }
     if value.len() > 2048 {
-        return Err(format!("is {} bytes long; the limit is 2048", value.len()));
+        return Err(format!("is {} bytes long; the limit is 2048", value.len()).into());
     }
     match kind {
         ParamKind::Segment => {
@@ -36,7 +41,7 @@ pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
             if !value.starts_with('/') || value.contains(['?', '#', ' ']) {
                 return Err(format!(
                     "must be an absolute path such as \"/apis/apps/v1/namespaces/default/deployments/web\" (starting with '/', without '?', '#' or spaces), not \"{value}\""
-                ));
+                ).into());
             }
         }
         ParamKind::Status => {
@@ -45,14 +50,15 @@ pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
             {
                 return Err(format!(
                     "must be an HTTP status code from 100 to 599, such as \"200\", not \"{value}\""
-                ));
+                )
+                .into());
             }
         }
         ParamKind::Duration => {
             if !is_cel_duration(value) {
                 return Err(format!(
                     "must be a duration such as \"5m\", \"90s\" or \"1h30m\" (numbers with units h, m, s, ms, us or ns, at most 2,562,047h, about 292 years), not \"{value}\""
-                ));
+                ).into());
             }
         }
         ParamKind::BaseUrl | ParamKind::Url => {
@@ -60,9 +66,9 @@ pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
                 format!("is not an absolute URL ({e}); write e.g. \"https://api.example.com\"")
             })?;
             if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-                return Err(format!(
-                    "must be an http or https URL with a host, not \"{value}\""
-                ));
+                return Err(
+                    format!("must be an http or https URL with a host, not \"{value}\"").into(),
+                );
             }
             if !url.username().is_empty() || url.password().is_some() {
                 return Err("carries credentials; put them in target.headers instead".into());
@@ -245,7 +251,7 @@ fn parse_template(s: &str) -> Result<Vec<Part<'_>>, String> {
     Ok(parts)
 }
 
-pub(super) fn collect_placeholders(v: &Value, out: &mut Vec<String>) -> Result<(), String> {
+pub(super) fn collect_placeholders(v: &Value, out: &mut Vec<String>) -> Result<(), PresetError> {
     match v {
         Value::String(s) => {
             for part in parse_template(s)? {

@@ -311,10 +311,17 @@ impl Target {
     }
 }
 
+sentence_error! {
+    /// Why a wait's target cannot be polled (a URL that does not parse, a header
+    /// that is not a valid header, TLS settings rustls refuses): the observation
+    /// every probe of it makes.
+    pub struct TargetError;
+}
+
 /// The spec's target URL, parsed; the error is the observation a probe of it makes.
-pub fn target_url(spec: &Spec) -> Result<url::Url, String> {
+pub fn target_url(spec: &Spec) -> Result<url::Url, TargetError> {
     url::Url::parse(&spec.target.url)
-        .map_err(|e| format!("the target URL is not a valid absolute URL ({e})"))
+        .map_err(|e| format!("the target URL is not a valid absolute URL ({e})").into())
 }
 
 impl Prober {
@@ -382,7 +389,7 @@ impl Prober {
         // A single probe shares with nothing: it sends its own request.
         let target = match self.make_target(spec, Arc::from(crate::cpu::SYSTEM), false) {
             Ok(target) => target,
-            Err(error) => return Observation::Permanent { error },
+            Err(error) => return Observation::Permanent { error: error.0 },
         };
         loop {
             match self
@@ -404,12 +411,12 @@ impl Prober {
     /// The spec's target, made once for a wait polled many times; the error is the
     /// observation every probe of it makes (a URL that does not parse, a header
     /// that is not a valid header).
-    pub fn target(&self, spec: &Spec) -> Result<Target, String> {
+    pub fn target(&self, spec: &Spec) -> Result<Target, TargetError> {
         self.target_of(spec, Arc::from(crate::cpu::SYSTEM))
     }
 
     /// [`Prober::target`] of a wait of `tenant`.
-    pub fn target_of(&self, spec: &Spec, tenant: Arc<str>) -> Result<Target, String> {
+    pub fn target_of(&self, spec: &Spec, tenant: Arc<str>) -> Result<Target, TargetError> {
         self.make_target(spec, tenant, true)
     }
 

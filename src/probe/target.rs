@@ -8,7 +8,7 @@ use http::Uri;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use super::{Came, Prober, Target, share, target_url};
+use super::{Came, Prober, Target, TargetError, share, target_url};
 use crate::engine::Spec;
 use crate::engine::spec::Auth;
 use crate::outbound::TlsSettings;
@@ -20,7 +20,7 @@ impl Prober {
         spec: &Spec,
         tenant: Arc<str>,
         shareable: bool,
-    ) -> Result<Target, String> {
+    ) -> Result<Target, TargetError> {
         let url = target_url(spec)?;
         let uri: Uri = url
             .as_str()
@@ -37,13 +37,14 @@ impl Prober {
             let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
                 return Err(format!(
                     "the target header name \"{name}\" is not a valid header name"
-                ));
+                )
+                .into());
             };
             let Ok(mut value) = HeaderValue::from_str(value) else {
                 // Never echo the value: it may be a secret.
                 return Err(format!(
                     "the value of the target header {name} is not a valid header value (printable ASCII only)"
-                ));
+                ).into());
             };
             value.set_sensitive(true);
             headers.insert(name, value);
@@ -92,7 +93,12 @@ impl Prober {
                     roots: own.roots().map_err(unusable)?,
                     identity: own.identity().map_err(unusable)?,
                 };
-                Some(self.inner.tls.client(&settings).map_err(unusable)?)
+                Some(
+                    self.inner
+                        .tls
+                        .client(&settings)
+                        .map_err(|e| unusable(e.0))?,
+                )
             }
             None => match &granted_tls {
                 Some(settings) => Some(self.inner.tls.client(settings).map_err(|why| {

@@ -290,7 +290,7 @@ impl NewWait {
                 .seal(&spec.target.secrets())
                 .map_err(|why| StoreError::Decode {
                     what: "target headers",
-                    why,
+                    why: why.0,
                 })?,
             labels: to_json(&spec.labels, "labels")?,
             engine_json: to_json(&engine, "engine state")?,
@@ -438,7 +438,7 @@ impl NotifyRow {
                     .seal(&BTreeMap::from([("secret".to_string(), n.secret.clone())]))
                     .map_err(|why| StoreError::Decode {
                         what: "webhook secret",
-                        why,
+                        why: why.0,
                     })?;
                 Ok(NotifyRow {
                     endpoint: i as i32,

@@ -37,8 +37,13 @@ impl std::fmt::Debug for Cipher {
     }
 }
 
+sentence_error! {
+    /// Why values cannot be sealed, or their stored form opened.
+    pub struct SecretError;
+}
+
 impl Key {
-    fn parse(text: &str, name: &str) -> Result<Key, String> {
+    fn parse(text: &str, name: &str) -> Result<Key, crate::config::SettingError> {
         let bytes = hex_decode(text.trim())
             .filter(|b| b.len() == 32)
             .ok_or_else(|| format!("{name} must be 32 bytes written as 64 hex digits (e.g. from `openssl rand -hex 32`)"))?;
@@ -74,9 +79,9 @@ impl Cipher {
     }
 
     /// The stored form of the headers.
-    pub fn seal(&self, headers: &BTreeMap<String, String>) -> Result<Value, String> {
+    pub fn seal(&self, headers: &BTreeMap<String, String>) -> Result<Value, SecretError> {
         let Some(key) = &self.current else {
-            return serde_json::to_value(headers).map_err(|e| e.to_string());
+            return serde_json::to_value(headers).map_err(|e| e.to_string().into());
         };
         if headers.is_empty() {
             return Ok(json!({}));
@@ -93,10 +98,10 @@ impl Cipher {
     }
 
     /// The headers from their stored form.
-    pub fn open(&self, stored: &Value) -> Result<BTreeMap<String, String>, String> {
+    pub fn open(&self, stored: &Value) -> Result<BTreeMap<String, String>, SecretError> {
         if stored.get("sealed").is_none() {
             return serde_json::from_value(stored.clone())
-                .map_err(|e| format!("stored headers: {e}"));
+                .map_err(|e| format!("stored headers: {e}").into());
         }
         let kid = stored["key"].as_str().unwrap_or_default();
         let key = [&self.current, &self.previous]
@@ -122,7 +127,7 @@ impl Cipher {
                 "the sealed headers do not open with their key (damaged or tampered with)"
                     .to_string()
             })?;
-        serde_json::from_slice(&plain).map_err(|e| format!("sealed headers: {e}"))
+        serde_json::from_slice(&plain).map_err(|e| format!("sealed headers: {e}").into())
     }
 }
 

@@ -99,7 +99,7 @@ impl Traces {
     pub fn export_to(url: &str) -> Result<Traces, SettingError> {
         use opentelemetry_otlp::WithExportConfig as _;
         // The exporter's client is reqwest's, built with the process's provider.
-        crate::outbound::crypto_provider();
+        crate::engine::spec::tls::crypto_provider();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)

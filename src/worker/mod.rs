@@ -27,24 +27,23 @@ use uuid::Uuid;
 pub mod clock;
 mod guard;
 mod lease;
-pub mod live;
 mod poll;
-pub mod signal;
 #[cfg(test)]
 mod tests;
 mod timers;
 mod writes;
 
+use crate::bus::live::{self, Inbox, Question};
 use crate::bus::{Bus, BusMsg};
 use crate::engine::{EngineState, Spec};
 use crate::metrics::Metrics;
 use crate::probe::Prober;
+pub use crate::signals::{Signal, Signals};
 use crate::store::{
     Checkpoint, Claimed, Leases, MAX_CLAIMS, Progress, SlotToken, StoreError, WaitEpoch,
 };
 use clock::Clock;
 use lease::{Reconcile, Renewed, Sweep};
-pub use signal::{Signal, Signals};
 use writes::Written;
 
 #[derive(Clone, Debug)]
@@ -87,11 +86,11 @@ pub struct Worker {
     pub cfg: WorkerConfig,
     pub metrics: Arc<Metrics>,
     pub owner: Uuid,
-    /// What it reports as it works (see [`signal`]).
+    /// What it reports as it works (see [`crate::signals`]).
     pub signals: Signals,
     /// Reads asking for the progress of the waits it holds (see [`live`]); `None`:
     /// nobody asks.
-    pub live: Option<live::Inbox>,
+    pub live: Option<Inbox>,
 }
 
 /// How far ahead a claim takes unowned waits: a backlog due over the next minute
@@ -133,7 +132,7 @@ impl Phase {
 struct Held {
     spec: Arc<Spec>,
     /// The target as every poll needs it, made once rather than at every poll.
-    target: Result<Arc<crate::probe::Target>, String>,
+    target: Result<Arc<crate::probe::Target>, crate::probe::TargetError>,
     engine: EngineState,
     epoch: i64,
     next: DateTime<Utc>,
@@ -570,9 +569,9 @@ impl Loop {
     }
 
     /// The current progress of the asked waits this loop holds.
-    fn answer(&self, question: live::Question) {
+    fn answer(&self, question: Question) {
         let found = question
-            .ids
+            .ids()
             .iter()
             .filter_map(|id| {
                 let h = self.held.get(id)?;
@@ -587,7 +586,7 @@ impl Loop {
                 ))
             })
             .collect();
-        let _ = question.reply.send(found);
+        question.answer(found);
     }
 
     fn bus(&mut self, msg: Result<BusMsg, broadcast::error::RecvError>) {

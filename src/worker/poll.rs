@@ -52,7 +52,7 @@ impl Loop {
                     Ok(target) => {
                         Box::pin(w.prober.probe_memo(id, &spec, &target, &mut memo)).await
                     }
-                    Err(error) => Polled::Observed(Observation::Permanent { error }),
+                    Err(error) => Polled::Observed(Observation::Permanent { error: error.0 }),
                 }
             };
             let started = Instant::now();

@@ -7,7 +7,9 @@
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
 
-use crate::engine::condition::{FUNCTIONS, MAX_DEPTH, MAX_LEN, MAX_TREE, TYPES, VARIABLES};
+use crate::engine::condition::{
+    ConditionError, FUNCTIONS, MAX_DEPTH, MAX_LEN, MAX_TREE, TYPES, VARIABLES,
+};
 
 /// `source` parsed and checked: its size, its tree's depth, the names it uses
 /// (the variables, `variables` besides, the functions waitd provides) and, when
@@ -16,15 +18,12 @@ pub(in crate::engine) fn parse_checked(
     source: &str,
     variables: &[String],
     boolean: bool,
-) -> Result<IdedExpr, String> {
+) -> Result<IdedExpr, ConditionError> {
     if source.trim().is_empty() {
         return Err("is empty; write a CEL expression such as status == 200".into());
     }
     if source.len() > MAX_LEN {
-        return Err(format!(
-            "is {} bytes long; the limit is {MAX_LEN}",
-            source.len()
-        ));
+        return Err(format!("is {} bytes long; the limit is {MAX_LEN}", source.len()).into());
     }
     if source.contains('\0') {
         return Err("contains a NUL character (\\u0000), which waitd does not store".into());
@@ -32,14 +31,14 @@ pub(in crate::engine) fn parse_checked(
     // A chain past the limit is refused from its tokens, before the parse builds it.
     let least = super::chains::depth_at_least(source);
     if least > MAX_TREE {
-        return Err(too_deep(&format!("at least {least}")));
+        return Err(too_deep(&format!("at least {least}")).into());
     }
     let expr = parse(source)
         .ok_or("could not be parsed (the CEL parser failed on it)")?
         .map_err(|errors| parse_message(source, &errors))?;
     let depth = tree_depth(&expr);
     if depth > MAX_TREE {
-        return Err(too_deep(&depth.to_string()));
+        return Err(too_deep(&depth.to_string()).into());
     }
     let mut problems = Vec::new();
     check(&expr, &mut variables.to_vec(), &mut problems);
@@ -49,7 +48,7 @@ pub(in crate::engine) fn parse_checked(
         ));
     }
     if let Some(first) = problems.into_iter().next() {
-        return Err(first);
+        return Err(first.into());
     }
     Ok(expr)
 }

@@ -471,10 +471,10 @@ impl Spec {
 struct Errors(Vec<FieldError>);
 
 impl Errors {
-    fn push(&mut self, field: &str, message: impl Into<String>) {
+    fn push(&mut self, field: &str, message: impl std::fmt::Display) {
         self.0.push(FieldError {
             field: field.to_string(),
-            message: message.into(),
+            message: message.to_string(),
         });
     }
 

@@ -307,16 +307,18 @@ pub(super) fn check_url(
 /// would read `http:///x` as `http://x/`, `http:x` as `http://x/`, a backslash as a
 /// slash and drop tabs and newlines, so a URL could quietly mean another host than
 /// the one its author sees. Those forms are refused instead.
-fn check_url_text(s: &str) -> Result<(), String> {
+fn check_url_text(s: &str) -> Result<(), &'static str> {
     if let Some(b) = s.bytes().find(|b| *b <= 0x20 || *b == 0x7f) {
         return Err(if b == b' ' {
-            "contains a space; percent-encode it (%20)".to_string()
+            "contains a space; percent-encode it (%20)"
         } else {
-            "contains a control character (such as a tab, a newline or NUL); percent-encode it or remove it".to_string()
+            "contains a control character (such as a tab, a newline or NUL); percent-encode it or remove it"
         });
     }
     if s.contains('\\') {
-        return Err("contains a backslash, which URL parsers read as \"/\"; write %5C if you mean a backslash".into());
+        return Err(
+            "contains a backslash, which URL parsers read as \"/\"; write %5C if you mean a backslash",
+        );
     }
     let lower = s.to_ascii_lowercase();
     let Some(rest) = ["http:", "https:"]
@@ -327,13 +329,14 @@ fn check_url_text(s: &str) -> Result<(), String> {
         return Ok(());
     };
     let Some(after) = rest.strip_prefix("//") else {
-        return Err("must start with http:// or https:// followed by the host, e.g. \"https://api.example.com/servers/1\"".into());
+        return Err(
+            "must start with http:// or https:// followed by the host, e.g. \"https://api.example.com/servers/1\"",
+        );
     };
     let authority = after.split(['/', '?', '#']).next().unwrap_or("");
     if authority.is_empty() {
         return Err(
-            "has no host: after \"://\" comes the host, e.g. \"https://api.example.com/servers/1\""
-                .into(),
+            "has no host: after \"://\" comes the host, e.g. \"https://api.example.com/servers/1\"",
         );
     }
     Ok(())

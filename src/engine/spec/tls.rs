@@ -6,6 +6,8 @@
 //! PEM is read by rustls-pki-types (through rustls's re-export); certificates and keys are checked by rustls
 //! with the process's crypto provider, as the client that uses them will.
 
+use std::sync::Arc;
+
 use rustls::pki_types::pem::{self, PemObject, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::ParsedCertificate;
@@ -112,7 +114,7 @@ pub(super) fn parse_tls(v: Option<&Value>, url: Option<&str>, errs: &mut Errors)
                     format!(
                         "is {} bytes long; the limit is {}",
                         s.len(),
-                        crate::outbound::format_size(MAX_PEM_LEN)
+                        crate::engine::bound::format_size(MAX_PEM_LEN)
                     ),
                 );
                 None
@@ -220,10 +222,7 @@ fn check_identity(cert: &str, key: &str, errs: &mut Errors) {
         Ok(key) => key,
         Err(why) => return errs.push(KEY, why),
     };
-    let signer = match crate::outbound::crypto_provider()
-        .key_provider
-        .load_private_key(key)
-    {
+    let signer = match crypto_provider().key_provider.load_private_key(key) {
         Ok(signer) => signer,
         Err(_) => {
             return errs.push(
@@ -334,4 +333,16 @@ fn section_name(kind: SectionKind) -> &'static str {
         SectionKind::Csr => "a certificate request",
         _ => "a PEM block that is not a certificate",
     }
+}
+
+/// The process's crypto provider: ring's, installed as the process default if
+/// none is. Certificates and keys are checked with it where they are given
+/// (`target.tls`), as the client that uses them will.
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    // Another part of the process may have installed a provider first; either way
+    // one is installed afterwards.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
 }

@@ -94,7 +94,7 @@ pub fn read_answer(status: StatusCode, body: &[u8]) -> Result<Minted, TokenError
             return Err(TokenError::Refused(format!(
                 "the token endpoint issued a token of {} bytes; the limit is {}",
                 token.len(),
-                crate::outbound::format_size(MAX_TOKEN)
+                crate::engine::bound::format_size(MAX_TOKEN)
             )));
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {

@@ -426,7 +426,7 @@ impl Credential {
             Err(Error::TooLarge { .. }) => {
                 return Err(TokenError::Refused(format!(
                     "the token endpoint's answer ({status}) is larger than {}, which no token answer is",
-                    super::format_size(MAX_ANSWER)
+                    crate::engine::bound::format_size(MAX_ANSWER)
                 )));
             }
             Err(e) => return Err(failed(e)),

@@ -197,7 +197,7 @@ impl Leases {
         let mut spec: Spec =
             serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
         spec.target
-            .restore_secrets(self.core.cipher.open(&row.headers.0)?);
+            .restore_secrets(self.core.cipher.open(&row.headers.0).map_err(|e| e.0)?);
         let mut engine: EngineState = serde_json::from_value(row.engine.0.clone())
             .map_err(|e| format!("engine state: {e}"))?;
         // A group's deadline may have capped the wait's since its engine began.

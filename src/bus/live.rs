@@ -1,5 +1,8 @@
 //! Reads of a wait's progress from the replica that polls it.
 //!
+//! The API holds the asking side ([`Live`]), the worker the answering side
+//! ([`Inbox`]): the two meet here, and neither imports the other.
+//!
 //! A quiet wait's `polls`, `retries` and `next_poll_at` reach the store only with
 //! its checkpoints (up to ten lease TTLs apart, design §6.4), so the row alone can
 //! show a running wait as if it had stopped. The worker holds the current figures in
@@ -31,9 +34,23 @@ pub struct Progress {
     pub last_poll: Option<crate::model::LastPoll>,
 }
 
-pub(super) struct Question {
-    pub(super) ids: Vec<Uuid>,
-    pub(super) reply: oneshot::Sender<HashMap<Uuid, Progress>>,
+/// One read's question: the waits it asks about, and where the answer goes.
+#[derive(Debug)]
+pub struct Question {
+    ids: Vec<Uuid>,
+    reply: oneshot::Sender<HashMap<Uuid, Progress>>,
+}
+
+impl Question {
+    /// The waits asked about.
+    pub fn ids(&self) -> &[Uuid] {
+        &self.ids
+    }
+
+    /// Answers with the progress of those of them the worker holds.
+    pub fn answer(self, found: HashMap<Uuid, Progress>) {
+        let _ = self.reply.send(found);
+    }
 }
 
 /// The API's side: cheap to clone.
@@ -45,7 +62,7 @@ pub struct Live {
 /// The worker's side, taken by its loop.
 #[derive(Debug)]
 pub struct Inbox {
-    pub(super) rx: mpsc::Receiver<Question>,
+    rx: mpsc::Receiver<Question>,
 }
 
 pub fn channel() -> (Live, Inbox) {
@@ -54,7 +71,7 @@ pub fn channel() -> (Live, Inbox) {
 }
 
 /// The next question, for the loop's `select!`; never, without an inbox.
-pub(super) async fn next(inbox: &mut Option<Inbox>) -> Option<Question> {
+pub async fn next(inbox: &mut Option<Inbox>) -> Option<Question> {
     match inbox {
         Some(inbox) => inbox.rx.recv().await,
         None => std::future::pending().await,

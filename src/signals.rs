@@ -5,6 +5,10 @@
 //! deleted, the API tokens were reloaded (or refused), a blocked request holds on
 //! a wait.
 //!
+//! It sits below every part that sends or hears a signal (the worker, the
+//! deliverer, the sweep, the token watcher, the API), so none of them imports
+//! another for it.
+//!
 //! The channel exists only with the `test-signals` feature (and in this crate's own
 //! tests): a build without it has no sender, and every send is a branch on `None`.
 //! A signal is sent after the loop has taken in what it reports, so a test that
@@ -14,7 +18,7 @@ use uuid::Uuid;
 
 use crate::model::DeliveryStatus;
 
-/// One thing the worker or the deliverer did.
+/// One thing the worker, the deliverer, the sweep, the token watcher or the API did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Signal {
     /// A claim came back with these waits, now held.
@@ -50,7 +54,7 @@ pub enum Signal {
     Holding(Uuid),
 }
 
-/// Where the worker and the deliverer send their [`Signal`]s. Cloning is shallow; the default sends
+/// Where the parts send their [`Signal`]s. Cloning is shallow; the default sends
 /// nowhere.
 #[derive(Clone, Debug, Default)]
 pub struct Signals {
