@@ -305,7 +305,7 @@ pub struct Outbound {
     pub resolve: Vec<String>,
 
     /// A JSON file of credentials waits may name by `target.auth.credential`,
-    /// each for the tenants it lists (docs/design.md §3.2).
+    /// each for the tenants it lists (docs/engine.md §3.2).
     #[arg(display_order = 7, long, env = "WAITD_CREDENTIALS_FILE")]
     pub credentials_file: Option<std::path::PathBuf>,
 

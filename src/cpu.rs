@@ -4,7 +4,7 @@
 //! That work is parsing a request's expressions and paths when a wait is created,
 //! and reading a target's answer (its JSON, the state path, the conditions) at a
 //! poll. Each piece is bounded on its own (lengths, nesting, the evaluation
-//! budgets of docs/design.md §3.3 and §3.13); the pool bounds what they cost
+//! budgets of docs/engine.md §3.3 and §3.13); the pool bounds what they cost
 //! together:
 //!
 //! - **Bounded.** A fixed number of threads in each lane (below), so that such work

@@ -1,4 +1,4 @@
-//! Presets: named waiter definitions kept as data (docs/design.md §4), like botocore's
+//! Presets: named waiter definitions kept as data (docs/engine.md §4), like botocore's
 //! `waiters-2.json`.
 //!
 //! A preset is a JSON file under `presets/` (compiled in) or in the operator's

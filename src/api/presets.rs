@@ -1,5 +1,5 @@
 //! `/presets`: the named waiter definitions a request can use instead of spelling out
-//! every field (docs/design.md §4), and the expansion of a create request that names one.
+//! every field (docs/engine.md §4), and the expansion of a create request that names one.
 
 use std::borrow::Cow;
 

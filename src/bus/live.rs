@@ -4,7 +4,7 @@
 //! ([`Inbox`]): the two meet here, and neither imports the other.
 //!
 //! A quiet wait's `polls`, `retries` and `next_poll_at` reach the store only with
-//! its checkpoints (up to ten lease TTLs apart, design §6.4), so the row alone can
+//! its checkpoints (up to ten lease TTLs apart, docs/replicas.md §6.4), so the row alone can
 //! show a running wait as if it had stopped. The worker holds the current figures in
 //! memory; a read on the replica that holds the wait asks it for them. The channel
 //! is bounded and the answer awaited briefly: a busy loop or a flood of reads costs

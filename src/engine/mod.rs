@@ -247,7 +247,7 @@ impl EngineState {
 }
 
 /// A poll that was due and not sent, because the target asked for quiet (a
-/// pause, design §3.2). It is not an observation: it counts toward no poll, no
+/// pause, docs/engine.md §3.2). It is not an observation: it counts toward no poll, no
 /// retry and no run of bad observations, and changes no state. The wait shows
 /// the pause and polls again when it ends, or at its deadline, whichever comes
 /// first; a poll held back at or after the deadline ends the wait `timed_out`.

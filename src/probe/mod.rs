@@ -3,7 +3,7 @@
 //! The prober knows nothing of storage, scheduling or serving: it takes a [`Spec`],
 //! sends one request with one shared client (or the client of the wait's own TLS
 //! settings, shared by every wait of them), and classifies the answer exactly as
-//! docs/design.md §3.2 says:
+//! docs/engine.md §3.2 says:
 //!
 //! | answer | observation |
 //! |---|---|
@@ -131,7 +131,7 @@ pub enum StatusClass {
     Permanent,
 }
 
-/// The class of an HTTP status code (docs/design.md §3.2).
+/// The class of an HTTP status code (docs/engine.md §3.2).
 pub fn classify_status(status: u16) -> StatusClass {
     match status {
         200..=299 => StatusClass::Success,

@@ -176,7 +176,7 @@ pub(crate) struct NewWait {
 
 /// The placement of a wait of `tenant` polling `url`: a number the same for
 /// every wait of the tenant on that URL, so the replicas claim all of them on
-/// one replica (design §6.2) and their polls are shared. Only placement: which
+/// one replica (docs/replicas.md §6.2) and their polls are shared. Only placement: which
 /// waits share a request is decided byte for byte where they are held, so two
 /// requests that differ in a header share a placement and nothing else. No
 /// header value goes into it.

@@ -386,7 +386,7 @@ async fn a_wait_given_back_is_claimed_when_its_checkpointed_poll_comes_not_befor
 }
 
 /// On Postgres, a checkpoint of a held wait changes no indexed column, so it is a
-/// HOT update: no index entries, a fraction of the WAL (design §5.1). Adding an
+/// HOT update: no index entries, a fraction of the WAL (docs/store.md §5.1). Adding an
 /// index on a column a checkpoint writes would make every quiet poll cost about
 /// three times as much, and fails this.
 ///

@@ -1,5 +1,5 @@
 //! Slots: what a replica holds its waits through on Postgres, and only there
-//! (docs/design.md §6.2). A wait's `owner` names a slot; a replica holds slots, and a wait is
+//! (docs/replicas.md §6.2). A wait's `owner` names a slot; a replica holds slots, and a wait is
 //! its holder's. A wait enters one of its claimer's slots when first claimed,
 //! and stays in it: taking a dead replica's waits over is taking its slots
 //! (a few rows) and reading their waits, without writing one of them.
