@@ -36,6 +36,7 @@ mod groups;
 mod hostile_tenants;
 mod jsonpath_props;
 mod large_bodies;
+mod methods;
 mod oauth2;
 mod openapi;
 mod openapi_answers;

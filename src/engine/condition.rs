@@ -14,6 +14,7 @@
 //! | `headers` | lower-case header name → value; repeated headers joined with `", "` |
 //! | `state` | what the wait's `state` path yields (one value, a list for a JSONPath, the status for `@status`); `null` without one |
 //! | `now` | the time of the poll, which the evaluation is given ([`Vars::at`]) |
+//! | `elapsed` | the response time, a duration, which the evaluation is given ([`Vars::took`]) |
 //!
 //! ## The budget
 //!
@@ -51,8 +52,8 @@ use super::cel::check::children;
 use cel::Context;
 use cel::common::ast::{Expr, IdedExpr, operators};
 use cel::common::types::{
-    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelTimestamp,
-    CelUInt,
+    CelBool, CelDouble, CelDuration, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString,
+    CelTimestamp, CelUInt,
 };
 use cel::common::value::Val;
 use chrono::{DateTime, Utc};
@@ -69,7 +70,7 @@ pub const MAX_TREE: usize = 64;
 /// What one evaluation of a response's conditions may spend, in units.
 pub const BUDGET: u64 = 1_000_000;
 /// The variables an expression may name.
-pub const VARIABLES: [&str; 5] = ["body", "status", "headers", "state", "now"];
+pub const VARIABLES: [&str; 6] = ["body", "status", "headers", "state", "now", "elapsed"];
 
 /// The types an expression may name, as in `type(x) == int`.
 pub const TYPES: &[&str] = &[
@@ -183,6 +184,7 @@ struct Reads {
     headers: bool,
     state: bool,
     now: bool,
+    elapsed: bool,
 }
 
 /// The fields read under one JSON node: `whole` when the node itself is used as a
@@ -305,6 +307,12 @@ impl Condition {
     /// with time, so it is not remembered for the next same response.
     pub fn reads_now(&self) -> bool {
         self.expr.reads.now
+    }
+
+    /// Whether the expression names `elapsed`: the same response can come
+    /// faster or slower, so its answer is not remembered either.
+    pub fn reads_elapsed(&self) -> bool {
+        self.expr.reads.elapsed
     }
 
     /// [`Condition::compile`], sharing the compiled form with every other held
@@ -515,6 +523,15 @@ impl<'v> Vars<'v> {
             .add_variable_as_val("now", Box::new(CelTimestamp::from(now.fixed_offset())));
         self
     }
+
+    /// The variables with `elapsed`, how long the response took (without it, an
+    /// expression that names `elapsed` fails to evaluate).
+    pub fn took(mut self, elapsed: std::time::Duration) -> Vars<'v> {
+        let elapsed = chrono::Duration::from_std(elapsed).unwrap_or(chrono::Duration::MAX);
+        self.context
+            .add_variable_as_val("elapsed", Box::new(CelDuration::from(elapsed)));
+        self
+    }
 }
 
 /// `v` as CEL sees it, keeping of an object only the fields some of `fields` name
@@ -585,6 +602,7 @@ fn collect_reads(e: &IdedExpr, reads: &mut Reads) {
         Expr::Ident(n) if n == "headers" => reads.headers = true,
         Expr::Ident(n) if n == "state" => reads.state = true,
         Expr::Ident(n) if n == "now" => reads.now = true,
+        Expr::Ident(n) if n == "elapsed" => reads.elapsed = true,
         _ => children(e, |c| collect_reads(c, reads)),
     }
 }

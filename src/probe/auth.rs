@@ -50,7 +50,14 @@ impl Prober {
                 .fetch(wait, client, whose, request, read_body, kept)
                 .await;
         };
-        let (uri, headers) = (request.uri().clone(), request.headers().clone());
+        // The same request again, if the token is refused: its method, body and
+        // idempotency key too, as it is the same poll.
+        let (method, uri, headers, body) = (
+            request.method().clone(),
+            request.uri().clone(),
+            request.headers().clone(),
+            request.body().clone(),
+        );
         let bearer = match self.bearer_for(auth, minting).await {
             Ok(b) => b,
             Err(failed) => return failed,
@@ -75,7 +82,8 @@ impl Prober {
             Ok(b) => b,
             Err(failed) => return failed,
         };
-        let mut again = Request::new(request_body());
+        let mut again = Request::new(body);
+        *again.method_mut() = method;
         *again.uri_mut() = uri;
         *again.headers_mut() = headers;
         again.headers_mut().insert(AUTHORIZATION, bearer);
@@ -127,10 +135,6 @@ impl Prober {
             )
         })
     }
-}
-
-fn request_body() -> Body {
-    Body::new(bytes::Bytes::new())
 }
 
 /// What a poll observes when there is no token: a failure that may pass is

@@ -83,6 +83,7 @@ pub(super) fn remember(slot: &Slot, fetched: &Arc<Fetched>, budget: &Arc<Budget>
             status,
             headers,
             body: Some(Ok(body)),
+            ..
         }) if status.is_success() && body.len() <= MAX_KEPT_BODY => {
             let etag = headers.get(ETAG).cloned();
             let last_modified = headers

@@ -30,6 +30,7 @@
 mod auth;
 mod conditional;
 mod hosts;
+mod method;
 mod observe;
 mod pause;
 mod read;
@@ -53,7 +54,7 @@ use crate::outbound::rate::HostRate;
 use crate::outbound::token::Tokens;
 use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients};
 pub use pause::{Pause, asked as pause_asked};
-pub use read::{Memo, judge};
+pub use read::{Memo, judge, judge_took};
 use share::{Fetched, Response, Turn};
 
 pub use crate::outbound::guard;
@@ -237,6 +238,8 @@ pub struct Target {
     /// Where the token that goes with each request comes from, when the spec has
     /// `auth`.
     auth: Option<Bearer>,
+    /// The method and body of a request that is not a GET.
+    sent: Option<Box<method::Sent>>,
 }
 
 /// How a target's last poll got its response, in one byte: 0 before the first.
@@ -569,7 +572,8 @@ impl Prober {
             .map_or(&self.inner.client, TlsClient::client)
     }
 
-    /// The request of a target: a GET of its URI with its headers.
+    /// The request of a target: a GET of its URI with its headers, or its own
+    /// method and body with a new `Idempotency-Key`.
     fn request(&self, target: &Target) -> Request<Body> {
         let mut request = Request::new(Body::new(Bytes::new()));
         *request.method_mut() = Method::GET;
@@ -579,6 +583,9 @@ impl Prober {
             .as_deref()
             .unwrap_or(&self.inner.defaults)
             .clone();
+        if let Some(sent) = &target.sent {
+            method::apply(sent, &mut request);
+        }
         request
     }
 
@@ -597,8 +604,9 @@ impl Prober {
         let uri = request.uri().clone();
         let log_host = || uri.host().unwrap_or_default();
         // A response is kept only when its body was read, so only then can a
-        // `304` stand for it.
-        let previous = read_body.then(|| conditional::kept(kept)).flatten();
+        // `304` stand for it; and only a GET's.
+        let revalidate = read_body && request.method() == Method::GET;
+        let previous = revalidate.then(|| conditional::kept(kept)).flatten();
         if let Some(k) = &previous {
             k.condition(request.headers_mut());
         }
@@ -613,6 +621,7 @@ impl Prober {
         }
         let _slot = self.inner.hosts.acquire(whose.host.clone()).await;
         self.inner.shares.counts.sent.fetch_add(1, Relaxed);
+        let started = tokio::time::Instant::now();
         let exchange = async {
             let mut response = match client.send(request, Peer::Target).await {
                 Ok(r) => r,
@@ -666,6 +675,7 @@ impl Prober {
                 status: parts.status,
                 headers: parts.headers,
                 body,
+                elapsed: started.elapsed(),
             })
         };
         let fetched = match tokio::time::timeout(self.inner.timeout, exchange).await {
@@ -686,7 +696,7 @@ impl Prober {
             }
             (fetched, _) => {
                 let fetched = Arc::new(fetched);
-                if read_body {
+                if revalidate {
                     conditional::remember(kept, &fetched, &self.inner.kept);
                 }
                 (fetched, LastPoll::Sent)

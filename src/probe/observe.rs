@@ -94,6 +94,7 @@ impl Prober {
             needs_body,
             key,
             hit,
+            elapsed: response.elapsed,
         };
         // What a stranger's answer costs to read grows with its size and with the
         // wait's expressions: that goes to the CPU pool, in the tenant's turn; a

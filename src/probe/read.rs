@@ -28,6 +28,8 @@ pub(super) struct Answer {
     pub(super) key: Option<u64>,
     /// What the conditions decided on the same response before.
     pub(super) hit: Option<Memo>,
+    /// How long the response took, from sending the request to its last byte.
+    pub(super) elapsed: std::time::Duration,
 }
 
 impl Answer {
@@ -42,6 +44,7 @@ impl Answer {
             needs_body,
             key,
             hit,
+            elapsed,
         } = self;
         // A response the conditions already decided, and no state path to read:
         // the body need not even be parsed.
@@ -67,10 +70,13 @@ impl Answer {
             };
             return (obs, Some(Memo { reused: true, ..m }));
         }
-        let obs = judge(spec, status, &headers, parsed.as_ref(), base);
-        // A condition that reads `now` may decide the same response differently
-        // later, so its answer is not remembered.
-        let timeless = !spec.conditions().iter().any(|c| c.reads_now());
+        let obs = judge_took(spec, status, &headers, parsed.as_ref(), base, Some(elapsed));
+        // A condition that reads `now` or `elapsed` may decide the same response
+        // differently later, so its answer is not remembered.
+        let timeless = !spec
+            .conditions()
+            .iter()
+            .any(|c| c.reads_now() || c.reads_elapsed());
         let memo = match &obs {
             Observation::Judged {
                 failure, success, ..
@@ -191,6 +197,19 @@ pub fn judge(
     body: Option<&Value>,
     base: Observation,
 ) -> Observation {
+    judge_took(spec, status, headers, body, base, None)
+}
+
+/// [`judge`], with `elapsed`, how long the response took, for the conditions
+/// that read it.
+pub fn judge_took(
+    spec: &Spec,
+    status: u16,
+    headers: &BTreeMap<String, String>,
+    body: Option<&Value>,
+    base: Observation,
+    elapsed: Option<std::time::Duration>,
+) -> Observation {
     // `state` is what the state path yields: one value, the list a JSONPath
     // selects, or the status for `@status`.
     let conditions = spec.conditions();
@@ -210,8 +229,12 @@ pub fn judge(
         _ => None,
     };
     // `now` is the time of this poll: the engine is given it, never reads a clock.
-    let vars = condition::Vars::for_conditions(&conditions, body, status, headers, state.as_ref())
-        .at(chrono::Utc::now());
+    let mut vars =
+        condition::Vars::for_conditions(&conditions, body, status, headers, state.as_ref())
+            .at(chrono::Utc::now());
+    if let Some(elapsed) = elapsed {
+        vars = vars.took(elapsed);
+    }
     let mut budget = condition::Budget::default();
     let mut run =
         |name: &str, c: &Option<condition::Condition>| -> Result<Option<bool>, Observation> {

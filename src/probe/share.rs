@@ -55,6 +55,8 @@ pub(super) struct Response {
     /// observation a reader that needs the body makes (a body over the cap, a body
     /// that broke off).
     pub body: Option<Result<Bytes, Observation>>,
+    /// From sending the request to its last byte read.
+    pub elapsed: std::time::Duration,
 }
 
 /// A request begun for a group: when, and where its response arrives.

@@ -49,6 +49,7 @@ impl Prober {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        let own = super::method::sent(spec, &mut headers);
         // The defaults go under the target's own headers of the same name.
         let headers = (!headers.is_empty()).then(|| {
             for (name, value) in &self.inner.defaults {
@@ -125,7 +126,10 @@ impl Prober {
         // replica makes the same one and a pause can name it to the others.
         let pause: crate::bus::PauseKey =
             Sha256::digest(share::key(&tenant, &host, tls_digest, &sent)).into();
+        // A request with another method than GET changes something at the
+        // target, and each carries its own key: it is never shared.
         let group = (shareable
+            && own.is_none()
             && spec.target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())
@@ -149,6 +153,7 @@ impl Prober {
             came: Came::default(),
             minting: Default::default(),
             auth,
+            sent: own,
         })
     }
 }

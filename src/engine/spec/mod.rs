@@ -18,12 +18,14 @@ use super::path::ValuePath;
 use super::schema;
 
 mod auth;
+mod method;
 mod notify;
 mod schedule;
 mod target;
 pub mod tls;
 
 pub use auth::{Auth, ClientAuth, OAuth2, is_credential_name};
+pub use method::{MAX_BODY, Method, body_bytes, body_content_type};
 use notify::parse_notify;
 pub use notify::{MAX_NOTIFY, NOTIFY_EVENTS, Notify, secret_key};
 use schedule::{parse_poll, parse_retry};

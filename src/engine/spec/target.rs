@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::auth::{Auth, parse_auth};
+use super::method::{Method, parse_method};
 use super::schema;
 use super::tls::{Tls, parse_tls};
 use super::{Errors, Limits, REDACTED, opt, type_name};
@@ -23,6 +24,16 @@ pub struct Target {
     #[serde(default)]
     #[schema(value_type = Option<schema::Headers>)]
     pub headers: BTreeMap<String, String>,
+    /// The request method, default GET. Any other method sends a new
+    /// `Idempotency-Key` with each poll, and its polls are never shared.
+    #[serde(default, skip_serializing_if = "Method::is_get")]
+    pub method: Method,
+    /// The request body (at most 16 KiB), only with a method other than GET: a
+    /// string is sent as it is (`Content-Type: text/plain; charset=utf-8` unless
+    /// `headers` name one), any other JSON value as JSON (`application/json`).
+    /// It is shown back: keep secrets in `headers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
     /// Whether this wait's polls may be shared with the tenant's other waits that
     /// send the identical request (method, URL, every header, the same `tls`),
     /// default true;
@@ -130,7 +141,11 @@ pub(super) fn parse_target(
             return None;
         }
     };
-    errs.unknown(obj, "target", &["url", "headers", "share", "auth", "tls"]);
+    errs.unknown(
+        obj,
+        "target",
+        &["url", "headers", "method", "body", "share", "auth", "tls"],
+    );
     let share = match opt(obj, "share") {
         None => true,
         Some(Value::Bool(b)) => *b,
@@ -239,9 +254,12 @@ pub(super) fn parse_target(
         );
     }
     let tls = parse_tls(opt(obj, "tls"), url.as_deref(), errs);
+    let (method, body) = parse_method(obj, headers.keys().cloned(), errs);
     url.map(|url| Target {
         url,
         headers,
+        method,
+        body,
         share,
         auth,
         tls,
