@@ -49,6 +49,7 @@ mod security;
 mod shared_polls;
 mod shutdown;
 mod store_conformance;
+mod tcp_targets;
 mod tenant_pauses;
 mod timestamps;
 mod tls_targets;

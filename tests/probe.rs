@@ -733,12 +733,22 @@ fn public_targets_pass_check_url() {
 }
 
 #[test]
-fn only_http_and_https_targets_pass_check_url() {
+fn only_http_https_and_tcp_targets_pass_check_url() {
     let err = Guard::default()
         .check_url(&url("ftp://example.com/"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("only http and https"), "{err}");
+    assert!(err.contains("only http, https and tcp"), "{err}");
+    // A tcp:// host is opaque to the URL parser; an address in it is judged.
+    let err = Guard::default()
+        .check_url(&url("tcp://10.0.0.7:5432"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("10.0.0.7") || err.contains("private"), "{err}");
+    assert_eq!(
+        Guard::default().check_url(&url("tcp://db.example.com:5432")),
+        Ok(())
+    );
 }
 
 #[test]

@@ -15,6 +15,7 @@
 //! | `state` | what the wait's `state` path yields (one value, a list for a JSONPath, the status for `@status`); `null` without one |
 //! | `now` | the time of the poll, which the evaluation is given ([`Vars::at`]) |
 //! | `elapsed` | the response time, a duration, which the evaluation is given ([`Vars::took`]) |
+//! | `tcp` | a `tcp://` target's observation, a map ([`Vars::observed`]); `null` for others |
 //!
 //! ## The budget
 //!
@@ -70,7 +71,9 @@ pub const MAX_TREE: usize = 64;
 /// What one evaluation of a response's conditions may spend, in units.
 pub const BUDGET: u64 = 1_000_000;
 /// The variables an expression may name.
-pub const VARIABLES: [&str; 6] = ["body", "status", "headers", "state", "now", "elapsed"];
+pub const VARIABLES: [&str; 7] = [
+    "body", "status", "headers", "state", "now", "elapsed", "tcp",
+];
 
 /// The types an expression may name, as in `type(x) == int`.
 pub const TYPES: &[&str] = &[
@@ -185,6 +188,17 @@ struct Reads {
     state: bool,
     now: bool,
     elapsed: bool,
+}
+
+/// One field of the map an observation other than an HTTP response is to
+/// conditions (`tcp.connected`, `tcp.elapsed`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Field {
+    Bool(bool),
+    Int(i64),
+    Text(String),
+    Duration(std::time::Duration),
+    Null,
 }
 
 /// The fields read under one JSON node: `whole` when the node itself is used as a
@@ -513,6 +527,7 @@ impl<'v> Vars<'v> {
             _ => Box::new(CelNull),
         };
         context.add_variable_as_val("state", state);
+        context.add_variable_as_val("tcp", Box::new(CelNull));
         Vars { context }
     }
 
@@ -521,6 +536,29 @@ impl<'v> Vars<'v> {
     pub fn at(mut self, now: DateTime<Utc>) -> Vars<'v> {
         self.context
             .add_variable_as_val("now", Box::new(CelTimestamp::from(now.fixed_offset())));
+        self
+    }
+
+    /// The variables with the observation of a target kind, a map named after
+    /// it (`tcp`), in place of `null`.
+    pub fn observed(mut self, kind: &'static str, fields: &[(&'static str, Field)]) -> Vars<'v> {
+        let map: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = fields
+            .iter()
+            .map(|(name, value)| {
+                let value: Box<dyn Val + 'v> = match value {
+                    Field::Bool(b) => Box::new(CelBool::from(*b)),
+                    Field::Int(i) => Box::new(CelInt::from(*i)),
+                    Field::Text(t) => Box::new(CelString::from(t.clone())),
+                    Field::Duration(d) => Box::new(CelDuration::from(
+                        chrono::Duration::from_std(*d).unwrap_or(chrono::Duration::MAX),
+                    )),
+                    Field::Null => Box::new(CelNull),
+                };
+                (CelMapKey::from(*name), value)
+            })
+            .collect();
+        self.context
+            .add_variable_as_val(kind, Box::new(CelMap::from(map)));
         self
     }
 

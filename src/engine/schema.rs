@@ -27,6 +27,10 @@ pub const HEADER_NAME_PATTERN: &str = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$";
 pub const URL_PATTERN: &str =
     "^[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*$";
 
+/// What `target.url` looks like: an http or https URL as [`URL_PATTERN`], or
+/// `tcp://host:port`.
+pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|[Tt][Cc][Pp]://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?)$";
+
 fn limits() -> Limits {
     Limits::default()
 }
@@ -161,7 +165,7 @@ schema_type!(
 );
 
 schema_type!(
-    /// `target.url`: http or https.
+    /// An http or https URL: `notify[].url`, `target.auth.oauth2.token_url`.
     TargetUrl,
     "TargetUrl",
     ObjectBuilder::new()
@@ -169,6 +173,17 @@ schema_type!(
         .max_length(Some(limits().max_url_len))
         .pattern(Some(URL_PATTERN))
         .examples(["https://api.example.com/servers/1"])
+);
+
+schema_type!(
+    /// `target.url`: http or https, or `tcp://host:port`.
+    PollUrl,
+    "PollUrl",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(limits().max_url_len))
+        .pattern(Some(TARGET_URL_PATTERN))
+        .examples(["https://api.example.com/servers/1", "tcp://db.internal:5432"])
 );
 
 schema_type!(

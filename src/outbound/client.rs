@@ -99,6 +99,11 @@ impl Client {
     }
 
     /// The traces its requests are spans of.
+    /// The guard's resolver, for connections that are not HTTP requests.
+    pub fn resolver(&self) -> &GuardedResolver {
+        &self.resolver
+    }
+
     pub fn traces(&self) -> &Traces {
         &self.traces
     }

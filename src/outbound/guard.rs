@@ -117,14 +117,19 @@ impl Guard {
     /// name is otherwise let through here: its addresses are judged when it is
     /// resolved, by [`GuardedResolver`]. The error is a sentence a person can act on.
     pub fn check_url(&self, url: &Url) -> Result<(), Refused> {
-        if !matches!(url.scheme(), "http" | "https") {
+        if !matches!(url.scheme(), "http" | "https" | "tcp") {
             return Err(Refused(format!(
-                "the target URL uses the scheme \"{}\"; only http and https can be polled",
+                "the target URL uses the scheme \"{}\"; only http, https and tcp can be polled",
                 url.scheme()
             )));
         }
         match url.host() {
             None => Err(Refused("the target URL has no host".to_string())),
+            // A tcp:// URL's host is opaque to the URL parser: an address in it
+            // is still an address.
+            Some(Host::Domain(domain)) if domain.parse::<IpAddr>().is_ok() => {
+                self.check_literal(domain.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])))
+            }
             Some(Host::Domain(domain)) => {
                 let host = normalize_host(domain);
                 if self.allows_host(&host) {

@@ -36,6 +36,7 @@ mod pause;
 mod read;
 mod share;
 mod target;
+mod tcp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -435,6 +436,10 @@ impl Prober {
     ) -> Polled {
         if let Some(refused) = &target.refused {
             return Polled::Observed(refusal(wait, target.log_host(), refused.to_string()));
+        }
+        if target.uri.scheme_str() == Some("tcp") {
+            target.came.set(LastPoll::Sent);
+            return Polled::Observed(self.probe_tcp(wait, spec, target).await);
         }
         if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {
             target.came.set(LastPoll::Paused);

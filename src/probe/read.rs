@@ -235,11 +235,22 @@ pub fn judge_took(
     if let Some(elapsed) = elapsed {
         vars = vars.took(elapsed);
     }
+    decide(spec, &vars, status, base)
+}
+
+/// The wait's conditions evaluated on `vars`, under one budget: the failure
+/// condition first, then the success condition.
+pub(super) fn decide(
+    spec: &Spec,
+    vars: &condition::Vars<'_>,
+    status: u16,
+    base: Observation,
+) -> Observation {
     let mut budget = condition::Budget::default();
     let mut run =
         |name: &str, c: &Option<condition::Condition>| -> Result<Option<bool>, Observation> {
             let Some(c) = c else { return Ok(None) };
-            match c.evaluate(&vars, &mut budget) {
+            match c.evaluate(vars, &mut budget) {
                 Ok(b) => Ok(Some(b)),
                 Err(condition::Failure::Error(e)) => Err(Observation::Missing {
                     reason: format!("the {name} could not be evaluated on this response: {e}"),

@@ -130,6 +130,7 @@ impl Prober {
         // target, and each carries its own key: it is never shared.
         let group = (shareable
             && own.is_none()
+            && url.scheme() != "tcp"
             && spec.target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())

@@ -22,6 +22,7 @@ mod method;
 mod notify;
 mod schedule;
 mod target;
+mod tcp;
 pub mod tls;
 
 pub use auth::{Auth, ClientAuth, OAuth2, is_credential_name};
@@ -297,9 +298,17 @@ impl Spec {
         errs.unknown(obj, "", FIELDS);
 
         let target = parse_target(obj.get("target"), limits, &mut errs);
+        // A tcp:// target's state is "connected" or "refused": there is no body
+        // to point into, and a wait without want is done when it connects.
+        let tcp = tcp::is_tcp(obj.get("target"));
         let success_condition = parse_condition(obj, "success_condition", &mut errs);
         let failure_condition = parse_condition(obj, "failure_condition", &mut errs);
         let state = match obj.get("state") {
+            Some(v) if tcp && !v.is_null() => {
+                errs.push("state", "is not read from a tcp:// target, whose state is \"connected\" or \"refused\"; remove it and list the state that means done in want (default [\"connected\"])");
+                None
+            }
+            None | Some(Value::Null) if tcp => None,
             None | Some(Value::Null) => {
                 // Only a wait decided by its success_condition alone needs no state.
                 let needs: Vec<&str> = ["want", "fail", "pending", "error"]
@@ -329,6 +338,9 @@ impl Spec {
             },
         };
         let want = match obj.get("want") {
+            None | Some(Value::Null) if tcp && opt(obj, "success_condition").is_none() => {
+                vec!["connected".to_string()]
+            }
             None | Some(Value::Null) => {
                 if opt(obj, "success_condition").is_none() {
                     errs.push(

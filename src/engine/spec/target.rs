@@ -16,8 +16,9 @@ use super::{Errors, Limits, REDACTED, opt, type_name};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Target {
-    /// An http or https URL (at most 2048 bytes; no credentials in it).
-    #[schema(value_type = schema::TargetUrl)]
+    /// An http or https URL (at most 2048 bytes; no credentials in it), or
+    /// `tcp://host:port`: a connection is then the whole observation.
+    #[schema(value_type = schema::PollUrl)]
     pub url: String,
     /// Request headers (at most 32). Values are secrets: every read shows them as
     /// `<redacted>` ([`Spec::redacted`]).
@@ -161,6 +162,10 @@ pub(super) fn parse_target(
         None | Some(Value::Null) => {
             errs.push("target.url", "is required: the http or https URL to poll");
             None
+        }
+        Some(Value::String(s)) if super::tcp::is_tcp(v) => {
+            super::tcp::refuse_http_fields(obj, errs);
+            super::tcp::check_tcp_url(s, limits, errs)
         }
         Some(Value::String(s)) => check_url("target.url", s, limits, errs),
         Some(other) => {

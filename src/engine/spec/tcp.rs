@@ -1,0 +1,97 @@
+//! A `tcp://host:port` target: a connection is the whole observation, so the
+//! URL has a host and a port and nothing else, and nothing of an HTTP request
+//! goes with it.
+
+use serde_json::{Map, Value};
+
+use super::{Errors, Limits, opt};
+
+/// Whether the request's `target.url` names a TCP target (`tcp://…`, any case).
+pub(super) fn is_tcp(target: Option<&Value>) -> bool {
+    target
+        .and_then(|t| t.get("url"))
+        .and_then(Value::as_str)
+        .is_some_and(|u| u.get(..6).is_some_and(|s| s.eq_ignore_ascii_case("tcp://")))
+}
+
+/// `target.url` of a TCP target: `tcp://host:port`, written back in its
+/// normal form.
+pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Option<String> {
+    const FIELD: &str = "target.url";
+    const EXAMPLE: &str = "write tcp://HOST:PORT, e.g. \"tcp://db.internal:5432\"";
+    if s.len() > limits.max_url_len {
+        errs.push(
+            FIELD,
+            format!(
+                "is {} bytes long; the limit is {}",
+                s.len(),
+                limits.max_url_len
+            ),
+        );
+        return None;
+    }
+    if s.bytes().any(|b| b <= 0x20 || b == 0x7f || b == b'\\') {
+        errs.push(
+            FIELD,
+            format!("contains a space, a control character or a backslash; {EXAMPLE}"),
+        );
+        return None;
+    }
+    let url = match url::Url::parse(s) {
+        Ok(u) => u,
+        Err(e) => {
+            errs.push(
+                FIELD,
+                format!("is not a valid tcp:// address ({e}); {EXAMPLE}"),
+            );
+            return None;
+        }
+    };
+    let problem = if url.host_str().is_none_or(str::is_empty) {
+        Some("has no host")
+    } else if url.port().is_none() {
+        Some("has no port")
+    } else if !url.username().is_empty() || url.password().is_some() {
+        Some("carries credentials, which a connection cannot send")
+    } else if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+        Some("has a path, a query or a fragment, which a connection cannot send")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        errs.push(FIELD, format!("{problem}; {EXAMPLE}"));
+        return None;
+    }
+    // The host as an http URL would read it, so that an address written
+    // another way (`0x7f.1`, `2130706433`) is the address the guard judges.
+    let port = url.port().unwrap_or_default();
+    let host = url.host_str().unwrap_or_default();
+    match url::Url::parse(&format!("http://{host}:{port}/")) {
+        Ok(http) => Some(format!(
+            "tcp://{}:{port}",
+            http.host_str().unwrap_or_default()
+        )),
+        Err(e) => {
+            errs.push(
+                FIELD,
+                format!("has a host that is not valid ({e}); {EXAMPLE}"),
+            );
+            None
+        }
+    }
+}
+
+/// The fields of `target` that only an HTTP request has, refused on a TCP
+/// target by name.
+pub(super) fn refuse_http_fields(obj: &Map<String, Value>, errs: &mut Errors) {
+    for name in ["headers", "method", "body", "auth", "tls"] {
+        // `{}` is how a target without headers reads back.
+        let empty = matches!(opt(obj, name), Some(Value::Object(o)) if o.is_empty());
+        if opt(obj, name).is_some() && !(name == "headers" && empty) {
+            errs.push(
+                &format!("target.{name}"),
+                "is part of an HTTP request, and a tcp:// target only connects; remove it",
+            );
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! A `tcp://host:port` target: one connection a poll, through the SSRF guard's
+//! resolver, under the per-host limit and the probe timeout. Its state is
+//! `connected` or `refused`; conditions see it as the map `tcp`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use super::read::decide;
+use super::{Target, refusal};
+use crate::engine::condition::{Field, Vars};
+use crate::engine::{Observation, Spec};
+use crate::outbound::ResolveError;
+
+/// What one connection came to.
+#[derive(Debug)]
+struct Connect {
+    /// The address connected to, or the last one tried.
+    address: Option<SocketAddr>,
+    elapsed: Duration,
+    outcome: Outcome,
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Connected,
+    /// Every address refused the connection: the port is closed.
+    Refused,
+    /// Anything else that may pass: no route, a reset, a failed lookup, the
+    /// timeout.
+    Failed(String),
+    /// The guard refuses every address of the host.
+    Forbidden(String),
+}
+
+impl super::Prober {
+    /// One poll of a `tcp://` target.
+    pub(super) async fn probe_tcp(
+        &self,
+        wait: uuid::Uuid,
+        spec: &Spec,
+        target: &Target,
+    ) -> Observation {
+        // An IPv6 literal comes in brackets, which the resolver does not take.
+        let host = target.uri.host().unwrap_or_default();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = target.uri.port_u16().unwrap_or_default();
+        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
+        self.inner
+            .shares
+            .counts
+            .sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seen = self.connect(&host, port).await;
+        let base = match &seen.outcome {
+            Outcome::Connected => state("connected"),
+            Outcome::Refused => state("refused"),
+            Outcome::Failed(error) => Observation::Transient {
+                error: error.clone(),
+                retry_after: None,
+            },
+            Outcome::Forbidden(error) => return refusal(wait, &host, error.clone()),
+        };
+        if spec.success_condition.is_none() && spec.failure_condition.is_none() {
+            return base;
+        }
+        let fields = [
+            (
+                "connected",
+                Field::Bool(matches!(seen.outcome, Outcome::Connected)),
+            ),
+            ("elapsed", Field::Duration(seen.elapsed)),
+            (
+                "address",
+                seen.address
+                    .map_or(Field::Null, |a| Field::Text(a.to_string())),
+            ),
+            (
+                "error",
+                match &seen.outcome {
+                    Outcome::Connected => Field::Null,
+                    Outcome::Refused => Field::Text("connection refused".into()),
+                    Outcome::Failed(e) | Outcome::Forbidden(e) => Field::Text(e.clone()),
+                },
+            ),
+        ];
+        let spec = spec.clone();
+        let judged = crate::cpu::pool()
+            .run(crate::cpu::Lane::Long, &target.tenant, move || {
+                let state = match &base {
+                    Observation::State { values, .. } => values.first().cloned(),
+                    _ => None,
+                }
+                .map(serde_json::Value::String);
+                let headers = Default::default();
+                let vars = Vars::new(None, 0, &headers, state.as_ref())
+                    .at(chrono::Utc::now())
+                    .took(seen.elapsed)
+                    .observed("tcp", &fields);
+                decide(&spec, &vars, 0, base)
+            })
+            .await;
+        judged.unwrap_or_else(|lost| Observation::Permanent {
+            error: format!("the conditions could not be evaluated: {lost}"),
+        })
+    }
+
+    /// Connects to `host:port`: each address the guard lets through in turn,
+    /// until one accepts, all bounded by the probe timeout.
+    async fn connect(&self, host: &str, port: u16) -> Connect {
+        let started = tokio::time::Instant::now();
+        let mut address = None;
+        let attempt = async {
+            let addrs = match self.inner.client.resolver().resolve_host(host).await {
+                Ok(addrs) => addrs,
+                Err(e @ ResolveError::Forbidden { .. }) => {
+                    return Outcome::Forbidden(e.to_string());
+                }
+                Err(e) => return Outcome::Failed(e.to_string()),
+            };
+            let mut refused = true;
+            let mut last = String::new();
+            for mut addr in addrs {
+                addr.set_port(port);
+                address = Some(addr);
+                match TcpStream::connect(addr).await {
+                    Ok(_stream) => return Outcome::Connected,
+                    Err(e) => {
+                        refused &= e.kind() == std::io::ErrorKind::ConnectionRefused;
+                        last = e.to_string();
+                    }
+                }
+            }
+            if refused {
+                Outcome::Refused
+            } else {
+                Outcome::Failed(format!("could not connect to {host}:{port}: {last}"))
+            }
+        };
+        let outcome = match tokio::time::timeout(self.inner.timeout, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome::Failed(format!(
+                "the connection to {host}:{port} was not accepted within {}s",
+                self.inner.timeout.as_secs_f64()
+            )),
+        };
+        Connect {
+            address,
+            elapsed: started.elapsed(),
+            outcome,
+        }
+    }
+}
+
+fn state(s: &str) -> Observation {
+    Observation::State {
+        values: vec![s.to_string()],
+        detail: None,
+    }
+}
