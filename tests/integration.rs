@@ -17,6 +17,7 @@ mod cel_api;
 mod cel_conformance;
 mod cel_differential;
 mod cel_library;
+mod cert_targets;
 mod client;
 mod client_flags;
 mod client_wait;

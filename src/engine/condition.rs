@@ -15,7 +15,7 @@
 //! | `state` | what the wait's `state` path yields (one value, a list for a JSONPath, the status for `@status`); `null` without one |
 //! | `now` | the time of the poll, which the evaluation is given ([`Vars::at`]) |
 //! | `elapsed` | the response time, a duration, which the evaluation is given ([`Vars::took`]) |
-//! | `tcp` | a `tcp://` target's observation, a map ([`Vars::observed`]); `null` for others |
+//! | `tcp`, `tls` | a `tcp://` or `tls://` target's observation, a map ([`Vars::observed`]); `null` for others |
 //!
 //! ## The budget
 //!
@@ -71,8 +71,8 @@ pub const MAX_TREE: usize = 64;
 /// What one evaluation of a response's conditions may spend, in units.
 pub const BUDGET: u64 = 1_000_000;
 /// The variables an expression may name.
-pub const VARIABLES: [&str; 7] = [
-    "body", "status", "headers", "state", "now", "elapsed", "tcp",
+pub const VARIABLES: [&str; 8] = [
+    "body", "status", "headers", "state", "now", "elapsed", "tcp", "tls",
 ];
 
 /// The types an expression may name, as in `type(x) == int`.
@@ -198,6 +198,8 @@ pub enum Field {
     Int(i64),
     Text(String),
     Duration(std::time::Duration),
+    Timestamp(DateTime<Utc>),
+    List(Vec<String>),
     Null,
 }
 
@@ -528,6 +530,7 @@ impl<'v> Vars<'v> {
         };
         context.add_variable_as_val("state", state);
         context.add_variable_as_val("tcp", Box::new(CelNull));
+        context.add_variable_as_val("tls", Box::new(CelNull));
         Vars { context }
     }
 
@@ -551,6 +554,13 @@ impl<'v> Vars<'v> {
                     Field::Text(t) => Box::new(CelString::from(t.clone())),
                     Field::Duration(d) => Box::new(CelDuration::from(
                         chrono::Duration::from_std(*d).unwrap_or(chrono::Duration::MAX),
+                    )),
+                    Field::Timestamp(t) => Box::new(CelTimestamp::from(t.fixed_offset())),
+                    Field::List(items) => Box::new(CelList::from(
+                        items
+                            .iter()
+                            .map(|i| Box::new(CelString::from(i.clone())) as Box<dyn Val + 'v>)
+                            .collect::<Vec<_>>(),
                     )),
                     Field::Null => Box::new(CelNull),
                 };

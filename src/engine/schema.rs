@@ -29,7 +29,7 @@ pub const URL_PATTERN: &str =
 
 /// What `target.url` looks like: an http or https URL as [`URL_PATTERN`], or
 /// `tcp://host:port`.
-pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|[Tt][Cc][Pp]://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?)$";
+pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|(?:[Tt][Cc][Pp]|[Tt][Ll][Ss])://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?)$";
 
 fn limits() -> Limits {
     Limits::default()
@@ -176,7 +176,7 @@ schema_type!(
 );
 
 schema_type!(
-    /// `target.url`: http or https, or `tcp://host:port`.
+    /// `target.url`: http or https, or `tcp://host:port` or `tls://host:port`.
     PollUrl,
     "PollUrl",
     ObjectBuilder::new()

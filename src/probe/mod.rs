@@ -37,6 +37,7 @@ mod read;
 mod share;
 mod target;
 mod tcp;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,6 +58,7 @@ use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients};
 pub use pause::{Pause, asked as pause_asked};
 pub use read::{Memo, judge, judge_took};
 use share::{Fetched, Response, Turn};
+pub use tls::{Served, served};
 
 pub use crate::outbound::guard;
 pub use crate::outbound::{
@@ -437,9 +439,10 @@ impl Prober {
         if let Some(refused) = &target.refused {
             return Polled::Observed(refusal(wait, target.log_host(), refused.to_string()));
         }
-        if target.uri.scheme_str() == Some("tcp") {
-            target.came.set(LastPoll::Sent);
-            return Polled::Observed(self.probe_tcp(wait, spec, target).await);
+        match target.uri.scheme_str() {
+            Some("tcp") => return Polled::Observed(self.probe_tcp(wait, spec, target).await),
+            Some("tls") => return Polled::Observed(self.probe_tls(wait, spec, target).await),
+            _ => {}
         }
         if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {
             target.came.set(LastPoll::Paused);

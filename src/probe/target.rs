@@ -86,7 +86,7 @@ impl Prober {
             None => None,
         };
         let credential = auth.as_ref().map(|c| hex::encode(c.key()));
-        let tls = match &spec.target.tls {
+        let tls = match spec.target.tls.as_ref().filter(|_| url.scheme() != "tls") {
             Some(own) => {
                 let unusable =
                     |why: String| format!("the target's TLS settings cannot be used: {why}");
@@ -130,7 +130,7 @@ impl Prober {
         // target, and each carries its own key: it is never shared.
         let group = (shareable
             && own.is_none()
-            && url.scheme() != "tcp"
+            && !matches!(url.scheme(), "tcp" | "tls")
             && spec.target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())

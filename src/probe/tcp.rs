@@ -15,16 +15,16 @@ use crate::outbound::ResolveError;
 
 /// What one connection came to.
 #[derive(Debug)]
-struct Connect {
+pub(super) struct Connect {
     /// The address connected to, or the last one tried.
-    address: Option<SocketAddr>,
-    elapsed: Duration,
-    outcome: Outcome,
+    pub(super) address: Option<SocketAddr>,
+    pub(super) elapsed: Duration,
+    pub(super) outcome: Outcome,
 }
 
 #[derive(Debug)]
-enum Outcome {
-    Connected,
+pub(super) enum Outcome {
+    Connected(TcpStream),
     /// Every address refused the connection: the port is closed.
     Refused,
     /// Anything else that may pass: no route, a reset, a failed lookup, the
@@ -57,7 +57,7 @@ impl super::Prober {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let seen = self.connect(&host, port).await;
         let base = match &seen.outcome {
-            Outcome::Connected => state("connected"),
+            Outcome::Connected(_) => state("connected"),
             Outcome::Refused => state("refused"),
             Outcome::Failed(error) => Observation::Transient {
                 error: error.clone(),
@@ -71,7 +71,7 @@ impl super::Prober {
         let fields = [
             (
                 "connected",
-                Field::Bool(matches!(seen.outcome, Outcome::Connected)),
+                Field::Bool(matches!(seen.outcome, Outcome::Connected(_))),
             ),
             ("elapsed", Field::Duration(seen.elapsed)),
             (
@@ -82,36 +82,27 @@ impl super::Prober {
             (
                 "error",
                 match &seen.outcome {
-                    Outcome::Connected => Field::Null,
+                    Outcome::Connected(_) => Field::Null,
                     Outcome::Refused => Field::Text("connection refused".into()),
                     Outcome::Failed(e) | Outcome::Forbidden(e) => Field::Text(e.clone()),
                 },
             ),
         ];
-        let spec = spec.clone();
-        let judged = crate::cpu::pool()
-            .run(crate::cpu::Lane::Long, &target.tenant, move || {
-                let state = match &base {
-                    Observation::State { values, .. } => values.first().cloned(),
-                    _ => None,
-                }
-                .map(serde_json::Value::String);
-                let headers = Default::default();
-                let vars = Vars::new(None, 0, &headers, state.as_ref())
-                    .at(chrono::Utc::now())
-                    .took(seen.elapsed)
-                    .observed("tcp", &fields);
-                decide(&spec, &vars, 0, base)
-            })
-            .await;
-        judged.unwrap_or_else(|lost| Observation::Permanent {
-            error: format!("the conditions could not be evaluated: {lost}"),
-        })
+        judge_connection(
+            spec,
+            target,
+            base,
+            "tcp",
+            fields.to_vec(),
+            seen.elapsed,
+            chrono::Utc::now(),
+        )
+        .await
     }
 
     /// Connects to `host:port`: each address the guard lets through in turn,
     /// until one accepts, all bounded by the probe timeout.
-    async fn connect(&self, host: &str, port: u16) -> Connect {
+    pub(super) async fn connect(&self, host: &str, port: u16) -> Connect {
         let started = tokio::time::Instant::now();
         let mut address = None;
         let attempt = async {
@@ -128,7 +119,7 @@ impl super::Prober {
                 addr.set_port(port);
                 address = Some(addr);
                 match TcpStream::connect(addr).await {
-                    Ok(_stream) => return Outcome::Connected,
+                    Ok(stream) => return Outcome::Connected(stream),
                     Err(e) => {
                         refused &= e.kind() == std::io::ErrorKind::ConnectionRefused;
                         last = e.to_string();
@@ -156,7 +147,50 @@ impl super::Prober {
     }
 }
 
-fn state(s: &str) -> Observation {
+/// The host (an IPv6 literal without its brackets, which the resolver does not
+/// take) and the port of a `tcp://` or `tls://` target.
+pub(super) fn host_port(target: &Target) -> (String, u16) {
+    let host = target.uri.host().unwrap_or_default();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    (host, target.uri.port_u16().unwrap_or_default())
+}
+
+/// The wait's conditions on a connection's observation, the map `kind`, on the
+/// CPU pool in the tenant's turn as a response's are.
+pub(super) async fn judge_connection(
+    spec: &Spec,
+    target: &Target,
+    base: Observation,
+    kind: &'static str,
+    fields: Vec<(&'static str, Field)>,
+    elapsed: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Observation {
+    let spec = spec.clone();
+    let judged = crate::cpu::pool()
+        .run(crate::cpu::Lane::Long, &target.tenant, move || {
+            let state = match &base {
+                Observation::State { values, .. } => values.first().cloned(),
+                _ => None,
+            }
+            .map(serde_json::Value::String);
+            let headers = Default::default();
+            let vars = Vars::new(None, 0, &headers, state.as_ref())
+                .at(now)
+                .took(elapsed)
+                .observed(kind, &fields);
+            decide(&spec, &vars, 0, base)
+        })
+        .await;
+    judged.unwrap_or_else(|lost| Observation::Permanent {
+        error: format!("the conditions could not be evaluated: {lost}"),
+    })
+}
+
+pub(super) fn state(s: &str) -> Observation {
     Observation::State {
         values: vec![s.to_string()],
         detail: None,

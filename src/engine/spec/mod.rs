@@ -300,12 +300,23 @@ impl Spec {
         let target = parse_target(obj.get("target"), limits, &mut errs);
         // A tcp:// target's state is "connected" or "refused": there is no body
         // to point into, and a wait without want is done when it connects.
-        let tcp = tcp::is_tcp(obj.get("target"));
+        let connects = tcp::kind_of(obj.get("target"));
+        let tcp = connects.is_some();
+        let done = if connects == Some("tls") {
+            "verified"
+        } else {
+            "connected"
+        };
         let success_condition = parse_condition(obj, "success_condition", &mut errs);
         let failure_condition = parse_condition(obj, "failure_condition", &mut errs);
         let state = match obj.get("state") {
             Some(v) if tcp && !v.is_null() => {
-                errs.push("state", "is not read from a tcp:// target, whose state is \"connected\" or \"refused\"; remove it and list the state that means done in want (default [\"connected\"])");
+                let states = if done == "verified" {
+                    "\"verified\" or \"unverified\""
+                } else {
+                    "\"connected\" or \"refused\""
+                };
+                errs.push("state", format!("is not read from a {}:// target, whose state is {states}; remove it and list the state that means done in want (default [\"{done}\"])", connects.unwrap_or_default()));
                 None
             }
             None | Some(Value::Null) if tcp => None,
@@ -339,7 +350,7 @@ impl Spec {
         };
         let want = match obj.get("want") {
             None | Some(Value::Null) if tcp && opt(obj, "success_condition").is_none() => {
-                vec!["connected".to_string()]
+                vec![done.to_string()]
             }
             None | Some(Value::Null) => {
                 if opt(obj, "success_condition").is_none() {

@@ -17,7 +17,8 @@ use super::{Errors, Limits, REDACTED, opt, type_name};
 #[serde(deny_unknown_fields)]
 pub struct Target {
     /// An http or https URL (at most 2048 bytes; no credentials in it), or
-    /// `tcp://host:port`: a connection is then the whole observation.
+    /// `tcp://host:port` or `tls://host:port`: a connection (and its handshake)
+    /// is then the whole observation.
     #[schema(value_type = schema::PollUrl)]
     pub url: String,
     /// Request headers (at most 32). Values are secrets: every read shows them as
@@ -163,9 +164,9 @@ pub(super) fn parse_target(
             errs.push("target.url", "is required: the http or https URL to poll");
             None
         }
-        Some(Value::String(s)) if super::tcp::is_tcp(v) => {
-            super::tcp::refuse_http_fields(obj, errs);
-            super::tcp::check_tcp_url(s, limits, errs)
+        Some(Value::String(s)) if let Some(kind) = super::tcp::kind_of(v) => {
+            super::tcp::refuse_http_fields(kind, obj, errs);
+            super::tcp::check_tcp_url(kind, s, limits, errs)
         }
         Some(Value::String(s)) => check_url("target.url", s, limits, errs),
         Some(other) => {

@@ -6,19 +6,27 @@ use serde_json::{Map, Value};
 
 use super::{Errors, Limits, opt};
 
-/// Whether the request's `target.url` names a TCP target (`tcp://…`, any case).
-pub(super) fn is_tcp(target: Option<&Value>) -> bool {
-    target
-        .and_then(|t| t.get("url"))
-        .and_then(Value::as_str)
-        .is_some_and(|u| u.get(..6).is_some_and(|s| s.eq_ignore_ascii_case("tcp://")))
+/// The kind of connection the request's `target.url` names: `tcp` or `tls`
+/// (`tcp://…`, `tls://…`, any case); `None` for an http target.
+pub(super) fn kind_of(target: Option<&Value>) -> Option<&'static str> {
+    let url = target.and_then(|t| t.get("url")).and_then(Value::as_str)?;
+    ["tcp", "tls"].into_iter().find(|kind| {
+        url.get(..kind.len() + 3)
+            .is_some_and(|s| s.eq_ignore_ascii_case(&format!("{kind}://")))
+    })
 }
 
 /// `target.url` of a TCP target: `tcp://host:port`, written back in its
 /// normal form.
-pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Option<String> {
+pub(super) fn check_tcp_url(
+    kind: &str,
+    s: &str,
+    limits: &Limits,
+    errs: &mut Errors,
+) -> Option<String> {
     const FIELD: &str = "target.url";
-    const EXAMPLE: &str = "write tcp://HOST:PORT, e.g. \"tcp://db.internal:5432\"";
+    let example = format!("write {kind}://HOST:PORT, e.g. \"{kind}://db.internal:5432\"");
+    let example = example.as_str();
     if s.len() > limits.max_url_len {
         errs.push(
             FIELD,
@@ -33,7 +41,7 @@ pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Opti
     if s.bytes().any(|b| b <= 0x20 || b == 0x7f || b == b'\\') {
         errs.push(
             FIELD,
-            format!("contains a space, a control character or a backslash; {EXAMPLE}"),
+            format!("contains a space, a control character or a backslash; {example}"),
         );
         return None;
     }
@@ -42,7 +50,7 @@ pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Opti
         Err(e) => {
             errs.push(
                 FIELD,
-                format!("is not a valid tcp:// address ({e}); {EXAMPLE}"),
+                format!("is not a valid tcp:// address ({e}); {example}"),
             );
             return None;
         }
@@ -59,7 +67,7 @@ pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Opti
         None
     };
     if let Some(problem) = problem {
-        errs.push(FIELD, format!("{problem}; {EXAMPLE}"));
+        errs.push(FIELD, format!("{problem}; {example}"));
         return None;
     }
     // The host as an http URL would read it, so that an address written
@@ -68,13 +76,13 @@ pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Opti
     let host = url.host_str().unwrap_or_default();
     match url::Url::parse(&format!("http://{host}:{port}/")) {
         Ok(http) => Some(format!(
-            "tcp://{}:{port}",
+            "{kind}://{}:{port}",
             http.host_str().unwrap_or_default()
         )),
         Err(e) => {
             errs.push(
                 FIELD,
-                format!("has a host that is not valid ({e}); {EXAMPLE}"),
+                format!("has a host that is not valid ({e}); {example}"),
             );
             None
         }
@@ -83,14 +91,20 @@ pub(super) fn check_tcp_url(s: &str, limits: &Limits, errs: &mut Errors) -> Opti
 
 /// The fields of `target` that only an HTTP request has, refused on a TCP
 /// target by name.
-pub(super) fn refuse_http_fields(obj: &Map<String, Value>, errs: &mut Errors) {
+pub(super) fn refuse_http_fields(kind: &str, obj: &Map<String, Value>, errs: &mut Errors) {
     for name in ["headers", "method", "body", "auth", "tls"] {
+        // A tls:// target may name the authorities its chain must verify to.
+        if kind == "tls" && name == "tls" {
+            continue;
+        }
         // `{}` is how a target without headers reads back.
         let empty = matches!(opt(obj, name), Some(Value::Object(o)) if o.is_empty());
         if opt(obj, name).is_some() && !(name == "headers" && empty) {
             errs.push(
                 &format!("target.{name}"),
-                "is part of an HTTP request, and a tcp:// target only connects; remove it",
+                format!(
+                    "is part of an HTTP request, and a {kind}:// target only connects; remove it"
+                ),
             );
         }
     }

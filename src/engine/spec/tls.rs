@@ -157,7 +157,15 @@ pub(super) fn parse_tls(v: Option<&Value>, url: Option<&str>, errs: &mut Errors)
         check_identity(cert, key, errs);
     }
     let tls = (tls != Tls::default()).then_some(tls)?;
-    if url.is_some_and(|u| u.starts_with("http:")) {
+    if url.is_some_and(|u| u.starts_with("tls:"))
+        && (tls.client_cert.is_some() || tls.client_key.is_some())
+    {
+        errs.push(
+            "target.tls.client_cert",
+            "is not presented by a tls:// target, which only reads the served chain; remove it",
+        );
+    }
+    if url.is_some_and(|u| u.starts_with("http:") || u.starts_with("tcp:")) {
         errs.push(
             "target.tls",
             "applies to https targets only, and target.url is http://, which would send the request without TLS; write https://",
