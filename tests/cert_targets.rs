@@ -107,6 +107,14 @@ async fn a_tls_wait_succeeds_when_the_chain_verifies_and_conditions_read_it() {
         assert_eq!(w["status"], "succeeded", "{addr}: {w}");
     }
 
+    // Asked for the name it serves: verified for that name.
+    let mut named = tls(&elsewhere, Some(&ca_pem));
+    named["target"]["tls"]["server_name"] = json!("other.example");
+    named["success_condition"] = json!("tls.verified && tls.sans == ['other.example']");
+    let w = ended(&app, named).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    assert_eq!(w["spec"]["target"]["tls"]["server_name"], "other.example");
+
     // Without the authority, the platform's roots do not know it: unverified,
     // polled on until the deadline unless that is what the wait wants.
     let mut s = tls(&good, None);
@@ -138,6 +146,14 @@ async fn a_tls_target_refuses_what_it_cannot_use_by_name() {
             "target.headers",
         ),
         (json!({"url": "tls://127.0.0.1"}), "target.url"),
+        (
+            json!({"url": "tls://127.0.0.1:443", "tls": {"server_name": "not a name"}}),
+            "target.tls.server_name",
+        ),
+        (
+            json!({"url": "https://127.0.0.1/", "tls": {"server_name": "a.example"}}),
+            "target.tls.server_name",
+        ),
         (
             json!({"url": "tcp://127.0.0.1:5432", "tls": {"ca": ca.pem()}}),
             "target.tls",

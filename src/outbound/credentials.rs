@@ -538,6 +538,7 @@ async fn tls_of(
         ca: read(&ca, "ca_file").await?,
         client_cert: read(&cert, "client_cert_file").await?,
         client_key: read(&key, "client_key_file").await?,
+        server_name: None,
     };
     // The sentences name the spec's fields; here they are the files.
     let named = |why: String| {

@@ -229,7 +229,8 @@ impl super::Prober {
     }
 
     /// The handshake over a connection made: the chain served, and whether it
-    /// verifies for `host`.
+    /// verifies for `host` (or the wait's `tls.server_name`, which is also the
+    /// name asked for).
     async fn handshake(
         &self,
         spec: &Spec,
@@ -248,7 +249,13 @@ impl super::Prober {
                 .dangerous()
                 .with_custom_certificate_verifier(recording.clone())
                 .with_no_client_auth();
-        let name = ServerName::try_from(host.to_string())
+        let asked = spec
+            .target
+            .tls
+            .as_ref()
+            .and_then(|t| t.server_name.clone())
+            .unwrap_or_else(|| host.to_string());
+        let name = ServerName::try_from(asked)
             .map_err(|_| format!("{host} is not a name a TLS server can be asked for"))?;
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(name, stream)

@@ -26,7 +26,7 @@ pub const MAX_PEM_LEN: usize = 32 * 1024;
 pub const MAX_CERTS: usize = 16;
 
 /// The fields of `target.tls`.
-const FIELDS: &[&str] = &["ca", "client_cert", "client_key"];
+const FIELDS: &[&str] = &["ca", "client_cert", "client_key", "server_name"];
 
 /// The target's own TLS settings. `ca` replaces the platform's roots for this
 /// wait; `client_cert` and `client_key` come together.
@@ -51,6 +51,10 @@ pub struct Tls {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<schema::PemPrivateKey>)]
     pub client_key: Option<String>,
+    /// The name a `tls://` target is asked for (SNI) and its chain verified
+    /// for, instead of the URL's host: a DNS name of at most 253 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -60,6 +64,7 @@ impl std::fmt::Debug for Tls {
             .field("ca", &self.ca)
             .field("client_cert", &self.client_cert)
             .field("client_key", &self.client_key.as_ref().map(|_| REDACTED))
+            .field("server_name", &self.server_name)
             .finish()
     }
 }
@@ -138,7 +143,23 @@ pub(super) fn parse_tls(v: Option<&Value>, url: Option<&str>, errs: &mut Errors)
         ca: text("ca"),
         client_cert: text("client_cert"),
         client_key: text("client_key"),
+        server_name: text("server_name"),
     };
+    if let Some(name) = &tls.server_name {
+        let dns = rustls::pki_types::DnsName::try_from(name.as_str()).is_ok();
+        if name.len() > 253 || !dns {
+            errs.push(
+                "target.tls.server_name",
+                "must be a DNS name such as \"api.example.com\" (at most 253 bytes), the name the server is asked for",
+            );
+        }
+        if !url.is_some_and(|u| u.starts_with("tls:")) {
+            errs.push(
+                "target.tls.server_name",
+                "applies to tls:// targets only; an https target is asked for its URL's host",
+            );
+        }
+    }
     if let Some(ca) = &tls.ca {
         check_ca(ca, errs);
     }
