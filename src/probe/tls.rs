@@ -65,7 +65,7 @@ pub fn served(der: &[u8]) -> Option<Served> {
 #[derive(Debug)]
 struct Recording {
     inner: Arc<dyn ServerCertVerifier>,
-    verdict: Mutex<Option<Result<(), String>>>,
+    verdict: Mutex<Option<Result<(), rustls::Error>>>,
 }
 
 impl ServerCertVerifier for Recording {
@@ -80,8 +80,7 @@ impl ServerCertVerifier for Recording {
         let verdict = self
             .inner
             .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-            .map(|_| ())
-            .map_err(|e| e.to_string());
+            .map(|_| ());
         *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(verdict);
         Ok(ServerCertVerified::assertion())
     }
@@ -133,7 +132,7 @@ fn verifier(spec: &Spec) -> Result<Arc<dyn ServerCertVerifier>, String> {
 
 /// What one handshake came to.
 struct Shaken {
-    verdict: Result<(), String>,
+    verdict: Result<(), rustls::Error>,
     chain: Vec<CertificateDer<'static>>,
 }
 
@@ -176,7 +175,7 @@ impl super::Prober {
                 Ok(Ok(shaken)) => shaken,
                 Ok(Err(error)) => {
                     return Observation::Transient {
-                        error,
+                        error: error.0,
                         retry_after: None,
                     };
                 }
@@ -207,7 +206,7 @@ impl super::Prober {
                 "error",
                 match &shaken.verdict {
                     Ok(()) => Field::Null,
-                    Err(e) => Field::Text(e.clone()),
+                    Err(e) => Field::Text(e.to_string()),
                 },
             ),
             (
@@ -236,19 +235,20 @@ impl super::Prober {
         spec: &Spec,
         host: &str,
         stream: tokio::net::TcpStream,
-    ) -> Result<Shaken, String> {
+    ) -> Result<Shaken, super::TargetError> {
         let unusable = |why: String| format!("the target's TLS settings cannot be used: {why}");
         let recording = Arc::new(Recording {
             inner: verifier(spec).map_err(unusable)?,
             verdict: Mutex::new(None),
         });
-        let config =
-            rustls::ClientConfig::builder_with_provider(crate::engine::spec::tls::crypto_provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| unusable(e.to_string()))?
-                .dangerous()
-                .with_custom_certificate_verifier(recording.clone())
-                .with_no_client_auth();
+        let config = rustls::ClientConfig::builder_with_provider(
+            crate::engine::spec::tls::crypto_provider(),
+        )
+        .with_safe_default_protocol_versions()
+        .map_err(|e| unusable(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(recording.clone())
+        .with_no_client_auth();
         let asked = spec
             .target
             .tls
@@ -274,7 +274,7 @@ impl super::Prober {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .unwrap_or_else(|| Err("the target served no certificate".into()));
+            .unwrap_or(Err(rustls::Error::NoCertificatesPresented));
         Ok(Shaken { verdict, chain })
     }
 }
