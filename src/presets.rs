@@ -90,6 +90,11 @@ const BUILTIN: &[(&str, &str)] = &[
         "latitude.virtual_machine",
         include_str!("../presets/latitude.virtual_machine.json"),
     ),
+    ("tcp.open", include_str!("../presets/tcp.open.json")),
+    (
+        "tls.valid_for",
+        include_str!("../presets/tls.valid_for.json"),
+    ),
 ];
 
 /// How a parameter's value is checked, and written into `target.url`.
@@ -111,6 +116,11 @@ pub enum ParamKind {
     /// A duration as CEL's `duration()` reads it, without a sign: numbers with units
     /// `h`, `m`, `s`, `ms`, `us`, `ns` (`5m`, `90s`, `1h30m`, `1.5h`), or `0`.
     Duration,
+    /// A host and a port, `host:port` (`db.internal:5432`, `[::1]:443`), inserted as
+    /// it is: the address of a `tcp://` or `tls://` target.
+    Address,
+    /// A whole number from 0 to 1,000,000, inserted as digits (into a condition).
+    Count,
 }
 
 /// One parameter of a preset.
@@ -578,13 +588,15 @@ mod tests {
     }
 
     #[test]
-    fn every_built_in_preset_parses_and_has_a_base_url_or_a_url() {
+    fn every_built_in_preset_parses_and_has_a_base_url_a_url_or_an_address() {
         let r = reg();
         assert_eq!(r.iter().count(), BUILTIN.len());
         for p in r.iter() {
             assert!(
-                p.params.contains_key("base_url") || p.params.contains_key("url"),
-                "{} has neither base_url nor url",
+                ["base_url", "url", "address"]
+                    .iter()
+                    .any(|k| p.params.contains_key(*k)),
+                "{} has neither base_url, url nor address",
                 p.name
             );
         }

@@ -13,7 +13,7 @@ use crate::tls_targets::pki::{TlsTarget, authority};
 
 /// A server certificate of `ca` for `names`, valid from 30 days ago until
 /// the midnight `days` days from now (negative: expired); its PEM and its key's PEM.
-fn valid_for(
+pub(crate) fn valid_for(
     ca: &CertifiedIssuer<'static, KeyPair>,
     names: &[&str],
     days: i64,
@@ -50,7 +50,7 @@ fn tls(addr: &str, ca: Option<&str>) -> Value {
     s
 }
 
-async fn served(cert: &(String, String)) -> String {
+pub(crate) async fn served(cert: &(String, String)) -> String {
     let target = TlsTarget::start(&cert.0, &cert.1, None).await;
     let url = target.url();
     // Kept running for the test: the server task holds its listener.

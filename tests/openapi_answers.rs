@@ -277,6 +277,7 @@ async fn a_request_naming_a_preset_is_valid_by_the_served_document_when_its_para
             let value = match def["kind"].as_str().unwrap() {
                 "base_url" => json!(local),
                 "url" => json!(format!("{local}/x")),
+                "address" => json!("127.0.0.1:9"),
                 _ => [&def["example"], &def["default"]]
                     .into_iter()
                     .find(|v| v.is_string())
@@ -324,9 +325,16 @@ async fn a_request_naming_a_preset_is_valid_by_the_served_document_when_its_para
             "{name} + no_such_param"
         );
         assert_eq!(app.create(extra).await.0, 422);
-        // A target without a URL is laid over the preset's: valid by both.
+        // A target without a URL is laid over the preset's: valid by both. (A
+        // connection has no headers; a TLS one may name the server it asks for.)
         let mut headers = whole.clone();
-        headers["target"] = json!({"headers": {"X-Trace": "1"}});
+        headers["target"] = if name.starts_with("tcp.") {
+            json!({})
+        } else if name.starts_with("tls.") {
+            json!({"tls": {"server_name": "svc.example"}})
+        } else {
+            json!({"headers": {"X-Trace": "1"}})
+        };
         assert_eq!(
             breaks(&doc, &create, &headers, "body"),
             None,

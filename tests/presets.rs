@@ -229,7 +229,9 @@ async fn the_presets_route_lists_every_built_in_preset_with_its_params_and_defau
             "latitude.kubernetes_cluster",
             "latitude.server",
             "latitude.server_off",
-            "latitude.virtual_machine"
+            "latitude.virtual_machine",
+            "tcp.open",
+            "tls.valid_for"
         ]
     );
     let lat = list["items"]
@@ -704,6 +706,122 @@ async fn http_ok_succeeds_once_the_url_answers_2xx() {
     assert_eq!(end["status"], "succeeded", "{end}");
     assert_eq!(end["state"], "200");
     assert_eq!(up.hits("/healthz"), 3);
+    finish(app, db).await;
+}
+
+#[tokio::test]
+async fn tcp_open_succeeds_once_the_port_accepts() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mut heard = app.heard();
+    let id = created_id(
+        &app,
+        with_preset("tcp.open", json!({"address": addr.to_string()}), json!({})),
+    )
+    .await;
+    // Refused while nothing listens: progress, polled on.
+    heard.recorded(&id).await;
+    let (_, w) = app.get(&format!("/waits/{id}")).await;
+    assert_eq!(w["status"], "running", "{w}");
+    assert_eq!(w["state"], "refused", "{w}");
+    let _open = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let end = app.wait_end(&id).await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(end["state"], "connected", "{end}");
+    assert_eq!(end["spec"]["target"]["url"], format!("tcp://{addr}"));
+
+    for bad in [
+        "db.internal",
+        "db.internal:5432/x",
+        "user@db:5432",
+        "http://db:80",
+    ] {
+        let (status, p) = app
+            .create(with_preset("tcp.open", json!({"address": bad}), json!({})))
+            .await;
+        assert_eq!(status, 422, "{bad}: {p}");
+        assert_eq!(p["errors"][0]["field"], "params.address", "{bad}: {p}");
+        assert!(
+            p["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("host and a port"),
+            "{bad}: {p}"
+        );
+    }
+    finish(app, db).await;
+}
+
+#[tokio::test]
+async fn tls_valid_for_succeeds_when_the_chain_verifies_with_days_enough_left() {
+    use crate::cert_targets::{served, valid_for};
+    use crate::tls_targets::pki::authority;
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    let ca = authority("Preset CA");
+    let ca_pem = ca.pem();
+    let good = served(&valid_for(&ca, &["127.0.0.1"], 90)).await;
+    let soon = served(&valid_for(&ca, &["127.0.0.1"], 3)).await;
+    let elsewhere = served(&valid_for(&ca, &["svc.example"], 90)).await;
+    let with_ca = json!({"target": {"tls": {"ca": ca_pem}}});
+
+    let id = created_id(
+        &app,
+        with_preset(
+            "tls.valid_for",
+            json!({"address": good, "days": 30}),
+            with_ca.clone(),
+        ),
+    )
+    .await;
+    let end = app.wait_end(&id).await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+    assert_eq!(
+        end["spec"]["success_condition"],
+        "tls.verified && tls.days_left >= 30"
+    );
+
+    // Verified, but with 3 days left of the default 14: polled on.
+    let mut short = with_ca.clone();
+    short["timeout"] = json!("300ms");
+    let id = created_id(
+        &app,
+        with_preset("tls.valid_for", json!({"address": soon}), short),
+    )
+    .await;
+    let end = app.wait_end(&id).await;
+    assert_eq!(end["status"], "timed_out", "{end}");
+    assert_eq!(end["state"], "verified", "{end}");
+
+    // Served for another name: verified once asked for it.
+    let mut named = with_ca.clone();
+    named["target"]["tls"]["server_name"] = json!("svc.example");
+    let id = created_id(
+        &app,
+        with_preset(
+            "tls.valid_for",
+            json!({"address": elsewhere, "days": "7"}),
+            named,
+        ),
+    )
+    .await;
+    let end = app.wait_end(&id).await;
+    assert_eq!(end["status"], "succeeded", "{end}");
+
+    for days in [json!("-1"), json!("14 || true"), json!(1_000_001)] {
+        let (status, p) = app
+            .create(with_preset(
+                "tls.valid_for",
+                json!({"address": good, "days": days}),
+                json!({}),
+            ))
+            .await;
+        assert_eq!(status, 422, "{days}: {p}");
+        assert_eq!(p["errors"][0]["field"], "params.days", "{days}: {p}");
+    }
     finish(app, db).await;
 }
 

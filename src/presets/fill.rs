@@ -61,6 +61,32 @@ pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), ParamError
                 ).into());
             }
         }
+        ParamKind::Address => {
+            let well_formed = !value.contains(['/', '?', '#', '@', '\\', ' '])
+                && url::Url::parse(&format!("tcp://{value}")).is_ok_and(|u| {
+                    u.host_str().is_some_and(|h| !h.is_empty())
+                        && u.port().is_some()
+                        && u.path().is_empty()
+                });
+            if !well_formed {
+                return Err(format!(
+                    "must be a host and a port such as \"db.internal:5432\" or \"[::1]:443\", not \"{value}\""
+                )
+                .into());
+            }
+        }
+        ParamKind::Count => {
+            if value.is_empty()
+                || value.len() > 7
+                || !value.bytes().all(|b| b.is_ascii_digit())
+                || value.parse::<u32>().is_ok_and(|n| n > 1_000_000)
+            {
+                return Err(format!(
+                    "must be a whole number from 0 to 1000000, such as \"14\", not \"{value}\""
+                )
+                .into());
+            }
+        }
         ParamKind::BaseUrl | ParamKind::Url => {
             let url = url::Url::parse(value).map_err(|e| {
                 format!("is not an absolute URL ({e}); write e.g. \"https://api.example.com\"")
@@ -164,6 +190,17 @@ pub(super) fn value_schema(kind: ParamKind) -> Value {
             "pattern": "^[1-5][0-9][0-9]$",
             "minimum": 100,
             "maximum": 599
+        }),
+        ParamKind::Address => json!({
+            "type": "string",
+            "maxLength": 2048,
+            "pattern": "^[^/?#@\\\\ \\u0000-\\u001F\\u007F-\\u009F]+:[0-9]+$"
+        }),
+        ParamKind::Count => json!({
+            "type": ["string", "integer"],
+            "pattern": "^[0-9]{1,7}$",
+            "minimum": 0,
+            "maximum": 1_000_000
         }),
         ParamKind::Duration => json!({"anyOf": [
             {"type": "string", "pattern": "^(0|([0-9]+(\\.[0-9]+)?(h|m|s|ms|us|ns))+)$"},
@@ -319,9 +356,11 @@ pub(super) fn fill(
                             }
                             (_, ParamKind::BaseUrl) => out.push_str(value.trim_end_matches('/')),
                             (Context::JsonPath, _) => out.push_str(&escape_jsonpath(value)),
-                            // A status is digits (checked); anything else is text
+                            // A status or a count is digits (checked); anything else is text
                             // inside a '…' literal, and cannot end it.
-                            (Context::Cel, ParamKind::Status) => out.push_str(value),
+                            (Context::Cel, ParamKind::Status | ParamKind::Count) => {
+                                out.push_str(value)
+                            }
                             (Context::Cel, _) => out.push_str(&escape_jsonpath(value)),
                             _ => out.push_str(value),
                         }
