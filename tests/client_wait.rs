@@ -8,11 +8,11 @@ use crate::support::*;
 use serde_json::{Value, json};
 
 /// No server: a URL that answers nothing, so a test would fail if `wait` used it.
-const NO_SERVER: &str = "http://127.0.0.1:1";
+pub(crate) const NO_SERVER: &str = "http://127.0.0.1:1";
 
 /// `waitd wait` with the spec in `file`, allowed to poll the local upstream, with
 /// the test's fast timings allowed.
-fn wait_args<'a>(file: &'a std::path::Path, more: &[&'a str]) -> Vec<&'a str> {
+pub(crate) fn wait_args<'a>(file: &'a std::path::Path, more: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "wait",
         "--spec",

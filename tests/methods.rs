@@ -17,26 +17,26 @@ use crate::support::*;
 
 /// One request as the target saw it.
 #[derive(Clone, Debug)]
-struct Seen {
-    method: Method,
-    path: String,
-    key: Option<String>,
-    content_type: Option<String>,
-    body: Bytes,
+pub(crate) struct Seen {
+    pub method: Method,
+    pub path: String,
+    pub key: Option<String>,
+    pub content_type: Option<String>,
+    pub body: Bytes,
 }
 
 /// A target that refuses a request without an `Idempotency-Key` (400), and
 /// answers `{"data": {"status": "on"}}` to the `ready`-th request of a path
 /// (`pending` before), after `delay`.
 #[derive(Clone)]
-struct Target {
+pub(crate) struct Target {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     heard: Arc<tokio::sync::Notify>,
 }
 
 impl Target {
-    async fn start(ready: usize, delay: Duration) -> Target {
+    pub(crate) async fn start(ready: usize, delay: Duration) -> Target {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let heard = Arc::new(tokio::sync::Notify::new());
         let (s, h) = (seen.clone(), heard.clone());
@@ -85,11 +85,11 @@ impl Target {
         Target { addr, seen, heard }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    fn seen(&self, path: &str) -> Vec<Seen> {
+    pub(crate) fn seen(&self, path: &str) -> Vec<Seen> {
         let seen = self.seen.lock().unwrap();
         seen.iter().filter(|s| s.path == path).cloned().collect()
     }

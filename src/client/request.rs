@@ -25,6 +25,31 @@ pub struct SpecArgs {
     /// The URL to poll (target.url).
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
+    /// Wait for HOST:PORT to accept a TCP connection (target.url
+    /// tcp://HOST:PORT); conditions read tcp.connected, tcp.elapsed.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["url", "tls"])]
+    pub tcp: Option<String>,
+    /// Wait for the certificate chain HOST:PORT serves to verify (target.url
+    /// tls://HOST:PORT); conditions read tls.days_left, tls.sans and the rest.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "url")]
+    pub tls: Option<String>,
+    /// A PEM file of the certificate authorities the target's chain must verify
+    /// to, instead of the platform's (target.tls.ca; at most 32 KiB).
+    #[arg(long, value_name = "FILE", conflicts_with = "tcp")]
+    pub ca: Option<PathBuf>,
+    /// With --tls: the name the server is asked for (SNI) and its chain verified
+    /// for, instead of HOST (target.tls.server_name).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["url", "tcp"])]
+    pub server_name: Option<String>,
+    /// The method of each poll: GET (the default), POST, PUT, PATCH or DELETE
+    /// (target.method). A poll that is not a GET carries its own Idempotency-Key.
+    #[arg(long, value_name = "METHOD", conflicts_with_all = ["tcp", "tls"])]
+    pub method: Option<String>,
+    /// The body each poll sends (target.body): TEXT, or @FILE for a file's text
+    /// (@- reads standard input), at most 16 KiB. A JSON object or array is sent
+    /// as JSON, anything else as text. Without --method the method is POST.
+    #[arg(long, value_name = "@FILE|TEXT", conflicts_with_all = ["tcp", "tls"])]
+    pub data: Option<String>,
     /// The JSON Pointer or JSONPath of the state in the target's answer, e.g.
     /// /data/attributes/status (used with --want and --fail).
     #[arg(long, value_name = "PATH")]
@@ -58,7 +83,7 @@ pub struct SpecArgs {
     /// A header to send with each poll, NAME:VALUE (e.g. 'Authorization: Bearer
     /// …'); repeat for several. Values are secrets, as in target.headers: never
     /// shown back, and sealed at rest by a server with a secret key.
-    #[arg(long = "header", value_name = "NAME:VALUE")]
+    #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with_all = ["tcp", "tls"])]
     pub headers: Vec<String>,
 }
 
@@ -103,12 +128,18 @@ pub struct CreateArgs {
 
 /// The flags that describe one wait, which a group (--all, --any) does not take,
 /// after `all`, which `--any` does not take either.
-const GROUP_CONFLICTS: [&str; 12] = [
+const GROUP_CONFLICTS: [&str; 18] = [
     "all",
     "preset",
     "params",
     "spec",
     "url",
+    "tcp",
+    "tls",
+    "ca",
+    "server_name",
+    "method",
+    "data",
     "state",
     "want",
     "fail",
@@ -259,17 +290,29 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         None => Map::new(),
         Some(path) => read_request(path)?,
     };
-    if a.spec.is_none() && a.preset.is_none() && a.url.is_none() {
+    if a.spec.is_none()
+        && a.preset.is_none()
+        && a.url.is_none()
+        && a.tcp.is_none()
+        && a.tls.is_none()
+    {
         return Err(
-            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, or --url URL with --state PATH --want STATE or --success-condition EXPR"
+            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT or --tls HOST:PORT"
                 .into(),
         );
     }
-    if let Some(url) = &a.url {
+    let url = match (&a.url, &a.tcp, &a.tls) {
+        (Some(url), _, _) => Some(url.clone()),
+        (_, Some(address), _) => Some(format!("tcp://{}", host_port("--tcp", address)?)),
+        (_, _, Some(address)) => Some(format!("tls://{}", host_port("--tls", address)?)),
+        _ => None,
+    };
+    if let Some(url) = url {
         let mut target = take_object(&mut req, "target");
         target.insert("url".into(), json!(url));
         req.insert("target".into(), Value::Object(target));
     }
+    add_target_flags(&mut req, a)?;
     for (key, value) in [
         ("state", &a.state),
         ("success_condition", &a.success_condition),
@@ -307,6 +350,81 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         req.insert("target".into(), Value::Object(target));
     }
     Ok(req)
+}
+
+/// `--tcp` or `--tls` HOST:PORT, checked enough to name the flag; the validator
+/// judges the rest (as target.url).
+fn host_port<'a>(flag: &str, address: &'a str) -> Result<&'a str, Problem> {
+    let shown: String = address.chars().take(100).collect();
+    let has_port = address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if address.contains("://") || address.contains('/') || !has_port {
+        return Err(format!(
+            "{flag} takes HOST:PORT, e.g. {flag} db.internal:5432 or {flag} [::1]:443, not \"{shown}\""
+        )
+        .into());
+    }
+    Ok(address)
+}
+
+/// `--ca`, `--server-name`, `--method` and `--data` into the request's target.
+fn add_target_flags(req: &mut Map<String, Value>, a: &SpecArgs) -> Result<(), Problem> {
+    use crate::engine::spec::{MAX_BODY, tls::MAX_PEM_LEN};
+    if a.ca.is_none() && a.server_name.is_none() && a.method.is_none() && a.data.is_none() {
+        return Ok(());
+    }
+    let mut target = take_object(req, "target");
+    if a.ca.is_some() || a.server_name.is_some() {
+        let mut tls = take_object(&mut target, "tls");
+        if let Some(path) = &a.ca {
+            let pem = read_bounded(path, MAX_PEM_LEN, "a PEM file of certificate authorities")
+                .map_err(|Problem(e)| format!("--ca: {e}"))?;
+            tls.insert("ca".into(), json!(pem));
+        }
+        if let Some(name) = &a.server_name {
+            tls.insert("server_name".into(), json!(name));
+        }
+        target.insert("tls".into(), Value::Object(tls));
+    }
+    if let Some(m) = &a.method {
+        let upper = m.to_ascii_uppercase();
+        if !["GET", "POST", "PUT", "PATCH", "DELETE"].contains(&upper.as_str()) {
+            let shown: String = m.chars().take(16).collect();
+            return Err(
+                format!("--method takes GET, POST, PUT, PATCH or DELETE, not \"{shown}\"").into(),
+            );
+        }
+        target.insert("method".into(), json!(upper));
+    }
+    if let Some(data) = &a.data {
+        let text = match data.strip_prefix('@') {
+            Some(path) => read_bounded(Path::new(path), MAX_BODY, "a request body")
+                .map_err(|Problem(e)| format!("--data: {e}"))?,
+            None => data.clone(),
+        };
+        if text.len() > MAX_BODY {
+            return Err(format!(
+                "--data is {} bytes long; a body is at most {MAX_BODY}",
+                text.len()
+            )
+            .into());
+        }
+        if target.get("method").and_then(Value::as_str) == Some("GET") {
+            return Err(
+                "--data is sent only with another method than GET: give --method POST, PUT, PATCH or DELETE"
+                    .into(),
+            );
+        }
+        target.entry("method").or_insert_with(|| json!("POST"));
+        let body = match serde_json::from_str::<Value>(&text) {
+            Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
+            _ => json!(text),
+        };
+        target.insert("body".into(), body);
+    }
+    req.insert("target".into(), Value::Object(target));
+    Ok(())
 }
 
 /// `--poll INITIAL[,FACTOR[,MAX]]` as the request's `poll` fields. The bounds (the
