@@ -224,6 +224,10 @@ async fn each_flag_that_cannot_be_used_is_refused_by_name() {
         ),
         (vec!["--url", url, "--data", &long_at], "--data:"),
         (vec!["--tls", "127.0.0.1:9", "--ca", long_path], "--ca:"),
+        (
+            vec!["--url", url, "--data", "@-", "--ca", "-"],
+            "--ca - and --data @- would each read standard input",
+        ),
     ] {
         let run = waitd(NO_SERVER, &wait_json(&timings, &flags)).await;
         assert_eq!(run.code, 5, "{flags:?}: {run:?}");

@@ -286,6 +286,22 @@ fn add_pairs(
 
 /// The request the flags describe: the spec file (if any), then the flags over it.
 pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem> {
+    let stdin = |p: Option<&Path>| p.is_some_and(|p| p.as_os_str() == "-");
+    let readers: Vec<&str> = [
+        ("--spec -", stdin(a.spec.as_deref())),
+        ("--ca -", stdin(a.ca.as_deref())),
+        ("--data @-", a.data.as_deref() == Some("@-")),
+    ]
+    .into_iter()
+    .filter_map(|(flag, reads)| reads.then_some(flag))
+    .collect();
+    if readers.len() > 1 {
+        return Err(format!(
+            "{} would each read standard input; give all but one of them as a file",
+            readers.join(" and ")
+        )
+        .into());
+    }
     let mut req = match &a.spec {
         None => Map::new(),
         Some(path) => read_request(path)?,
