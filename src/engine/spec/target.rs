@@ -29,6 +29,7 @@ pub struct Target {
     /// The request method, default GET. Any other method sends a new
     /// `Idempotency-Key` with each poll, and its polls are never shared.
     #[serde(default, skip_serializing_if = "Method::is_get")]
+    #[schema(value_type = Option<Method>)]
     pub method: Method,
     /// The request body (at most 16 KiB), only with a method other than GET: a
     /// string is sent as it is (`Content-Type: text/plain; charset=utf-8` unless
