@@ -36,6 +36,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0015_deliveries_notice.sql",
     "0016_owner_claim_at.sql",
     "0017_slots.sql",
+    "0018_callbacks.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -49,6 +50,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0008_retention.sql",
     "0009_groups.sql",
     "0010_traces.sql",
+    "0011_callbacks.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

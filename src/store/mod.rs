@@ -14,6 +14,8 @@
 //! - [`outbox`] ([`Store::outbox`]): webhook deliveries.
 //! - [`groups`] ([`Store::groups`]): groups' creates, reads, ends and progress.
 //! - [`retention`] ([`Store::retention`]): deleting ended waits.
+//! - [`callbacks`] ([`Store::callbacks`]): callback waits' secrets, heartbeats and
+//!   ends.
 //!
 //! The worker holds the leases handle, the deliverer the outbox's, the group
 //! watcher the groups', the retention sweep its own and the event feed the
@@ -149,6 +151,8 @@ pub mod events;
 pub use events::{Events, FeedEvent};
 pub mod retention;
 pub use retention::Retention;
+pub mod callbacks;
+pub use callbacks::{Callback, CallbackEnd, Callbacks};
 
 /// Batches of ended ids [`Groups::local_ends`] keeps for a slow receiver.
 const LOCAL_ENDS: usize = 1024;
@@ -174,6 +178,7 @@ struct Core {
 #[derive(Clone, Debug)]
 pub struct Store {
     core: Arc<Core>,
+    callbacks: Callbacks,
     events: Events,
     groups: Groups,
     leases: Leases,
@@ -216,6 +221,7 @@ impl Store {
     fn of(core: Core) -> Store {
         let core = Arc::new(core);
         Store {
+            callbacks: Callbacks { core: core.clone() },
             events: Events { core: core.clone() },
             groups: Groups {
                 core: core.clone(),
@@ -227,6 +233,11 @@ impl Store {
             waits: Waits { core: core.clone() },
             core,
         }
+    }
+
+    /// Callback waits: their secrets' hashes, heartbeats and ends.
+    pub fn callbacks(&self) -> &Callbacks {
+        &self.callbacks
     }
 
     /// The reads of events: a wait's, a tenant's, the feed.

@@ -93,6 +93,7 @@ macro_rules! for_each_store {
     }};
 }
 
+mod callbacks;
 mod events;
 mod leases;
 mod open;

@@ -425,7 +425,7 @@ impl Groups {
             )
             .to_parts()
         };
-        sql!(self.cancel(tenant, id, now, reason, status.as_str(), &ended))
+        sql!(self.end_running(tenant, id, now, reason, status.as_str(), None, &ended))
     }
 
     /// Groups to look at again: running ones past their deadline, and ended ones

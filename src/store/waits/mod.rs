@@ -225,12 +225,13 @@ impl Waits {
             )
             .to_parts()
         };
-        let ended = sql!(self.cancel(
+        let ended = sql!(self.end_running(
             tenant,
             id,
             now,
             CANCEL_REASON,
             Status::Canceled.as_str(),
+            None,
             &canceled
         ))?;
         Ok(self

@@ -103,20 +103,23 @@ impl PgDialect {
         Ok(rows)
     }
 
-    /// Ends a running wait as canceled with the event `event` builds from its last
-    /// state; true when this call ended it.
-    pub(in crate::store) async fn cancel(
+    /// Ends a running wait, whoever holds it (a cancel, a group's end, a
+    /// callback), with the event `event` builds from its last state; true when
+    /// this call ended it.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::store) async fn end_running(
         &self,
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
         reason: &str,
         status: &str,
+        error_detail: Option<&Value>,
         event: &(dyn Fn(Option<String>) -> (&'static str, Value) + Sync),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = $5, reason = $4, finished_at = $3,
+            "UPDATE waits SET status = $5, reason = $4, error_detail = $6, finished_at = $3,
                     updated_at = $3, next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = $1 AND tenant = $2 AND status = 'running'
              RETURNING seq, state",
@@ -126,6 +129,7 @@ impl PgDialect {
         .bind(now)
         .bind(reason)
         .bind(status)
+        .bind(error_detail)
         .fetch_optional(&mut *tx)
         .await?;
         let Some((seq, state)) = row else {

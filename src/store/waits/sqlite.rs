@@ -144,24 +144,27 @@ impl SqliteDialect {
         Ok(rows)
     }
 
-    pub(in crate::store) async fn cancel(
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::store) async fn end_running(
         &self,
         tenant: &str,
         id: Uuid,
         now: DateTime<Utc>,
         reason: &str,
         status: &str,
+        error_detail: Option<&Value>,
         event: &(dyn Fn(Option<String>) -> (&'static str, Value) + Sync),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = ?, reason = ?, finished_at = ?, updated_at = ?, next_poll_at = NULL,
-                    owner = NULL, seq = seq + 1
+            "UPDATE waits SET status = ?, reason = ?, error_detail = ?, finished_at = ?, updated_at = ?,
+                    next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = ? AND tenant = ? AND status = 'running'
              RETURNING seq, state",
         )
         .bind(status)
         .bind(reason)
+        .bind(error_detail.map(Value::to_string))
         .bind(ms(now))
         .bind(ms(now))
         .bind(id)

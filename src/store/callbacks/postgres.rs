@@ -1,0 +1,93 @@
+//! Callbacks on Postgres.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::CallbackRow;
+use crate::store::{PgDialect, StoreError};
+
+type Row = (Uuid, String, Vec<u8>, Option<i64>, DateTime<Utc>);
+
+fn row((wait_id, tenant, secret_hash, heartbeat, beat_at): Row) -> CallbackRow {
+    CallbackRow {
+        wait_id,
+        tenant,
+        secret_hash,
+        heartbeat,
+        beat_at,
+    }
+}
+
+impl PgDialect {
+    pub(in crate::store) async fn register_callback(
+        &self,
+        wait_id: Uuid,
+        tenant: &str,
+        hash: &[u8],
+        heartbeat: Option<i64>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO wait_callbacks (wait_id, tenant, secret_hash, heartbeat, beat_at)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(wait_id)
+        .bind(tenant)
+        .bind(hash)
+        .bind(heartbeat)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(in crate::store) async fn find_callback(
+        &self,
+        hash: &[u8],
+    ) -> Result<Option<CallbackRow>, StoreError> {
+        let found: Option<Row> = sqlx::query_as(
+            "SELECT wait_id, tenant, secret_hash, heartbeat, beat_at FROM wait_callbacks
+             WHERE secret_hash = $1",
+        )
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(found.map(row))
+    }
+
+    pub(in crate::store) async fn beat_callback(
+        &self,
+        wait_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE wait_callbacks c SET beat_at = greatest(c.beat_at, $2)
+             FROM waits w WHERE c.wait_id = $1 AND w.id = c.wait_id AND w.status = 'running'",
+        )
+        .bind(wait_id)
+        .bind(now)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    pub(in crate::store) async fn silent_callbacks(
+        &self,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<CallbackRow>, StoreError> {
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT c.wait_id, c.tenant, c.secret_hash, c.heartbeat, c.beat_at
+             FROM wait_callbacks c JOIN waits w ON w.id = c.wait_id
+             WHERE w.status = 'running' AND c.heartbeat IS NOT NULL
+               AND c.beat_at + c.heartbeat * interval '1 millisecond' < $1
+             LIMIT $2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(row).collect())
+    }
+}
