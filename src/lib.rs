@@ -12,6 +12,7 @@ mod sentence;
 
 pub mod api;
 pub mod bus;
+pub mod callbacks;
 pub mod client;
 pub mod config;
 pub mod cpu;
@@ -185,6 +186,11 @@ impl App {
             store.groups().clone(),
             bus.clone(),
             metrics.clone(),
+            stopped(stop_rx.clone()),
+        )));
+        // Callback waits whose heartbeat fell silent end on every replica.
+        tasks.push(tokio::spawn(callbacks::run(
+            store.callbacks().clone(),
             stopped(stop_rx.clone()),
         )));
         let deliveries_wake = Arc::new(tokio::sync::Notify::new());

@@ -689,10 +689,12 @@ fn kubernetes_rollout_decides_as_kubectl_rollout_status() {
     );
     assert!(
         s.target
+            .as_ref()
+            .unwrap()
             .url
             .ends_with("/apis/apps/v1/namespaces/bar/deployments/foo"),
         "{}",
-        s.target.url
+        s.target.as_ref().unwrap().url
     );
     for (name, body, want) in cases {
         let mut st = start(&s);

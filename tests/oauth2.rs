@@ -644,7 +644,7 @@ mod generated {
                 Ok(spec) => {
                     let shown = serde_json::to_string(&spec.redacted()).unwrap();
                     prop_assert!(!shown.contains(SECRET_MARK), "{}", shown);
-                    if let Some(waitd::engine::spec::Auth::Oauth2(o)) = &spec.target.auth {
+                    if let Some(waitd::engine::spec::Auth::Oauth2(o)) = &spec.target.as_ref().unwrap().auth {
                         prop_assert!(o.client_secret.len() <= 1024);
                         prop_assert!(o.client_id.len() <= 256);
                         prop_assert!(o.params.len() <= 8);

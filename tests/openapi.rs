@@ -65,6 +65,9 @@ fn every_route_is_there_once_with_its_own_operation_id() {
             "GET /waits/{id} get_wait",
             "GET /waits/{id}/deliveries list_deliveries",
             "GET /waits/{id}/events list_wait_events",
+            "POST /callbacks/{secret} complete_callback",
+            "POST /callbacks/{secret}/fail fail_callback",
+            "POST /callbacks/{secret}/heartbeat beat_callback",
             "POST /waits create_wait",
             "POST /waits/{id}/cancel cancel_wait",
             "POST /waits/{id}/deliveries/{delivery}/retry retry_delivery",
@@ -105,8 +108,9 @@ fn problems_are_problem_json_and_every_refusal_that_asks_to_wait_says_for_how_lo
             path == "/healthz"
                 || path == "/readyz"
                 || path == "/metrics"
-                || path == "/openapi.json",
-            "{method} {path}: only the operational routes need no token"
+                || path == "/openapi.json"
+                || path.starts_with("/callbacks/"),
+            "{method} {path}: only the operational routes and callback URLs need no token"
         );
         if !open {
             assert!(op["responses"].get("401").is_some(), "{method} {path} 401");
@@ -140,8 +144,11 @@ fn the_request_says_what_is_required_bounded_and_refused() {
     // Without a preset: a target, and `want` with its `state` or a
     // `success_condition`.
     let by_itself = &create["else"]["allOf"];
-    assert_eq!(by_itself[0]["required"], json!(["target"]));
     assert_eq!(by_itself[0]["properties"]["params"]["type"], "null");
+    let polled = &by_itself[1]["anyOf"][0]["allOf"];
+    assert_eq!(polled[0]["required"], json!(["target"]));
+    // Or a callback in the target's place.
+    assert_eq!(by_itself[1]["anyOf"][1]["required"], json!(["callback"]));
     // A preset's request may leave the target's URL to the preset; a request
     // without one may not.
     assert_eq!(
@@ -150,15 +157,12 @@ fn the_request_says_what_is_required_bounded_and_refused() {
     );
     assert_eq!(schemas["TargetOverlay"].get("required"), None);
     assert_eq!(
-        by_itself[0]["properties"]["target"]["required"],
+        polled[0]["properties"]["target"]["required"],
         json!(["url"])
     );
+    assert_eq!(polled[1]["anyOf"][0]["required"], json!(["state", "want"]));
     assert_eq!(
-        by_itself[1]["anyOf"][0]["required"],
-        json!(["state", "want"])
-    );
-    assert_eq!(
-        by_itself[1]["anyOf"][1]["required"],
+        polled[1]["anyOf"][1]["required"],
         json!(["success_condition"])
     );
     assert_eq!(

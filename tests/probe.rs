@@ -832,7 +832,10 @@ async fn a_name_that_resolves_to_loopback_is_refused_when_connecting() {
     });
     let s = spec(&format!("http://evil.test:{}/", addr.port()), json!({}));
     // The name itself passes the creation-time check...
-    assert_eq!(p.guard().check_url(&url(&s.target.url)), Ok(()));
+    assert_eq!(
+        p.guard().check_url(&url(&s.target.as_ref().unwrap().url)),
+        Ok(())
+    );
     // ...and is refused on the address it resolves to, for good.
     let error = permanent(p.probe(&s).await);
     assert!(

@@ -238,13 +238,13 @@ proptest::proptest! {
                 "{errors:?}"
             ),
             Ok(spec) => {
-                let url = url::Url::parse(&spec.target.url).unwrap();
+                let url = url::Url::parse(&spec.target.as_ref().unwrap().url).unwrap();
                 proptest::prop_assert_eq!(url.scheme(), "tcp");
                 proptest::prop_assert!(url.port().is_some());
-                proptest::prop_assert!(spec.target.url.len() <= limits.max_url_len);
+                proptest::prop_assert!(spec.target.as_ref().unwrap().url.len() <= limits.max_url_len);
                 let again = serde_json::to_value(&spec).unwrap();
                 let back = waitd::engine::Spec::from_request(&again, &limits).unwrap();
-                proptest::prop_assert_eq!(back.target.url, spec.target.url);
+                proptest::prop_assert_eq!(&back.target.as_ref().unwrap().url, &spec.target.as_ref().unwrap().url);
             }
         }
     }
@@ -260,7 +260,7 @@ fn a_tcp_address_is_read_in_its_normal_form_and_back() {
     ] {
         let spec =
             waitd::engine::Spec::from_request(&json!({"target": {"url": given}}), &limits).unwrap();
-        assert_eq!(spec.target.url, normal);
+        assert_eq!(spec.target.as_ref().unwrap().url, normal);
         assert_eq!(spec.want, ["connected"]);
         let again = serde_json::to_value(&spec).unwrap();
         let back = waitd::engine::Spec::from_request(&again, &limits).unwrap();

@@ -18,9 +18,9 @@ pub(super) fn guard(
     at: &str,
     target: bool,
 ) -> ApiResult<()> {
-    if target {
-        if let Some(crate::engine::spec::Auth::Credential(name)) = &spec.target.auth {
-            let url = url::Url::parse(&spec.target.url)
+    if target && let Some(own) = &spec.target {
+        if let Some(crate::engine::spec::Auth::Credential(name)) = &own.auth {
+            let url = url::Url::parse(&own.url)
                 .map_err(|e| ApiError::bad_request(format!("{at}target.url: {e}")))?;
             let granted = s
                 .credentials
@@ -32,18 +32,18 @@ pub(super) fn guard(
                         format!("{at}target.auth.credential: {why}"),
                     )
                 })?;
-            if granted.tls.is_some() && spec.target.tls.is_some() {
+            if granted.tls.is_some() && own.tls.is_some() {
                 return Err(ApiError::bad_request(format!(
                     "{at}target.tls: the credential \"{name}\" brings its own TLS settings; remove target.tls"
                 )));
             }
         }
-        let url = url::Url::parse(&spec.target.url)
+        let url = url::Url::parse(&own.url)
             .map_err(|e| ApiError::bad_request(format!("{at}target.url: {e}")))?;
         s.guard
             .check_url(&url)
             .map_err(|refused| ApiError::unprocessable(format!("{at}target.url: {refused}")))?;
-        if let Some(crate::engine::spec::Auth::Oauth2(o)) = &spec.target.auth {
+        if let Some(crate::engine::spec::Auth::Oauth2(o)) = &own.auth {
             let url = url::Url::parse(&o.token_url).map_err(|e| {
                 ApiError::bad_request(format!("{at}target.auth.oauth2.token_url: {e}"))
             })?;

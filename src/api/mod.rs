@@ -10,6 +10,7 @@
 //! here to build the document and imports no handler.
 
 pub mod auth;
+pub mod callbacks;
 mod deliveries;
 pub mod error;
 mod events;
@@ -122,6 +123,15 @@ pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::openapi))
 }
 
+/// The callback URLs of callback waits: documented, outside authentication (the
+/// URL's secret is the credential).
+pub(crate) fn callback_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(callbacks::complete_callback))
+        .routes(routes!(callbacks::fail_callback))
+        .routes(routes!(callbacks::beat_callback))
+}
+
 /// The router with every route; tests and `serve` both use it.
 pub fn router(state: AppState) -> Router {
     let (api, _) = api_routes()
@@ -131,8 +141,10 @@ pub fn router(state: AppState) -> Router {
         ))
         .split_for_parts();
     let (ops, _) = ops_routes().split_for_parts();
+    let (callbacks, _) = callback_routes().split_for_parts();
     let app = api
         .merge(ops)
+        .merge(callbacks)
         .route("/", get(ui::to_dashboard))
         .route("/ui", get(ui::to_dashboard))
         .route("/ui/", get(ui::index))

@@ -33,6 +33,7 @@ use crate::model::{EventBody, Status};
         (name = "events", description = "A wait's history, and live streams"),
         (name = "presets", description = "Named waiter definitions a create request can start from"),
         (name = "webhooks", description = "A wait's webhook deliveries (its `notify` entries), and redelivery"),
+        (name = "callbacks", description = "The URL a callback wait's create answers with: POST to it to end the wait; no token needed"),
         (name = "operations", description = "Liveness, readiness, metrics and this document; no token needed"),
     )
 )]
@@ -83,7 +84,7 @@ impl PartialSchema for CreateWait {
                 .into(),
         );
         fields.description = Some(
-            "A wait to create: name a `preset`, or give `target` and either `state` and `want` or a `success_condition` (and whatever else differs from the defaults). Unknown fields are refused.".into(),
+            "A wait to create: name a `preset`; or give `target` and either `state` and `want` or a `success_condition`; or give `callback` in the target's place (and whatever else differs from the defaults). Unknown fields are refused.".into(),
         );
         fields.examples = vec![
             json!({
@@ -97,15 +98,25 @@ impl PartialSchema for CreateWait {
         ];
         // Without a preset: the fields a wait needs (`want` with its `state`, or a
         // `success_condition`), and no params.
-        let mut by_itself =
-            ObjectBuilder::new().property("params", ObjectBuilder::new().schema_type(Type::Null));
+        // A callback wait gives `callback` in the target's place, and needs nothing
+        // to decide by.
+        let mut polled = ObjectBuilder::new().required("target");
         for name in needed {
-            by_itself = by_itself.required(name);
+            polled = polled.required(name);
         }
         let decided = AnyOfBuilder::new()
             .item(ObjectBuilder::new().required("state").required("want"))
             .item(ObjectBuilder::new().required("success_condition"));
-        let by_itself = AllOfBuilder::new().item(by_itself).item(decided);
+        let polled = AllOfBuilder::new().item(polled).item(decided);
+        let called = ObjectBuilder::new()
+            .required("callback")
+            .property("target", ObjectBuilder::new().schema_type(Type::Null));
+        let by_itself = AllOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .property("params", ObjectBuilder::new().schema_type(Type::Null)),
+            )
+            .item(AnyOfBuilder::new().item(polled).item(called));
         let either = AnyOfBuilder::new()
             .item(
                 ObjectBuilder::new()
@@ -314,6 +325,7 @@ impl Modify for Links {
 fn build() -> serde_json::Value {
     let (_, mut doc) = super::api_routes()
         .merge(super::ops_routes())
+        .merge(super::callback_routes())
         .split_for_parts();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     Security.modify(&mut doc);
@@ -355,14 +367,16 @@ fn create_wait_as_one_object(doc: &mut serde_json::Value) {
         return;
     };
     let mut fields = create["allOf"][0].take();
-    fields["properties"]["target"]["$ref"] = json!("#/components/schemas/TargetOverlay");
+    fields["properties"]["target"] = json!({"$ref": "#/components/schemas/TargetOverlay"});
+    fields["properties"]["callback"] = json!({"$ref": "#/components/schemas/Callback"});
     // A null is "not given", for `notify` as for every other field of a request
     // (a read never shows it null, so `Spec`'s says an array).
     fields["properties"]["notify"]["type"] = json!(["array", "null"]);
     let either = &mut create["allOf"][1]["anyOf"];
     fields["if"] = either[0].take();
     fields["else"] = either[1].take();
-    fields["else"]["allOf"][0]["properties"]["target"] = json!({"required": ["url"]});
+    fields["else"]["allOf"][1]["anyOf"][0]["allOf"][0]["properties"]["target"] =
+        json!({"required": ["url"]});
     *create = fields;
 }
 
@@ -535,14 +549,14 @@ mod tests {
         assert_eq!(names, expected);
         assert_eq!(body["allOf"][0]["additionalProperties"], json!(false));
         let by_itself = &body["allOf"][1]["anyOf"][1]["allOf"];
-        assert_eq!(by_itself[0]["required"], json!(["target"]));
+        let polled = &by_itself[1]["anyOf"][0]["allOf"];
+        assert_eq!(polled[0]["required"], json!(["target"]));
+        assert_eq!(polled[1]["anyOf"][0]["required"], json!(["state", "want"]));
         assert_eq!(
-            by_itself[1]["anyOf"][0]["required"],
-            json!(["state", "want"])
-        );
-        assert_eq!(
-            by_itself[1]["anyOf"][1]["required"],
+            polled[1]["anyOf"][1]["required"],
             json!(["success_condition"])
         );
+        let called = &by_itself[1]["anyOf"][1];
+        assert_eq!(called["required"], json!(["callback"]));
     }
 }

@@ -118,6 +118,21 @@ pub async fn create_wait(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %created.wait.id, "wait created");
     }
+    let callback_url = match (&spec.callback, created.existing) {
+        (Some(cb), false) => {
+            Some(register_callback(&s, &tenant, &created.wait, cb, &headers).await?)
+        }
+        _ => None,
+    };
+    if let Some(url) = callback_url {
+        // Only this answer carries the URL: the store keeps its secret's hash.
+        let mut shown = serde_json::to_value(&created.wait).map_err(|_| ApiError::internal())?;
+        shown["callback_url"] = serde_json::Value::String(url);
+        return Ok(with_location(
+            json_response(StatusCode::CREATED, shown),
+            created.wait.id,
+        ));
+    }
     let mut res = match hold.zip(slot) {
         Some((hold, slot)) if created.wait.is_running() => {
             let (wait, why) = block(&s, &tenant, created.wait.id, hold, slot).await?;
@@ -134,6 +149,45 @@ pub async fn create_wait(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(res)
+}
+
+/// Keeps the hash of a fresh secret for a callback wait just created, and answers
+/// its callback URL on the address the request came to. A wait whose secret cannot
+/// be kept could never be completed: it is canceled, and the answer is the error.
+async fn register_callback(
+    s: &AppState,
+    tenant: &str,
+    wait: &Wait,
+    cb: &crate::engine::spec::Callback,
+    headers: &HeaderMap,
+) -> ApiResult<String> {
+    let secret = crate::store::callbacks::Secret::generate();
+    let now = Utc::now();
+    if let Err(e) = s
+        .store
+        .callbacks()
+        .register(wait.id, tenant, &secret.hash(), cb.heartbeat, now)
+        .await
+    {
+        let _ = s.store.waits().cancel(tenant, wait.id, now).await;
+        return Err(e.into());
+    }
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let scheme = match headers
+        .get("x-forwarded-proto")
+        .and_then(|h| h.to_str().ok())
+    {
+        Some("https") => "https",
+        _ => "http",
+    };
+    Ok(format!(
+        "{scheme}://{host}{}{}",
+        super::callbacks::PATH,
+        secret.expose()
+    ))
 }
 
 /// A request that names no preset (nor its `params`), no condition and no JSONPath

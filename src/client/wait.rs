@@ -59,7 +59,8 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
     let floor = limits.min_poll_interval;
     let spec = validate(Value::Object(request), limits).await?;
     let poller = Poller::new(&a.allow_targets).map_err(|e| e.0)?;
-    if let Ok(url) = url::Url::parse(&spec.target.url)
+    if let Some(target) = &spec.target
+        && let Ok(url) = url::Url::parse(&target.url)
         && let Some(why) = poller.refusal(&url)
     {
         return Err(why.into());

@@ -25,14 +25,15 @@ pub(super) struct Sent {
 /// The method and body of the spec's target, when it is not a plain GET; a body
 /// adds its `Content-Type` to `headers` unless they have one.
 pub(super) fn sent(spec: &Spec, headers: &mut HeaderMap) -> Option<Box<Sent>> {
-    let method = match spec.target.method {
+    let target = spec.target.as_ref()?;
+    let method = match target.method {
         spec::Method::Get => return None,
         spec::Method::Post => Method::POST,
         spec::Method::Put => Method::PUT,
         spec::Method::Patch => Method::PATCH,
         spec::Method::Delete => Method::DELETE,
     };
-    let body = match &spec.target.body {
+    let body = match &target.body {
         Some(b) => {
             if !headers.contains_key(CONTENT_TYPE) {
                 headers.insert(CONTENT_TYPE, HeaderValue::from_static(body_content_type(b)));

@@ -326,7 +326,10 @@ sentence_error! {
 
 /// The spec's target URL, parsed; the error is the observation a probe of it makes.
 pub fn target_url(spec: &Spec) -> Result<url::Url, TargetError> {
-    url::Url::parse(&spec.target.url)
+    let Some(target) = &spec.target else {
+        return Err("a callback wait has no target to poll".to_string().into());
+    };
+    url::Url::parse(&target.url)
         .map_err(|e| format!("the target URL is not a valid absolute URL ({e})").into())
 }
 

@@ -22,6 +22,9 @@ impl Prober {
         shareable: bool,
     ) -> Result<Target, TargetError> {
         let url = target_url(spec)?;
+        let Some(target) = &spec.target else {
+            return Err("a callback wait has no target to poll".to_string().into());
+        };
         let uri: Uri = url
             .as_str()
             .parse()
@@ -33,7 +36,7 @@ impl Prober {
         )
         .into();
         let mut headers = HeaderMap::new();
-        for (name, value) in &spec.target.headers {
+        for (name, value) in &target.headers {
             let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
                 return Err(format!(
                     "the target header name \"{name}\" is not a valid header name"
@@ -67,7 +70,7 @@ impl Prober {
             .err()
             .map(|r| r.to_string().into_boxed_str());
         let mut granted_tls = None;
-        let auth = match &spec.target.auth {
+        let auth = match &target.auth {
             Some(Auth::Oauth2(o)) => Some(Bearer::Minted(
                 self.inner
                     .tokens
@@ -86,7 +89,7 @@ impl Prober {
             None => None,
         };
         let credential = auth.as_ref().map(|c| hex::encode(c.key()));
-        let tls = match spec.target.tls.as_ref().filter(|_| url.scheme() != "tls") {
+        let tls = match target.tls.as_ref().filter(|_| url.scheme() != "tls") {
             Some(own) => {
                 let unusable =
                     |why: String| format!("the target's TLS settings cannot be used: {why}");
@@ -111,8 +114,7 @@ impl Prober {
         // What the request sends but its URL: the headers (names in lower case,
         // sorted) and the credential (the same one, of the same tenant, sends the
         // same token).
-        let mut sent: Vec<(String, &str)> = spec
-            .target
+        let mut sent: Vec<(String, &str)> = target
             .headers
             .iter()
             .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str()))
@@ -131,7 +133,7 @@ impl Prober {
         let group = (shareable
             && own.is_none()
             && !matches!(url.scheme(), "tcp" | "tls")
-            && spec.target.share
+            && target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())
         .then(|| {

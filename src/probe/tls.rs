@@ -111,7 +111,7 @@ impl ServerCertVerifier for Recording {
 /// The verifier of a wait: exactly its authorities, or the platform's.
 fn verifier(spec: &Spec) -> Result<Arc<dyn ServerCertVerifier>, String> {
     let provider = crate::engine::spec::tls::crypto_provider();
-    let roots = match &spec.target.tls {
+    let roots = match spec.target.as_ref().and_then(|t| t.tls.as_ref()) {
         Some(own) => own.roots()?,
         None => Vec::new(),
     };
@@ -251,8 +251,8 @@ impl super::Prober {
         .with_no_client_auth();
         let asked = spec
             .target
-            .tls
             .as_ref()
+            .and_then(|t| t.tls.as_ref())
             .and_then(|t| t.server_name.clone())
             .unwrap_or_else(|| host.to_string());
         let name = ServerName::try_from(asked)

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::columns::{Json, Time, from_row};
 use super::secrets;
 use super::{Checkpoint, Ended, Ending, Event, EventBody, Progress, Status, StoreError, Wait};
-use crate::engine::spec::Notify;
+use crate::engine::spec::{Notify, Target};
 use crate::engine::{EngineState, Spec};
 
 from_row! {
@@ -279,6 +279,13 @@ impl NewWait {
         trace: Option<&str>,
     ) -> Result<NewWait, StoreError> {
         let (engine, first_poll) = EngineState::start(spec, now);
+        // A callback wait has nothing to poll: its worker looks at it only at its
+        // deadline (docs/design.md §2.15).
+        let first_poll = if spec.callback.is_some() {
+            engine.deadline
+        } else {
+            first_poll
+        };
         let created = EventBody::Created {
             deadline: engine.deadline,
         };
@@ -287,7 +294,13 @@ impl NewWait {
             first_poll,
             spec: to_json(&spec.redacted(), "spec")?,
             headers: cipher
-                .seal(&spec.target.secrets())
+                .seal(
+                    &spec
+                        .target
+                        .as_ref()
+                        .map(Target::secrets)
+                        .unwrap_or_default(),
+                )
                 .map_err(|why| StoreError::Decode {
                     what: "target headers",
                     why: why.0,

@@ -19,11 +19,18 @@ use crate::store::{Ended, Progress, WaitEpoch};
 /// a target that never answers ends the wait `timed_out` within a moment of it.
 const DEADLINE_GRACE: Duration = Duration::from_millis(250);
 
+/// Why a callback wait that heard nothing by its deadline ended.
+pub const CALLBACK_DEADLINE: &str = "the deadline passed before a callback completed the wait";
+
 impl Loop {
     pub(super) fn start_probe(&mut self, id: Uuid, g: u64) {
         let Some(h) = self.held.get(&id) else {
             return;
         };
+        if h.spec.callback.is_some() {
+            self.callback_due(id, g);
+            return;
+        }
         let spec = h.spec.clone();
         let target = h.target.clone();
         let mut memo = h.memo;
@@ -93,6 +100,36 @@ impl Loop {
         if let Some(h) = self.held.get_mut(&id) {
             h.polling = Some(super::Polling(task.abort_handle()));
         }
+    }
+
+    /// A callback wait has nothing to poll: it is held like any other wait, and its
+    /// one "poll", at its deadline, ends it `timed_out` (a callback that came
+    /// first ended it already, and this write then lands nowhere).
+    fn callback_due(&mut self, id: Uuid, g: u64) {
+        let now = self.clock.now();
+        let Some(h) = self.held.get_mut(&id) else {
+            return;
+        };
+        if now < h.engine.deadline {
+            h.phase = Phase::Idle;
+            let t = h.engine.deadline;
+            self.schedule(id, t);
+            return;
+        }
+        h.phase = Phase::Writing;
+        let progress = Progress {
+            id,
+            epoch: h.epoch,
+            engine: h.engine.clone(),
+            next_poll_at: None,
+            events: Vec::new(),
+            end: Some(Ended {
+                status: crate::model::Status::TimedOut,
+                reason: CALLBACK_DEADLINE.into(),
+                error_detail: None,
+            }),
+        };
+        self.pending.push((progress, g));
     }
 
     /// A probe came back: keep what its conditions decided, and step the engine.

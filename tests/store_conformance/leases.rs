@@ -21,7 +21,7 @@ async fn a_claim_takes_a_lease_that_a_second_claimer_cannot_take_until_it_runs_o
             .unwrap();
         assert_eq!(claimed.len(), 1, "{}", backend.url());
         assert_eq!(
-            claimed[0].spec.target.headers["Authorization"],
+            claimed[0].spec.target.as_ref().unwrap().headers["Authorization"],
             "Bearer secret-token-value"
         );
         assert!(

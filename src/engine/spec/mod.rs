@@ -18,6 +18,7 @@ use super::path::ValuePath;
 use super::schema;
 
 mod auth;
+mod callback;
 mod method;
 mod notify;
 mod schedule;
@@ -26,6 +27,8 @@ mod tcp;
 pub mod tls;
 
 pub use auth::{Auth, ClientAuth, OAuth2, is_credential_name};
+pub use callback::Callback;
+use callback::parse_callback;
 pub use method::{MAX_BODY, Method, body_bytes, body_content_type};
 use notify::parse_notify;
 pub use notify::{MAX_NOTIFY, NOTIFY_EVENTS, Notify, secret_key};
@@ -137,8 +140,14 @@ pub struct Retry {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
-    /// What to poll. Required unless a preset gives it.
-    pub target: Target,
+    /// What to poll. Required unless a preset gives it, or `callback` stands in
+    /// its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
+    /// In place of `target`: the wait ends when someone POSTs to its callback URL,
+    /// which the create's answer carries (docs/design.md §2.15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<Callback>,
     /// Where the state lives in the target's JSON body: a JSON Pointer
     /// (`/data/attributes/status`), a JSONPath (`$.items[*].status`), or `@status`
     /// for the HTTP status code. Required with `want`, `fail`, `pending` or `error`;
@@ -266,6 +275,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 /// The fields of a request (and of [`Spec`]); any other is refused.
 pub const FIELDS: &[&str] = &[
     "target",
+    "callback",
     "state",
     "want",
     "success_condition",
@@ -297,7 +307,13 @@ impl Spec {
         };
         errs.unknown(obj, "", FIELDS);
 
-        let target = parse_target(obj.get("target"), limits, &mut errs);
+        // A callback stands in the target's place, and any POST to it may end
+        // the wait: it needs neither `want` nor `success_condition`.
+        let is_callback = opt(obj, "callback").is_some();
+        let target = match opt(obj, "callback") {
+            None => parse_target(obj.get("target"), limits, &mut errs),
+            Some(_) => None,
+        };
         // A tcp:// target's state is "connected" or "refused": there is no body
         // to point into, and a wait without want is done when it connects.
         let connects = tcp::kind_of(obj.get("target"));
@@ -326,7 +342,7 @@ impl Spec {
                     .into_iter()
                     .filter(|k| opt(obj, k).is_some())
                     .collect();
-                if !needs.is_empty() || opt(obj, "success_condition").is_none() {
+                if !needs.is_empty() || (opt(obj, "success_condition").is_none() && !is_callback) {
                     let why = if needs.is_empty() {
                         String::new()
                     } else {
@@ -353,7 +369,7 @@ impl Spec {
                 vec![done.to_string()]
             }
             None | Some(Value::Null) => {
-                if opt(obj, "success_condition").is_none() {
+                if opt(obj, "success_condition").is_none() && !is_callback {
                     errs.push(
                         "want",
                         "is required unless success_condition is given: list the states that mean done, e.g. [\"on\"]",
@@ -411,6 +427,17 @@ impl Spec {
                 ),
             );
         }
+        let callback = match opt(obj, "callback") {
+            None => None,
+            Some(_) if opt(obj, "target").is_some() => {
+                errs.push(
+                    "callback",
+                    "is given with target: a wait either polls its target or waits for its callback; remove one",
+                );
+                None
+            }
+            Some(v) => parse_callback(v, timeout, &mut errs),
+        };
         let poll = parse_poll(opt(obj, "poll"), timeout, limits, &mut errs);
         let retry = parse_retry(opt(obj, "retry"), limits, &mut errs);
         let labels = parse_labels(opt(obj, "labels"), limits, &mut errs);
@@ -444,7 +471,8 @@ impl Spec {
             return Err(errs.0);
         }
         Ok(Spec {
-            target: target.expect("target is Some when there are no errors"),
+            target,
+            callback,
             state,
             want,
             success_condition,
@@ -467,7 +495,9 @@ impl Spec {
     /// The spec as every read path shows it: header values replaced by `<redacted>`.
     pub fn redacted(&self) -> Spec {
         let mut s = self.clone();
-        s.target.redact();
+        if let Some(t) = &mut s.target {
+            t.redact();
+        }
         for n in &mut s.notify {
             n.secret = REDACTED.to_string();
         }

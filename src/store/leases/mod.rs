@@ -196,8 +196,9 @@ impl Leases {
     fn decode_claim(&self, row: &ClaimRow) -> Result<(Spec, EngineState), String> {
         let mut spec: Spec =
             serde_json::from_value(row.spec.0.clone()).map_err(|e| format!("spec: {e}"))?;
-        spec.target
-            .restore_secrets(self.core.cipher.open(&row.headers.0).map_err(|e| e.0)?);
+        if let Some(target) = &mut spec.target {
+            target.restore_secrets(self.core.cipher.open(&row.headers.0).map_err(|e| e.0)?);
+        }
         let mut engine: EngineState = serde_json::from_value(row.engine.0.clone())
             .map_err(|e| format!("engine state: {e}"))?;
         // A group's deadline may have capped the wait's since its engine began.

@@ -100,7 +100,10 @@ impl Waits {
             });
         }
         let mut nw = NewWait::prepare(spec, now, &self.core.cipher, trace)?;
-        nw.placement = Some(rows::placement(tenant, &spec.target.url));
+        nw.placement = Some(rows::placement(
+            tenant,
+            spec.target.as_ref().map_or("", |t| t.url.as_str()),
+        ));
         let admission = self.admission(tenant, max_active);
         let inserted = match &self.core.db {
             Dialect::Postgres(d) => {

@@ -1,0 +1,163 @@
+//! `/callbacks/{secret}`: the URL a callback wait's create answer carries, and its
+//! `/fail` and `/heartbeat` (docs/design.md §2.15). No API token: the secret is the
+//! credential. A secret that names no wait is a `404` whatever it is, found by its
+//! SHA-256 and compared in constant time; the secret is never logged or shown.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::Utc;
+
+use super::error::{ApiError, ApiResult, Problem};
+use super::extract::JsonBody;
+use super::{AppState, json_response};
+use crate::model::{Status, Wait};
+use crate::store::callbacks::SecretHash;
+use crate::store::{Callback, CallbackEnd};
+
+/// The path a callback URL has, after the server's own address.
+pub const PATH: &str = "/callbacks/";
+
+/// The reason a successful callback records.
+pub const SUCCEEDED: &str = "the callback reported success";
+/// The reason a `/fail` callback records.
+pub const FAILED: &str = "the callback reported a failure";
+
+/// Complete a callback wait
+///
+/// Ends the wait `succeeded`, with the JSON body as what it ended with. The first
+/// completion wins: a later one is a `409` carrying the wait as it ended.
+#[utoipa::path(
+    post, path = "/callbacks/{secret}", tag = "callbacks", operation_id = "complete_callback",
+    params(("secret" = String, Path, description = "The secret of the callback URL the create's answer carried")),
+    security(()),
+    request_body(content = serde_json::Value, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The wait, ended by this callback", body = Wait),
+        (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The wait had already ended: the wait, as it ended", body = Wait),
+        (status = 413, description = "Body over 64 KiB; the wait goes on", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unreachable: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
+    )
+)]
+pub async fn complete_callback(
+    State(s): State<AppState>,
+    Path(secret): Path<String>,
+    JsonBody(_body): JsonBody,
+) -> ApiResult<Response> {
+    let cb = find(&s, &secret).await?;
+    let end = CallbackEnd {
+        status: Status::Succeeded,
+        reason: SUCCEEDED.into(),
+        error_detail: None,
+    };
+    finish(&s, &cb, &end).await
+}
+
+/// Fail a callback wait
+///
+/// Ends the wait `failed`, with the JSON body as its `error_detail`. The first
+/// completion wins: a later one is a `409` carrying the wait as it ended.
+#[utoipa::path(
+    post, path = "/callbacks/{secret}/fail", tag = "callbacks", operation_id = "fail_callback",
+    params(("secret" = String, Path, description = "The secret of the callback URL the create's answer carried")),
+    security(()),
+    request_body(content = serde_json::Value, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The wait, ended by this callback", body = Wait),
+        (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The wait had already ended: the wait, as it ended", body = Wait),
+        (status = 413, description = "Body over 64 KiB; the wait goes on", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unreachable: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
+    )
+)]
+pub async fn fail_callback(
+    State(s): State<AppState>,
+    Path(secret): Path<String>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let cb = find(&s, &secret).await?;
+    let end = CallbackEnd {
+        status: Status::Failed,
+        reason: FAILED.into(),
+        error_detail: Some(crate::engine::bound::detail(&body)),
+    };
+    finish(&s, &cb, &end).await
+}
+
+/// Beat a callback wait's heartbeat
+///
+/// Restarts the clock of the wait's `callback.heartbeat`. The deadline holds
+/// whatever the heartbeats.
+#[utoipa::path(
+    post, path = "/callbacks/{secret}/heartbeat", tag = "callbacks", operation_id = "beat_callback",
+    params(("secret" = String, Path, description = "The secret of the callback URL the create's answer carried")),
+    security(()),
+    responses(
+        (status = 200, description = "The wait, still running", body = Wait),
+        (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The wait had already ended: the wait, as it ended", body = Wait),
+        (status = 503, description = "The store is unreachable: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
+    )
+)]
+pub async fn beat_callback(
+    State(s): State<AppState>,
+    Path(secret): Path<String>,
+) -> ApiResult<Response> {
+    let cb = find(&s, &secret).await?;
+    let beat = s.store.callbacks().beat(cb.wait_id, Utc::now()).await?;
+    let wait = wait_of(&s, &cb).await?;
+    let status = if beat {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    };
+    Ok(json_response(status, &wait))
+}
+
+/// The callback wait `secret` names, or the `404` that says none does.
+async fn find(s: &AppState, secret: &str) -> ApiResult<Callback> {
+    s.store
+        .callbacks()
+        .find(&SecretHash::of(secret))
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "no callback wait has this URL; use the callback_url the wait's create answered with, exactly as given",
+            )
+        })
+}
+
+async fn wait_of(s: &AppState, cb: &Callback) -> ApiResult<Wait> {
+    s.store
+        .waits()
+        .get(&cb.tenant, cb.wait_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no callback wait has this URL"))
+}
+
+/// Ends the wait as `end` says, once: `200` with the wait this ended, or `409`
+/// with the wait as the end that came first left it.
+async fn finish(s: &AppState, cb: &Callback, end: &CallbackEnd) -> ApiResult<Response> {
+    let ended = s
+        .store
+        .callbacks()
+        .end(&cb.tenant, cb.wait_id, end, Utc::now())
+        .await?;
+    let wait = wait_of(s, cb).await?;
+    let status = if ended {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    };
+    Ok(json_response(status, &wait))
+}
