@@ -275,6 +275,7 @@ impl App {
             tokens: token_set.clone(),
             max_active_waits: config.api.max_active_waits,
             rate: Arc::new(api::RateLimiter::new(config.api.rate_limit)),
+            callback_rate: Arc::new(api::callbacks::AddressLimiter::default()),
             stopping: stop_rx,
             feed: events.feed.clone(),
             // A stream holds its connection busy, and a busy connection is never

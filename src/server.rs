@@ -534,7 +534,10 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let service = {
         let slot = slot.clone();
-        tower::service_fn(move |req: axum::http::Request<Incoming>| {
+        tower::service_fn(move |mut req: axum::http::Request<Incoming>| {
+            // Who asked, for what is limited per client address.
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
             let in_flight = slot.start_request();
             let app = app.clone();
             async move {

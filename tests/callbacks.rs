@@ -230,3 +230,17 @@ async fn a_group_of_a_callback_member_and_a_polled_member_ends_when_both_have() 
         finish(app, backend).await;
     }
 }
+
+#[tokio::test]
+async fn guessing_secrets_at_rate_from_one_address_is_refused_429() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    let mut refused = 0;
+    for i in 0..40 {
+        let (status, _) = post_json(&app.url(&format!("/callbacks/guess{i}")), json!({})).await;
+        assert!(status == 404 || status == 429, "{status}");
+        refused += usize::from(status == 429);
+    }
+    assert!(refused > 0, "40 guesses at once meet the per-address limit");
+    finish(app, Backend::Postgres(db)).await;
+}

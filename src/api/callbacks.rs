@@ -3,7 +3,11 @@
 //! credential. A secret that names no wait is a `404` whatever it is, found by its
 //! SHA-256 and compared in constant time; the secret is never logged or shown.
 
-use axum::extract::{Path, State};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::num::NonZeroU32;
+
+use axum::Extension;
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::Utc;
@@ -36,6 +40,8 @@ pub const FAILED: &str = "the callback reported a failure";
         (status = 200, description = "The wait, ended by this callback", body = Wait),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many requests to callback URLs from this address", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
         (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The wait had already ended: the wait, as it ended", body = Wait),
         (status = 413, description = "Body over 64 KiB; the wait goes on", body = Problem, content_type = "application/problem+json"),
@@ -46,10 +52,11 @@ pub const FAILED: &str = "the callback reported a failure";
 )]
 pub async fn complete_callback(
     State(s): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(secret): Path<String>,
     JsonBody(_body): JsonBody,
 ) -> ApiResult<Response> {
-    let cb = find(&s, &secret).await?;
+    let cb = find(&s, peer, &secret).await?;
     let end = CallbackEnd {
         status: Status::Succeeded,
         reason: SUCCEEDED.into(),
@@ -71,6 +78,8 @@ pub async fn complete_callback(
         (status = 200, description = "The wait, ended by this callback", body = Wait),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many requests to callback URLs from this address", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
         (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The wait had already ended: the wait, as it ended", body = Wait),
         (status = 413, description = "Body over 64 KiB; the wait goes on", body = Problem, content_type = "application/problem+json"),
@@ -81,10 +90,11 @@ pub async fn complete_callback(
 )]
 pub async fn fail_callback(
     State(s): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(secret): Path<String>,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let cb = find(&s, &secret).await?;
+    let cb = find(&s, peer, &secret).await?;
     let end = CallbackEnd {
         status: Status::Failed,
         reason: FAILED.into(),
@@ -104,6 +114,8 @@ pub async fn fail_callback(
     responses(
         (status = 200, description = "The wait, still running", body = Wait),
         (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many requests to callback URLs from this address", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
         (status = 409, description = "The wait had already ended: the wait, as it ended", body = Wait),
         (status = 503, description = "The store is unreachable: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
@@ -111,9 +123,10 @@ pub async fn fail_callback(
 )]
 pub async fn beat_callback(
     State(s): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(secret): Path<String>,
 ) -> ApiResult<Response> {
-    let cb = find(&s, &secret).await?;
+    let cb = find(&s, peer, &secret).await?;
     let beat = s.store.callbacks().beat(cb.wait_id, Utc::now()).await?;
     let wait = wait_of(&s, &cb).await?;
     let status = if beat {
@@ -124,8 +137,53 @@ pub async fn beat_callback(
     Ok(json_response(status, &wait))
 }
 
+/// Requests a second to callback URLs per client address (IPv6 by its /64), in
+/// bursts of up to [`BURST`]: a caller guessing secrets gets a `429` well before
+/// it could try many. In memory, per replica.
+pub const PER_SECOND: u32 = 10;
+/// The burst [`PER_SECOND`] allows.
+pub const BURST: u32 = 20;
+
+/// The per-address limit on callback requests.
+#[derive(Debug)]
+pub struct AddressLimiter(governor::DefaultKeyedRateLimiter<IpAddr>);
+
+impl Default for AddressLimiter {
+    fn default() -> Self {
+        let quota = governor::Quota::per_second(NonZeroU32::new(PER_SECOND).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
+        AddressLimiter(governor::RateLimiter::keyed(quota))
+    }
+}
+
+impl AddressLimiter {
+    /// Counts one request from `peer`, or the `429` that refuses it.
+    fn check(&self, peer: Option<SocketAddr>) -> ApiResult<()> {
+        let Some(peer) = peer else {
+            return Ok(());
+        };
+        let key = match peer.ip().to_canonical() {
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) >> 64 << 64)),
+            v4 => v4,
+        };
+        self.0.check_key(&key).map_err(|_| ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests",
+                format!("callback URLs take at most {PER_SECOND} requests a second from one address; try again in 1 s"),
+            )
+        })
+    }
+}
+
 /// The callback wait `secret` names, or the `404` that says none does.
-async fn find(s: &AppState, secret: &str) -> ApiResult<Callback> {
+async fn find(
+    s: &AppState,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    secret: &str,
+) -> ApiResult<Callback> {
+    s.callback_rate.check(peer.map(|c| c.0.0))?;
     s.store
         .callbacks()
         .find(&SecretHash::of(secret))

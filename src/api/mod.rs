@@ -73,6 +73,8 @@ pub struct AppState {
     pub max_active_waits: i64,
     /// Requests per second per API token.
     pub rate: Arc<RateLimiter>,
+    /// Requests per second per client address to callback URLs.
+    pub callback_rate: Arc<callbacks::AddressLimiter>,
     /// Flips to true when the server is stopping: streams and blocked reads end.
     pub stopping: watch::Receiver<bool>,
     /// The replica's feed of new events for the followers of `GET /events`.
