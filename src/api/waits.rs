@@ -93,6 +93,11 @@ pub async fn create_wait(
         body = request;
         spec?
     };
+    if hold.is_some() && spec.callback.is_some() {
+        return Err(ApiError::bad_request(
+            "a callback wait cannot be created with ?wait=: the answer would be held until the wait ends, and no one would see its callback_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",
+        ));
+    }
     guard(&s, &tenant, &spec, "", true)?;
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.

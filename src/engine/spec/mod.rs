@@ -436,7 +436,18 @@ impl Spec {
                 );
                 None
             }
-            Some(v) => parse_callback(v, timeout, &mut errs),
+            Some(v) => {
+                // A callback's body is not judged: any POST to its URL ends it.
+                for field in ["success_condition", "failure_condition", "state"] {
+                    if opt(obj, field).is_some() {
+                        errs.push(
+                            field,
+                            "is not read on a callback wait, which ends by the POST to its URL (its body is the wait's end, /fail for a failure); remove it",
+                        );
+                    }
+                }
+                parse_callback(v, timeout, &mut errs)
+            }
         };
         let poll = parse_poll(opt(obj, "poll"), timeout, limits, &mut errs);
         let retry = parse_retry(opt(obj, "retry"), limits, &mut errs);
