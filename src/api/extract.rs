@@ -273,8 +273,8 @@ fn event_id(v: &str) -> Result<i64, ApiError> {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct WaitEventsQuery {
-    /// Only events with a greater `seq`.
-    #[param(value_type = Option<i64>, minimum = 0, maximum = 999999999999999999i64)]
+    /// Only events with a greater `seq` (empty: from the start).
+    #[param(pattern = "^[0-9]{0,18}$")]
     pub after: Option<String>,
     /// Stream as server-sent events.
     #[param(value_type = Option<bool>)]

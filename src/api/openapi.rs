@@ -368,9 +368,10 @@ fn create_wait_as_one_object(doc: &mut serde_json::Value) {
     };
     let mut fields = create["allOf"][0].take();
     fields["properties"]["target"] = json!({"$ref": "#/components/schemas/TargetOverlay"});
-    fields["properties"]["callback"] = json!({"$ref": "#/components/schemas/Callback"});
-    // A null is "not given", for `notify` as for every other field of a request
-    // (a read never shows it null, so `Spec`'s says an array).
+    // A null is "not given", for `callback` and `notify` as for every other field
+    // of a request (a read never shows `notify` null, so `Spec`'s says an array).
+    fields["properties"]["callback"] =
+        json!({"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Callback"}]});
     fields["properties"]["notify"]["type"] = json!(["array", "null"]);
     let either = &mut create["allOf"][1]["anyOf"];
     fields["if"] = either[0].take();

@@ -149,10 +149,10 @@ fn read_shape(schemas: &mut serde_json::Map<String, Value>) {
         });
     if let Some(field) = spec_field {
         *field = json!({
-            "description": "The normalised request, every header value and secret redacted: a wait's `Spec`, or a group's `GroupSpec`.",
+            "description": "The normalised request, every header value and secret redacted: a group's `GroupSpec` (it has `keep_running`), or a wait's `Spec`.",
             "oneOf": [
-                {"$ref": "#/components/schemas/Spec"},
-                {"$ref": "#/components/schemas/GroupSpec"}
+                {"$ref": "#/components/schemas/GroupSpec"},
+                {"$ref": "#/components/schemas/Spec"}
             ]
         });
     }
