@@ -158,7 +158,7 @@ def main():
     r = create_wait.sync_detailed(client=api, body=group)
     check(r.status_code == 201 and r.parsed.mode == "all", "POST /waits with all: 201, a group")
     made = r.parsed
-    members = made.spec["all"]
+    members = json.loads(r.content)["spec"]["all"]
     check(
         members[0]["target"]["url"] == target_url and members[1] == {"id": str(named.id), "required": False},
         "a group's spec lists its members as made and as named",
