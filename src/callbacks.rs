@@ -57,6 +57,7 @@ pub async fn end_silent(store: &Callbacks) -> Result<usize, StoreError> {
             status: Status::Failed,
             reason: silence_reason(heartbeat),
             error_detail: None,
+            output: None,
         };
         if store.end(&cb.tenant, cb.wait_id, &end, now).await? {
             ended += 1;

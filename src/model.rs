@@ -182,6 +182,12 @@ pub struct Wait {
     pub error_detail: Option<Value>,
     /// The last transient or probe error.
     pub last_error: Option<String>,
+    /// What the wait ended with: the body of the callback that ended a callback
+    /// wait, or the values the spec's `output` names, taken from the response a
+    /// polled wait ended on. At most 64 KiB of JSON; null otherwise.
+    #[serde(default)]
+    #[schema(value_type = Option<Value>)]
+    pub output: Option<Value>,
     pub polls: i32,
     pub retries: i32,
     #[serde(with = "millis")]
@@ -429,6 +435,10 @@ pub struct Ending {
     /// The last transient or probe error, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// What the wait ended with (the wait's `output`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Value>)]
+    pub output: Option<Value>,
 }
 
 impl EventBody {
@@ -547,6 +557,7 @@ mod tests {
                     state: Some("x".into()),
                     error_detail: Some(serde_json::json!({"code": 1})),
                     last_error: None,
+                    output: None,
                 },
             ),
         ];
@@ -555,6 +566,7 @@ mod tests {
             state: None,
             error_detail: None,
             last_error: None,
+            output: None,
         };
         let mut kinds: Vec<&str> = bodies[..3].iter().map(EventBody::kind).collect();
         kinds.extend(Status::ENDS.map(|st| EventBody::end(st, ending.clone()).kind()));
@@ -582,6 +594,7 @@ mod tests {
                     state: None,
                     error_detail: None,
                     last_error: None,
+                    output: None,
                 },
             ),
         };

@@ -1280,7 +1280,7 @@ async fn an_unchanged_response_is_decided_as_before_and_a_changed_one_afresh() {
     let target = prober.target(&s).unwrap();
     let mut memo = None;
     let judged = |o: &Polled| match o {
-        Polled::Observed(Observation::Judged { success, .. }) => *success,
+        Polled::Observed(Observation::Judged { success, .. }, _) => *success,
         other => panic!("{other:?}"),
     };
     let o = prober

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use serde_json::{Number, Value, json};
+use waitd::engine::spec::output::{Output, Pick, take};
 use waitd::engine::{Budget, Limits, Selected, Spec, ValuePath};
 
 /// Field names the parser knows, so random objects often hit real code paths.
@@ -38,6 +39,9 @@ const KEYS: &[&str] = &[
     "preset",
     "params",
     "Authorization",
+    "output",
+    "callback",
+    "heartbeat",
 ];
 
 /// Where a near-valid spec gets a random value.
@@ -69,6 +73,8 @@ const POINTERS: &[&str] = &[
     "/retry/max_retries",
     "/labels",
     "/labels/team",
+    "/output",
+    "/output/id",
     "/wnat",
 ];
 
@@ -386,6 +392,40 @@ proptest! {
             }
             // A path parsed from its own text is the same path.
             prop_assert_eq!(ValuePath::parse(path.as_str()).ok(), Some(path));
+        }
+    }
+
+    #[test]
+    fn any_output_pick_over_any_body_is_taken_within_its_bound(
+        picks in prop::collection::btree_map("[a-z]{1,4}", prop_oneof![
+            path_text(),
+            "(body|headers|status)(\\.[a-z]{1,3}|\\[[0-9]\\]){0,4}( \\+ body\\.[a-z]{1,3}){0,3}",
+            "\\PC{0,16}",
+        ], 1..6),
+        body in json_value(),
+        wide in 0usize..3,
+    ) {
+        // Repeats of the body make the whole of it past the 64 KiB bound at times.
+        let body = if wide == 0 {
+            body
+        } else {
+            json!({"pad": "x".repeat(40_000 * wide), "b": body})
+        };
+        let mut output = Output::new();
+        for (name, text) in &picks {
+            if let Ok(pick) = serde_json::from_value::<Pick>(Value::String(text.clone())) {
+                // A pick reads back as the text it was parsed from.
+                prop_assert_eq!(serde_json::to_value(&pick).unwrap(), Value::String(text.clone()));
+                output.insert(name.clone(), pick);
+            }
+        }
+        let headers = std::collections::BTreeMap::from([("x-a".to_string(), "b".to_string())]);
+        let mut all = output.clone();
+        all.insert("all".into(), serde_json::from_value(json!("body")).unwrap());
+        if let Some(taken) = take(&all, Some(&body), 200, &headers) {
+            let text = serde_json::to_string(&taken).unwrap();
+            prop_assert!(text.len() <= waitd::engine::bound::MAX_OUTPUT, "{} bytes", text.len());
+            prop_assert!(!text.contains("\\u0000"), "{}", text);
         }
     }
 }

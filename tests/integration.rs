@@ -44,6 +44,7 @@ mod oauth2;
 mod openapi;
 mod openapi_answers;
 mod operator_files;
+mod outputs;
 mod presets;
 mod probe;
 mod readme;

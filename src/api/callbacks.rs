@@ -12,9 +12,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::Utc;
 
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::JsonBody;
 use super::{AppState, json_response};
+use crate::engine::{self, Context, Decision, End, EngineState, Outcome, Spec};
 use crate::model::{Status, Wait};
 use crate::store::callbacks::SecretHash;
 use crate::store::{Callback, CallbackEnd};
@@ -29,8 +35,12 @@ pub const FAILED: &str = "the callback reported a failure";
 
 /// Complete a callback wait
 ///
-/// Ends the wait `succeeded`, with the JSON body as what it ended with. The first
-/// completion wins: a later one is a `409` carrying the wait as it ended.
+/// Ends the wait `succeeded`, with the JSON body as its `output`. A wait with a
+/// `state`, `success_condition` or `failure_condition` judges the body first
+/// (`body` and `headers` in the conditions): it ends the wait `succeeded` or
+/// `failed` as a polled response would, or else is progress (`202`, the state
+/// read from it recorded). The first completion wins: a later one is a `409`
+/// carrying the wait as it ended.
 #[utoipa::path(
     post, path = "/callbacks/{secret}", tag = "callbacks", operation_id = "complete_callback",
     params(("secret" = String, Path, description = "The secret of the callback URL the create's answer carried")),
@@ -38,8 +48,10 @@ pub const FAILED: &str = "the callback reported a failure";
     request_body(content = serde_json::Value, content_type = "application/json"),
     responses(
         (status = 200, description = "The wait, ended by this callback", body = Wait),
+        (status = 202, description = "The body met neither condition: the wait, still running, with the state read from it", body = Wait),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No callback wait has this URL", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The body could not be judged (its state path is absent, a condition failed to evaluate); the wait goes on", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many requests to callback URLs from this address", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
         (status = 408, description = "The body did not arrive within the server's body timeout", body = Problem, content_type = "application/problem+json"),
@@ -54,15 +66,122 @@ pub async fn complete_callback(
     State(s): State<AppState>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(secret): Path<String>,
-    JsonBody(_body): JsonBody,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let cb = find(&s, peer, &secret).await?;
-    let end = CallbackEnd {
+    let wait = wait_of(&s, &cb).await?;
+    if wait.status.is_end() {
+        return Ok(json_response(StatusCode::CONFLICT, &wait));
+    }
+    let spec: Spec = serde_json::from_value(wait.spec.clone()).map_err(|e| {
+        tracing::error!(wait = %cb.wait_id, error = %e, "a callback wait's spec does not read back");
+        ApiError::internal()
+    })?;
+    let judged = spec.success_condition.is_some()
+        || spec.failure_condition.is_some()
+        || spec.state.is_some();
+    if !judged {
+        return finish(&s, &cb, &succeeded(SUCCEEDED.into(), &body)).await;
+    }
+    let headers = crate::probe::header_map(&headers);
+    let body = Arc::new(body);
+    let read = Arc::clone(&body);
+    let verdict = crate::cpu::pool()
+        .run(crate::cpu::Lane::Long, &cb.tenant, move || {
+            verdict(&spec, &read, &headers, Utc::now())
+        })
+        .await
+        .map_err(|lost| {
+            ApiError::unprocessable(format!(
+                "the callback's body could not be judged: {lost}; the wait goes on"
+            ))
+        })?;
+    match verdict {
+        Verdict::End(o) if o.end == End::Succeeded => {
+            finish(&s, &cb, &succeeded(o.reason, &body)).await
+        }
+        Verdict::End(o) => {
+            let end = CallbackEnd {
+                status: Status::Failed,
+                reason: o.reason,
+                error_detail: Some(
+                    o.error_detail
+                        .unwrap_or_else(|| crate::engine::bound::detail(&body)),
+                ),
+                output: None,
+            };
+            finish(&s, &cb, &end).await
+        }
+        Verdict::Progress(state) => {
+            if let Some(state) = state {
+                s.store
+                    .callbacks()
+                    .progress(&cb.tenant, cb.wait_id, &state, Utc::now())
+                    .await?;
+            }
+            let wait = wait_of(&s, &cb).await?;
+            let status = if wait.status.is_end() {
+                StatusCode::CONFLICT
+            } else {
+                StatusCode::ACCEPTED
+            };
+            Ok(json_response(status, &wait))
+        }
+        Verdict::Unjudged(why) => Err(ApiError::unprocessable(format!(
+            "the callback's body was not judged: {why}; the wait goes on"
+        ))),
+    }
+}
+
+/// The end of a callback that succeeded, with its body as the wait's output.
+fn succeeded(reason: String, body: &Value) -> CallbackEnd {
+    CallbackEnd {
         status: Status::Succeeded,
-        reason: SUCCEEDED.into(),
+        reason,
         error_detail: None,
+        output: Some(crate::engine::bound::output(body)),
+    }
+}
+
+/// What a callback wait's state path and conditions make of a callback's body.
+enum Verdict {
+    /// It ends the wait `succeeded` or `failed`.
+    End(Outcome),
+    /// It meets neither: the wait goes on, with the state read from it, if any.
+    Progress(Option<String>),
+    /// It could not be judged (the state path is not in it, a condition failed
+    /// to evaluate): the wait goes on unchanged.
+    Unjudged(String),
+}
+
+/// The engine's verdict on a callback's body, judged alone: a callback wait takes
+/// neither `consecutive` nor `require_transition`, so no earlier callback counts.
+fn verdict(
+    spec: &Spec,
+    body: &Value,
+    headers: &std::collections::BTreeMap<String, String>,
+    now: chrono::DateTime<Utc>,
+) -> Verdict {
+    let obs = crate::probe::callback_observation(spec, body, headers);
+    let (mut st, _) = EngineState::start(spec, now);
+    let cx = Context {
+        now,
+        floor: std::time::Duration::ZERO,
+        jitter: 0.0,
     };
-    finish(&s, &cb, &end).await
+    let step = engine::step(spec, &mut st, obs, cx);
+    match step.decision {
+        Decision::End(o) if matches!(o.end, End::Succeeded | End::Failed) => Verdict::End(o),
+        Decision::End(o) => Verdict::Unjudged(o.reason),
+        Decision::PollAt(_) => match step.events.into_iter().find_map(|e| match e {
+            engine::Event::Retry { error, .. } => Some(error),
+            _ => None,
+        }) {
+            Some(error) => Verdict::Unjudged(error),
+            None => Verdict::Progress(st.state),
+        },
+    }
 }
 
 /// Fail a callback wait
@@ -99,6 +218,7 @@ pub async fn fail_callback(
         status: Status::Failed,
         reason: FAILED.into(),
         error_detail: Some(crate::engine::bound::detail(&body)),
+        output: None,
     };
     finish(&s, &cb, &end).await
 }

@@ -204,9 +204,15 @@ fn plain(body: &serde_json::Value) -> bool {
         Some(serde_json::Value::String(p)) => !p.starts_with('$'),
         Some(_) => true,
     };
-    ["preset", "params", "success_condition", "failure_condition"]
-        .iter()
-        .all(|k| body.get(*k).is_none())
+    [
+        "preset",
+        "params",
+        "success_condition",
+        "failure_condition",
+        "output",
+    ]
+    .iter()
+    .all(|k| body.get(*k).is_none())
         && pointer("state")
         && pointer("error")
 }

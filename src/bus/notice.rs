@@ -214,6 +214,7 @@ mod tests {
                         state: Some("on".into()),
                         error_detail: None,
                         last_error: None,
+                        output: None,
                     },
                 ),
             },

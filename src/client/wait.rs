@@ -75,6 +75,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         reason: None,
         error_detail: None,
         last_error: None,
+        output: None,
         polls: 0,
         retries: 0,
         created_at: created,
@@ -137,6 +138,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
                 state: st.state.clone(),
                 error_detail: outcome.error_detail.clone(),
                 last_error: st.last_error.clone(),
+                output: None,
             },
         ),
     );

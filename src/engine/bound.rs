@@ -120,6 +120,52 @@ pub fn detail(v: &Value) -> Value {
     })
 }
 
+/// The most bytes of a wait's `output` as JSON text.
+pub const MAX_OUTPUT: usize = 64 * 1024;
+/// Nesting in an output below this depth is replaced by a marker.
+const OUTPUT_DEPTH: usize = 64;
+
+/// An output as waitd keeps it: NUL replaced in keys and strings and nesting past
+/// 64 levels marked, whole up to [`MAX_OUTPUT`] bytes of JSON; past that, a
+/// preview of its JSON text in its place.
+pub fn output(v: &Value) -> Value {
+    let clean = unnul(v, 0);
+    let whole = serde_json::to_string(&clean).unwrap_or_default();
+    if whole.len() <= MAX_OUTPUT {
+        return clean;
+    }
+    // Escaped inside a string, the preview's text may grow (a quote takes two
+    // bytes, a control character six): it is halved until the whole fits.
+    let mut keep = MAX_OUTPUT / 2;
+    loop {
+        let cut = serde_json::json!({
+            "cut": format!("the output was {} bytes of JSON, more than the {} waitd keeps; preview holds its beginning", whole.len(), MAX_OUTPUT),
+            "bytes": whole.len(),
+            "preview": text(&whole, keep),
+        });
+        if keep < 64 || serde_json::to_string(&cut).map_or(0, |t| t.len()) <= MAX_OUTPUT {
+            return cut;
+        }
+        keep /= 2;
+    }
+}
+
+fn unnul(v: &Value, depth: usize) -> Value {
+    match v {
+        Value::String(s) => Value::String(text(s, usize::MAX).into_owned()),
+        Value::Array(_) | Value::Object(_) if depth >= OUTPUT_DEPTH => {
+            Value::String(format!("… (nested deeper than {OUTPUT_DEPTH} levels)"))
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| unnul(x, depth + 1)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (text(k, usize::MAX).into_owned(), unnul(x, depth + 1)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 fn prune(v: &Value, depth: usize) -> Value {
     match v {
         Value::String(s) => Value::String(text(s, DETAIL_STRING).into_owned()),

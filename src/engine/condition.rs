@@ -284,7 +284,23 @@ impl Condition {
     /// that measure what the parse needs.
     #[doc(hidden)]
     pub fn compile_here(source: &str) -> Result<Condition, ConditionError> {
-        let mut expr = super::cel::check::parse_checked(source, &[], true)?;
+        Condition::compile_as(source, true)
+    }
+
+    /// [`Condition::compile`] of an expression that may yield any value (a wait's
+    /// `output`), evaluated with [`Condition::evaluate_value`].
+    pub fn compile_value(source: &str) -> Result<Condition, ConditionError> {
+        if crate::cpu::on_pool_thread() {
+            return Condition::compile_as(source, false);
+        }
+        let source = source.to_string();
+        crate::cpu::pool()
+            .run_blocking(move || Condition::compile_as(&source, false))
+            .unwrap_or_else(|lost| Err(format!("could not be parsed: {lost}").into()))
+    }
+
+    fn compile_as(source: &str, boolean: bool) -> Result<Condition, ConditionError> {
+        let mut expr = super::cel::check::parse_checked(source, &[], boolean)?;
         let mut reads = Reads::default();
         collect_reads(&expr, &mut reads);
         super::cel::meter::meter(&mut expr);
@@ -390,6 +406,77 @@ impl Condition {
         }
     }
 }
+
+impl Condition {
+    /// Evaluates the expression against `vars`, charging `budget`, to whatever
+    /// JSON it yields (a wait's `output`): timestamps as RFC 3339 text, durations
+    /// as seconds, bytes as their text read lossily.
+    pub fn evaluate_value(&self, vars: &Vars<'_>, budget: &mut Budget) -> Result<Value, Failure> {
+        if budget.left == 0 {
+            return Err(Failure::Budget);
+        }
+        super::cel::start(budget.left);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            vars.context.resolve(&self.expr.expr)
+        }));
+        match super::cel::finish() {
+            Some(left) => budget.left = left,
+            None => {
+                budget.left = 0;
+                return Err(Failure::Budget);
+            }
+        }
+        match result {
+            Ok(Ok(v)) => cel_json(&v, 0).ok_or_else(|| {
+                Failure::Error(format!(
+                    "it evaluated to {}, which has no JSON form",
+                    type_name(&v)
+                ))
+            }),
+            Ok(Err(e)) => Err(Failure::Error(explain(&e))),
+            Err(_) => Err(Failure::Error(
+                "the CEL interpreter failed on this response".into(),
+            )),
+        }
+    }
+}
+
+/// A CEL value as JSON, or `None` for one that has no JSON form (a function, an
+/// opaque value, nesting past [`MAX_JSON_DEPTH`]).
+fn cel_json(v: &cel::Value, depth: usize) -> Option<Value> {
+    use cel::Value as C;
+    if depth > MAX_JSON_DEPTH {
+        return None;
+    }
+    Some(match v {
+        C::Null => Value::Null,
+        C::Bool(b) => Value::Bool(*b),
+        C::Int(i) => Value::from(*i),
+        C::UInt(u) => Value::from(*u),
+        C::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        C::String(s) => Value::String(s.to_string()),
+        C::Bytes(b) => Value::String(String::from_utf8_lossy(b).into_owned()),
+        C::Timestamp(t) => Value::String(t.to_rfc3339()),
+        C::Duration(d) => serde_json::Number::from_f64(d.num_milliseconds() as f64 / 1000.0)
+            .map_or(Value::Null, Value::Number),
+        C::List(items) => Value::Array(
+            items
+                .iter()
+                .map(|x| cel_json(x, depth + 1))
+                .collect::<Option<Vec<_>>>()?,
+        ),
+        C::Map(m) => Value::Object(
+            m.map
+                .iter()
+                .map(|(k, x)| Some((k.to_string(), cel_json(x, depth + 1)?)))
+                .collect::<Option<serde_json::Map<_, _>>>()?,
+        ),
+        _ => return None,
+    })
+}
+
+/// The deepest nesting a CEL value is turned into JSON through.
+const MAX_JSON_DEPTH: usize = 128;
 
 /// CEL's error as a sentence: a key or field that is not there says how to read
 /// one that may be missing, which CEL's own text ("No such key: x") does not.

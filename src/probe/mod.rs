@@ -48,6 +48,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue, USER_AGENT as UA};
 use http::{Method, Request, StatusCode, Uri};
+use serde_json::Value;
 
 use crate::engine::{Observation, Spec, ValuePath};
 use crate::model::LastPoll;
@@ -56,7 +57,7 @@ use crate::outbound::rate::HostRate;
 use crate::outbound::token::Tokens;
 use crate::outbound::{Body, Client, KeyedSlots, Peer, TlsClient, TlsClients};
 pub use pause::{Pause, asked as pause_asked};
-pub use read::{Memo, judge, judge_took};
+pub use read::{Memo, callback_observation, header_map, judge, judge_took};
 use share::{Fetched, Response, Turn};
 pub use tls::{Served, served};
 
@@ -150,7 +151,9 @@ pub fn classify_status(status: u16) -> StatusClass {
 /// engine [holds](crate::engine::hold) the wait).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Polled {
-    Observed(Observation),
+    /// What the poll observed, and the wait's `output` as this response gives it
+    /// (when its spec names one).
+    Observed(Observation, Option<Value>),
     Held(Pause),
 }
 
@@ -405,7 +408,7 @@ impl Prober {
                 .probe_memo(uuid::Uuid::nil(), spec, &target, &mut None)
                 .await
             {
-                Polled::Observed(obs) => return obs,
+                Polled::Observed(obs, _) => return obs,
                 Polled::Held(p) => {
                     let left = p
                         .until
@@ -440,11 +443,11 @@ impl Prober {
         memo: &mut Option<Memo>,
     ) -> Polled {
         if let Some(refused) = &target.refused {
-            return Polled::Observed(refusal(wait, target.log_host(), refused.to_string()));
+            return Polled::Observed(refusal(wait, target.log_host(), refused.to_string()), None);
         }
         match target.uri.scheme_str() {
-            Some("tcp") => return Polled::Observed(self.probe_tcp(wait, spec, target).await),
-            Some("tls") => return Polled::Observed(self.probe_tls(wait, spec, target).await),
+            Some("tcp") => return Polled::Observed(self.probe_tcp(wait, spec, target).await, None),
+            Some("tls") => return Polled::Observed(self.probe_tls(wait, spec, target).await, None),
             _ => {}
         }
         if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {
@@ -456,6 +459,7 @@ impl Prober {
             None => {
                 let read_body = spec.success_condition.is_some()
                     || spec.failure_condition.is_some()
+                    || !spec.output.is_empty()
                     || matches!(&spec.state, Some(p) if !matches!(p, ValuePath::HttpStatus));
                 let request = self.request(target);
                 let via = auth::Via {
@@ -468,7 +472,8 @@ impl Prober {
             }
         };
         target.came.set(came);
-        Polled::Observed(self.read(wait, target, spec, memo, &fetched).await)
+        let (obs, output) = self.read(wait, target, spec, memo, &fetched).await;
+        Polled::Observed(obs, output)
     }
 
     /// The response a wait of a shared request reads: that of a request begun

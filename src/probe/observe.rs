@@ -14,7 +14,7 @@ use crate::outbound::retry_after;
 
 impl Prober {
     /// What one wait makes of a response: its own observation, judged by its own
-    /// conditions (and memo).
+    /// conditions (and memo), and the `output` it would end with on it.
     pub(super) async fn read(
         &self,
         _wait: uuid::Uuid,
@@ -22,10 +22,10 @@ impl Prober {
         spec: &Spec,
         memo: &mut Option<Memo>,
         fetched: &Fetched,
-    ) -> Observation {
+    ) -> (Observation, Option<serde_json::Value>) {
         let response = match fetched {
-            Fetched::Failed(obs) => return obs.clone(),
-            Fetched::NotModified => return abandoned(),
+            Fetched::Failed(obs) => return (obs.clone(), None),
+            Fetched::NotModified => return (abandoned(), None),
             Fetched::Answered(r) => r,
         };
         let status = response.status;
@@ -66,8 +66,8 @@ impl Prober {
             },
         };
         let needs_body = matches!(&base, Observation::Missing { .. });
-        if !judged && !needs_body {
-            return base;
+        if !judged && !needs_body && spec.output.is_empty() {
+            return (base, None);
         }
         // Conditions see every response's headers and body, whatever its status.
         let conditions = spec.conditions();
@@ -80,9 +80,14 @@ impl Prober {
         });
         let body = match &response.body {
             Some(Ok(body)) => body.clone(),
-            Some(Err(obs)) => return obs.clone(),
-            None => return abandoned(),
+            Some(Err(obs)) => return (obs.clone(), None),
+            None => return (abandoned(), None),
         };
+        let all_headers = spec
+            .output
+            .values()
+            .any(|p| matches!(p, crate::engine::spec::Pick::Cel(_)))
+            .then(|| header_map(&response.headers));
         let status = status.as_u16();
         let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
         let hit = memo.filter(|m| Some(m.key) == key);
@@ -95,14 +100,16 @@ impl Prober {
             key,
             hit,
             elapsed: response.elapsed,
+            all_headers,
         };
         // What a stranger's answer costs to read grows with its size and with the
         // wait's expressions: that goes to the CPU pool, in the tenant's turn; a
         // small body read at a JSON Pointer stays here (a few microseconds).
         let heavy = answer.body.len() > INLINE_BODY
             || (judged && hit.is_none())
+            || answer.all_headers.is_some()
             || (needs_body && matches!(spec.state, Some(ValuePath::Query { .. })));
-        let (obs, read_memo) = if heavy {
+        let (obs, read_memo, output) = if heavy {
             let spec = spec.clone();
             match crate::cpu::pool()
                 .run(crate::cpu::Lane::Long, &target.tenant, move || {
@@ -116,6 +123,7 @@ impl Prober {
                         error: format!("the response could not be read: {lost}"),
                     },
                     None,
+                    None,
                 ),
             }
         } else {
@@ -124,6 +132,6 @@ impl Prober {
         if judged {
             *memo = read_memo;
         }
-        obs
+        (obs, output)
     }
 }

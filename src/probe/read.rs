@@ -30,12 +30,15 @@ pub(super) struct Answer {
     pub(super) hit: Option<Memo>,
     /// How long the response took, from sending the request to its last byte.
     pub(super) elapsed: std::time::Duration,
+    /// Every header, when the wait's `output` names a CEL expression.
+    pub(super) all_headers: Option<BTreeMap<String, String>>,
 }
 
 impl Answer {
-    /// The observation, and the memo for the next response (when the wait has
-    /// conditions).
-    pub(super) fn read(self, spec: &Spec) -> (Observation, Option<Memo>) {
+    /// The observation, the memo for the next response (when the wait has
+    /// conditions), and the wait's `output` taken from this response (when it
+    /// names one).
+    pub(super) fn read(self, spec: &Spec) -> (Observation, Option<Memo>, Option<Value>) {
         let Answer {
             status,
             headers,
@@ -45,16 +48,37 @@ impl Answer {
             key,
             hit,
             elapsed,
+            all_headers,
         } = self;
-        // A response the conditions already decided, and no state path to read:
-        // the body need not even be parsed.
-        let parsed: Option<Value> = if hit.is_some() && !needs_body {
+        // A response the conditions already decided, no state path to read and no
+        // output to take: the body need not even be parsed.
+        let parsed: Option<Value> = if hit.is_some() && !needs_body && spec.output.is_empty() {
             None
         } else {
             serde_json::from_slice(&body).ok()
         };
+        let output = taken(spec, parsed.as_ref(), status, all_headers.as_ref());
+        let (obs, memo) = Self::judge_read(
+            spec, status, headers, &body, parsed, base, needs_body, key, hit, elapsed,
+        );
+        (obs, memo, output)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn judge_read(
+        spec: &Spec,
+        status: u16,
+        headers: Option<BTreeMap<String, String>>,
+        body: &Bytes,
+        parsed: Option<Value>,
+        base: Observation,
+        needs_body: bool,
+        key: Option<u64>,
+        hit: Option<Memo>,
+        elapsed: std::time::Duration,
+    ) -> (Observation, Option<Memo>) {
         let base = if needs_body {
-            classify_body(&body, parsed.as_ref(), spec)
+            classify_body(body, parsed.as_ref(), spec)
         } else {
             base
         };
@@ -92,6 +116,27 @@ impl Answer {
     }
 }
 
+/// The wait's `output` from a response: each string that holds one of the
+/// target's secrets (a header value, a credential) reads `<redacted>`.
+fn taken(
+    spec: &Spec,
+    body: Option<&Value>,
+    status: u16,
+    headers: Option<&BTreeMap<String, String>>,
+) -> Option<Value> {
+    if spec.output.is_empty() {
+        return None;
+    }
+    let none = BTreeMap::new();
+    let mut out =
+        crate::engine::spec::output::take(&spec.output, body, status, headers.unwrap_or(&none))?;
+    if let Some(t) = &spec.target {
+        let secrets = t.secrets();
+        crate::engine::spec::output::redact(&mut out, secrets.values().map(String::as_str));
+    }
+    Some(out)
+}
+
 /// A 2xx body (and its JSON, when it parsed): the state, or why there is none.
 /// The state path (and the error path, read only when a state is in `fail`) are
 /// evaluated under one [`Budget`]; an evaluation past it is a permanent error.
@@ -106,6 +151,29 @@ fn classify_body(body: &[u8], json: Option<&Value>, spec: &Spec) -> Observation 
             reason: "the response body is not JSON".to_string(),
         };
     };
+    classify_json(json, spec)
+}
+
+/// What a callback wait makes of the JSON body of a callback to its URL
+/// (docs/design.md §2.15): what its state path and conditions make of it, as of a
+/// response with HTTP 200 carrying it.
+pub fn callback_observation(
+    spec: &Spec,
+    body: &Value,
+    headers: &BTreeMap<String, String>,
+) -> Observation {
+    let base = match &spec.state {
+        Some(_) => classify_json(body, spec),
+        None => Observation::Answered { status: 200 },
+    };
+    if spec.success_condition.is_none() && spec.failure_condition.is_none() {
+        return base;
+    }
+    judge(spec, 200, headers, Some(body), base)
+}
+
+/// A JSON body: the state at the spec's path, or why there is none.
+fn classify_json(json: &Value, spec: &Spec) -> Observation {
     let Some(state) = &spec.state else {
         return Observation::Missing {
             reason: "the wait has no state path".to_string(),
@@ -140,7 +208,7 @@ fn classify_body(body: &[u8], json: Option<&Value>, spec: &Spec) -> Observation 
 
 /// Header names in lower case (as `http` keeps them), repeated ones joined with ", ";
 /// a value that is not UTF-8 is read lossily.
-pub(super) fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
+pub fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in headers {
         let value = String::from_utf8_lossy(value.as_bytes());

@@ -37,6 +37,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0016_owner_claim_at.sql",
     "0017_slots.sql",
     "0018_callbacks.sql",
+    "0019_output.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -51,6 +52,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0009_groups.sql",
     "0010_traces.sql",
     "0011_callbacks.sql",
+    "0012_output.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

@@ -24,6 +24,7 @@ pub(crate) struct WaitRow {
     reason: Option<String>,
     error_detail: Option<Json>,
     last_error: Option<String>,
+    output: Option<Json>,
     polls: i32,
     retries: i32,
     created_at: Time,
@@ -51,7 +52,7 @@ pub(crate) const GROUPED_COLUMN: &str = "(EXISTS (SELECT 1 FROM group_members m 
      OR EXISTS (SELECT 1 FROM group_members m WHERE m.group_id = w.id)) AS grouped";
 
 /// The columns a [`WaitRow`] reads, from `waits w JOIN wait_specs s`.
-pub(crate) const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.polls, w.retries, \
+pub(crate) const WAIT_COLUMNS: &str = "w.id, w.status, w.state, w.reason, w.error_detail, w.last_error, w.output, w.polls, w.retries, \
      w.created_at, w.updated_at, w.deadline, w.next_poll_at, w.finished_at, w.labels, s.spec, \
      w.engine -> 'paused' AS paused";
 
@@ -73,6 +74,7 @@ impl WaitRow {
             reason: self.reason,
             error_detail: self.error_detail.map(|j| j.0),
             last_error: self.last_error,
+            output: self.output.map(|j| j.0),
             polls: self.polls,
             retries: self.retries,
             created_at: self.created_at.0,
@@ -200,6 +202,8 @@ pub(crate) struct ProgressRow {
     pub state: Option<String>,
     pub reason: Option<String>,
     pub detail: Option<Value>,
+    /// The wait's `output`, when it ends with one.
+    pub output: Option<Value>,
     pub last_error: Option<String>,
     pub polls: i32,
     pub retries: i32,
@@ -324,6 +328,7 @@ impl NewWait {
             reason: None,
             error_detail: None,
             last_error: None,
+            output: None,
             polls: 0,
             retries: 0,
             created_at: now,
@@ -354,6 +359,7 @@ impl Progress {
                     state: self.engine.state.clone(),
                     error_detail: end.error_detail.clone(),
                     last_error: self.engine.last_error.clone(),
+                    output: end.output.clone(),
                 },
             );
             events.push(terminal.to_parts());
@@ -369,6 +375,7 @@ impl Progress {
             state: self.engine.state.clone(),
             reason: self.end.as_ref().map(|e| e.reason.clone()),
             detail: self.end.as_ref().and_then(|e| e.error_detail.clone()),
+            output: self.end.as_ref().and_then(|e| e.output.clone()),
             last_error: self.engine.last_error.clone(),
             polls: self.engine.polls as i32,
             retries: self.engine.retries as i32,
@@ -404,6 +411,7 @@ impl Progress {
                 reason: crate::engine::bound::text(&reason, crate::engine::bound::MAX_REASON)
                     .into_owned(),
                 error_detail: None,
+                output: None,
             }),
         }
     }

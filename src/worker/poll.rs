@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{Loop, Msg, Phase};
-use crate::engine::{self, Context, Decision, Observation};
+use crate::engine::{self, Context, Decision, End, Observation};
 use crate::model::{EventBody, LastPoll};
 use crate::probe::Polled;
 use crate::store::{Ended, Progress, WaitEpoch};
@@ -59,7 +59,7 @@ impl Loop {
                     Ok(target) => {
                         Box::pin(w.prober.probe_memo(id, &spec, &target, &mut memo)).await
                     }
-                    Err(error) => Polled::Observed(Observation::Permanent { error: error.0 }),
+                    Err(error) => Polled::Observed(Observation::Permanent { error: error.0 }, None),
                 }
             };
             let started = Instant::now();
@@ -71,7 +71,8 @@ impl Loop {
                 None => tokio::time::timeout_at(cut, probe).await,
             };
             let obs = answered.unwrap_or_else(|_| {
-                Polled::Observed(Observation::Transient {
+                Polled::Observed(
+                    Observation::Transient {
                     error: if polled.as_ref().is_some_and(|t| t.minting()) {
                         "the token endpoint of the target's credential had not answered by the wait's deadline"
                     } else {
@@ -79,9 +80,11 @@ impl Loop {
                     }
                     .into(),
                     retry_after: None,
-                })
+                },
+                    None,
+                )
             });
-            if let Polled::Observed(obs) = &obs {
+            if let Polled::Observed(obs, _) = &obs {
                 if let Some(cx) = &span {
                     let came = polled.and_then(|t| t.last_poll()).map(LastPoll::as_str);
                     crate::traces::polled(cx, obs, came);
@@ -127,6 +130,7 @@ impl Loop {
                 status: crate::model::Status::TimedOut,
                 reason: CALLBACK_DEADLINE.into(),
                 error_detail: None,
+                output: None,
             }),
         };
         self.pending.push((progress, g));
@@ -172,8 +176,10 @@ impl Loop {
         if h.generation != generation {
             return;
         }
+        let mut output = None;
         let (step, held) = match polled {
-            Polled::Observed(obs) => {
+            Polled::Observed(obs, taken) => {
+                output = taken;
                 let cx = Context {
                     now: at,
                     floor,
@@ -199,6 +205,9 @@ impl Loop {
                     status: o.end.into(),
                     reason: o.reason,
                     error_detail: o.error_detail,
+                    // What the response that ended it gives; a deadline or a
+                    // retry budget ends with none.
+                    output: output.filter(|_| matches!(o.end, End::Succeeded | End::Failed)),
                 }),
             ),
         };

@@ -82,11 +82,13 @@ async fn a_callback_ends_its_wait_once_and_the_second_end_finds_it_ended() {
             status: Status::Failed,
             reason: "the callback reported a failure".into(),
             error_detail: Some(json!({"why": "disk full"})),
+            output: None,
         };
         let succeeded = CallbackEnd {
             status: Status::Succeeded,
             reason: "the callback reported success".into(),
             error_detail: None,
+            output: None,
         };
         let (a, b) = tokio::join!(
             store.callbacks().end("t1", w.id, &failed, now),

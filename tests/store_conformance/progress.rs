@@ -117,6 +117,7 @@ async fn a_wait_ends_exactly_once_when_cancel_and_success_race() {
                     status: Status::Succeeded,
                     reason: "the target reached \"on\"".into(),
                     error_detail: None,
+                    output: None,
                 }),
             };
             let (s1, s2) = (store.clone(), store.clone());

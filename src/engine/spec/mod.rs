@@ -21,6 +21,7 @@ mod auth;
 mod callback;
 mod method;
 mod notify;
+pub mod output;
 mod schedule;
 mod target;
 mod tcp;
@@ -32,6 +33,8 @@ use callback::parse_callback;
 pub use method::{MAX_BODY, Method, body_bytes, body_content_type};
 use notify::parse_notify;
 pub use notify::{MAX_NOTIFY, NOTIFY_EVENTS, Notify, secret_key};
+use output::parse_output;
+pub use output::{Output, Pick};
 use schedule::{parse_poll, parse_retry};
 pub use target::Target;
 use target::parse_target;
@@ -223,6 +226,13 @@ pub struct Spec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(max_items = 4)]
     pub notify: Vec<Notify>,
+    /// What the wait ends with, by name (at most 16): each a JSON Pointer or
+    /// JSONPath into the body of the response it ended on, or a CEL expression
+    /// over its `body`, `status` and `headers`. A callback wait's output is the
+    /// body of the callback that ended it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub output: Output,
 }
 
 fn one() -> u32 {
@@ -292,6 +302,7 @@ pub const FIELDS: &[&str] = &[
     "retry",
     "labels",
     "notify",
+    "output",
 ];
 
 impl Spec {
@@ -437,14 +448,12 @@ impl Spec {
                 None
             }
             Some(v) => {
-                // A callback's body is not judged: any POST to its URL ends it.
-                for field in ["success_condition", "failure_condition", "state"] {
-                    if opt(obj, field).is_some() {
-                        errs.push(
-                            field,
-                            "is not read on a callback wait, which ends by the POST to its URL (its body is the wait's end, /fail for a failure); remove it",
-                        );
-                    }
+                // Each callback's body is judged alone: nothing counts across them.
+                if consecutive != 1 {
+                    errs.push("consecutive", "is not read on a callback wait, where each callback's body is judged alone; remove it");
+                }
+                if require_transition {
+                    errs.push("require_transition", "is not read on a callback wait, where each callback's body is judged alone; remove it");
                 }
                 parse_callback(v, timeout, &mut errs)
             }
@@ -453,6 +462,15 @@ impl Spec {
         let retry = parse_retry(opt(obj, "retry"), limits, &mut errs);
         let labels = parse_labels(opt(obj, "labels"), limits, &mut errs);
         let notify = parse_notify(opt(obj, "notify"), limits, &mut errs);
+        let output = match opt(obj, "output") {
+            Some(_) if is_callback => {
+                errs.push("output", "is not read on a callback wait, whose output is the body of the callback that ends it; remove it");
+                None
+            }
+            Some(v) => parse_output(v, limits, &mut errs),
+            None => None,
+        }
+        .unwrap_or_default();
 
         // Contradictions between the sets.
         let fold = |s: &String| {
@@ -500,6 +518,7 @@ impl Spec {
             retry: retry.expect("retry is Some when there are no errors"),
             labels,
             notify,
+            output,
         })
     }
 

@@ -132,6 +132,8 @@ pub struct CallbackEnd {
     pub reason: String,
     /// The body of a `/fail` callback.
     pub error_detail: Option<Value>,
+    /// The body of a callback that ends its wait `succeeded`.
+    pub output: Option<Value>,
 }
 
 /// Callbacks: registering a wait's secret, finding a wait by secret, heartbeats,
@@ -183,6 +185,26 @@ impl Callbacks {
             .collect())
     }
 
+    /// Records what a callback that ended nothing said of its wait's progress:
+    /// its `state`, with a `state` event when it changed; true when it did.
+    pub async fn progress(
+        &self,
+        tenant: &str,
+        wait_id: Uuid,
+        state: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let to = crate::engine::bound::text(state, crate::engine::bound::MAX_STATE).into_owned();
+        let event = |from: Option<String>| {
+            EventBody::State {
+                from,
+                to: to.clone(),
+            }
+            .to_parts()
+        };
+        sql!(self.callback_state(tenant, wait_id, &to, now, &event))
+    }
+
     /// Ends a running wait as `end` says, with its terminal event, exactly once:
     /// true when this call ended it, false when it had ended already.
     pub async fn end(
@@ -200,6 +222,7 @@ impl Callbacks {
                     state,
                     error_detail: end.error_detail.clone(),
                     last_error: None,
+                    output: end.output.clone(),
                 },
             )
             .to_parts()
@@ -211,6 +234,7 @@ impl Callbacks {
             &end.reason,
             end.status.as_str(),
             end.error_detail.as_ref(),
+            end.output.as_ref(),
             &event
         ))
     }

@@ -91,3 +91,51 @@ impl PgDialect {
         Ok(rows.into_iter().map(row).collect())
     }
 }
+
+impl PgDialect {
+    /// Sets a running callback wait's `state` with its `state` event, unless it
+    /// reads so already; true when it changed.
+    pub(in crate::store) async fn callback_state(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        state: &str,
+        now: DateTime<Utc>,
+        event: &(dyn Fn(Option<String>) -> (&'static str, serde_json::Value) + Sync),
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(i32, Option<String>)> = sqlx::query_as(
+            "WITH old AS MATERIALIZED (
+                 SELECT id, state FROM waits WHERE id = $1 AND tenant = $2 FOR UPDATE)
+             UPDATE waits w SET state = $3, updated_at = $4, seq = w.seq + 1
+             FROM old
+             WHERE w.id = old.id AND w.status = 'running' AND w.state IS DISTINCT FROM $3
+             RETURNING w.seq, old.state",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(state)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((seq, from)) = row else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        let (kind, data) = event(from);
+        sqlx::query(
+            "INSERT INTO wait_events (wait_id, seq, tenant, kind, at, data) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(seq)
+        .bind(tenant)
+        .bind(kind)
+        .bind(now)
+        .bind(data)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.committed.notify_one();
+        Ok(true)
+    }
+}

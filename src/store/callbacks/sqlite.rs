@@ -93,3 +93,51 @@ impl SqliteDialect {
         Ok(rows.into_iter().map(row).collect())
     }
 }
+
+impl SqliteDialect {
+    /// Sets a running callback wait's `state` with its `state` event, unless it
+    /// reads so already; true when it changed.
+    pub(in crate::store) async fn callback_state(
+        &self,
+        tenant: &str,
+        id: Uuid,
+        state: &str,
+        now: DateTime<Utc>,
+        event: &(dyn Fn(Option<String>) -> (&'static str, serde_json::Value) + Sync),
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let from: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT state FROM waits WHERE id = ? AND tenant = ? AND status = 'running'
+               AND state IS NOT ?",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(state)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((from,)) = from else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        let (seq,): (i32,) = sqlx::query_as(
+            "UPDATE waits SET state = ?, updated_at = ?, seq = seq + 1 WHERE id = ? RETURNING seq",
+        )
+        .bind(state)
+        .bind(ms(now))
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let notice = crate::store::events::sqlite::append_events(
+            &mut tx,
+            id,
+            tenant,
+            now,
+            &[event(from)],
+            seq - 1,
+        )
+        .await?;
+        tx.commit().await?;
+        self.publish(notice.into_iter().collect());
+        Ok(true)
+    }
+}

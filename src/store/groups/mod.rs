@@ -150,6 +150,7 @@ pub(crate) struct GroupWrite<'a> {
     pub status: &'static str,
     pub reason: &'a str,
     pub state: &'a str,
+    pub output: Option<Value>,
     pub event: (&'static str, Value),
 }
 
@@ -198,7 +199,12 @@ fn group_of(head: GroupHead, links: Vec<LinkRow>) -> Result<Group, StoreError> {
 }
 
 /// The terminal event of a group's end.
-fn end_event(status: Status, reason: &str, state: &str) -> (&'static str, Value) {
+fn end_event(
+    status: Status,
+    reason: &str,
+    state: &str,
+    output: Option<&Value>,
+) -> (&'static str, Value) {
     EventBody::end(
         status,
         Ending {
@@ -206,9 +212,21 @@ fn end_event(status: Status, reason: &str, state: &str) -> (&'static str, Value)
             state: Some(state.to_string()),
             error_detail: None,
             last_error: None,
+            output: output.cloned(),
         },
     )
     .to_parts()
+}
+
+/// A group's output: each member that ended with an output, under its id, cut
+/// as any output is past 64 KiB; `None` when no member has one.
+fn group_output(group: &Group, outputs: &HashMap<Uuid, Value>) -> Option<Value> {
+    let of: serde_json::Map<String, Value> = group
+        .members
+        .iter()
+        .filter_map(|m| Some((m.id.to_string(), outputs.get(&m.id)?.clone())))
+        .collect();
+    (!of.is_empty()).then(|| crate::engine::bound::output(&Value::Object(of)))
 }
 
 /// The `state` event of a group's progress.
@@ -305,17 +323,29 @@ impl Groups {
         if ends.is_empty() {
             return Ok(vec![]);
         }
+        let members: Vec<Uuid> = ends
+            .iter()
+            .flat_map(|e| e.group.members.iter().map(|m| m.id))
+            .collect();
+        let outputs: HashMap<Uuid, Value> = sql!(self.outputs(&members))?
+            .into_iter()
+            .map(|(id, j)| (id, j.0))
+            .collect();
         match &self.core.db {
             Dialect::Postgres(d) => {
                 let writes: Vec<GroupWrite<'_>> = ends
                     .iter()
-                    .map(|e| GroupWrite {
-                        id: e.group.id,
-                        tenant: &e.group.tenant,
-                        status: e.status.as_str(),
-                        reason: e.reason,
-                        state: e.state,
-                        event: end_event(e.status, e.reason, e.state),
+                    .map(|e| {
+                        let output = group_output(e.group, &outputs);
+                        GroupWrite {
+                            id: e.group.id,
+                            tenant: &e.group.tenant,
+                            status: e.status.as_str(),
+                            reason: e.reason,
+                            state: e.state,
+                            event: end_event(e.status, e.reason, e.state, output.as_ref()),
+                            output,
+                        }
                     })
                     .collect();
                 d.end_groups(&writes, now).await
@@ -323,8 +353,9 @@ impl Groups {
             Dialect::Sqlite(_) => {
                 let mut ended = Vec::new();
                 for e in ends {
+                    let output = group_output(e.group, &outputs);
                     if self
-                        .end_one(e.group, e.status, e.reason, e.state, now)
+                        .end_one(e.group, e.status, e.reason, e.state, output.as_ref(), now)
                         .await?
                     {
                         ended.push(e.group.id);
@@ -355,6 +386,7 @@ impl Groups {
                         status: "running",
                         reason: "",
                         state,
+                        output: None,
                         event: state_event(g, state),
                     })
                     .collect();
@@ -377,15 +409,17 @@ impl Groups {
         status: Status,
         reason: &str,
         state: &str,
+        output: Option<&Value>,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
-        let event = end_event(status, reason, state);
+        let event = end_event(status, reason, state, output);
         sql!(self.end_group(
             group.id,
             &group.tenant,
             status.as_str(),
             reason,
             state,
+            output,
             now,
             &event
         ))
@@ -421,11 +455,12 @@ impl Groups {
                     state,
                     error_detail: None,
                     last_error: None,
+                    output: None,
                 },
             )
             .to_parts()
         };
-        sql!(self.end_running(tenant, id, now, reason, status.as_str(), None, &ended))
+        sql!(self.end_running(tenant, id, now, reason, status.as_str(), None, None, &ended))
     }
 
     /// Groups to look at again: running ones past their deadline, and ended ones

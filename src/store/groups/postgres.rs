@@ -5,6 +5,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{GroupHead, GroupWrite, LinkRow, NewGroup};
+use crate::store::columns::Json;
 use crate::store::postgres::PgDialect;
 use crate::store::{Admission, Inserted, StoreError};
 
@@ -125,6 +126,18 @@ impl PgDialect {
         Ok(rows)
     }
 
+    /// The outputs of those of `ids` that ended with one.
+    pub(super) async fn outputs(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, Json)>, StoreError> {
+        Ok(
+            sqlx::query_as(
+                "SELECT id, output FROM waits WHERE id = ANY($1) AND output IS NOT NULL",
+            )
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?,
+        )
+    }
+
     pub(super) async fn group_head(&self, id: Uuid) -> Result<Option<GroupHead>, StoreError> {
         let row = sqlx::query_as(
             "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
@@ -144,12 +157,13 @@ impl PgDialect {
         status: &str,
         reason: &str,
         state: &str,
+        output: Option<&Value>,
         now: DateTime<Utc>,
         event: &(&'static str, Value),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32,)> = sqlx::query_as(
-            "UPDATE waits SET status = $3, reason = $4, state = $5, finished_at = $6, updated_at = $6,
+            "UPDATE waits SET status = $3, reason = $4, state = $5, output = $7, finished_at = $6, updated_at = $6,
                     next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = $1 AND tenant = $2 AND status = 'running'
              RETURNING seq",
@@ -160,6 +174,7 @@ impl PgDialect {
         .bind(reason)
         .bind(state)
         .bind(now)
+        .bind(output)
         .fetch_optional(&mut *tx)
         .await?;
         self.append_one(tx, id, tenant, now, event, row).await
@@ -248,9 +263,9 @@ impl PgDialect {
             "WITH locked AS MATERIALIZED (
                  SELECT id FROM waits WHERE id = ANY($1) ORDER BY id FOR UPDATE)
              UPDATE waits w SET status = d.status, reason = d.reason, state = d.state,
-                    finished_at = $6, updated_at = $6, next_poll_at = NULL, owner = NULL, seq = w.seq + 1
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[])
-                  AS d(id, tenant, status, reason, state), locked l
+                    output = d.output::jsonb, finished_at = $6, updated_at = $6, next_poll_at = NULL, owner = NULL, seq = w.seq + 1
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $7::text[])
+                  AS d(id, tenant, status, reason, state, output), locked l
              WHERE w.id = d.id AND l.id = d.id AND w.tenant = d.tenant AND w.status = 'running'
              RETURNING w.id, w.seq",
         )
@@ -260,6 +275,11 @@ impl PgDialect {
         .bind(ends.iter().map(|e| e.reason).collect::<Vec<_>>())
         .bind(ends.iter().map(|e| e.state).collect::<Vec<_>>())
         .bind(now)
+        .bind(
+            ends.iter()
+                .map(|e| e.output.as_ref().map(Value::to_string))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *tx)
         .await?;
         self.append_many(tx, ends, rows, now).await

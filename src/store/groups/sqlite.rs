@@ -5,6 +5,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{GroupHead, LinkRow, NewGroup};
+use crate::store::columns::Json;
 use crate::store::events::sqlite::append_events;
 use crate::store::sqlite::{SqliteDialect, ms};
 use crate::store::{Admission, Inserted, StoreError};
@@ -134,6 +135,19 @@ impl SqliteDialect {
         Ok(q.fetch_all(&self.pool).await?)
     }
 
+    /// The outputs of those of `ids` that ended with one.
+    pub(super) async fn outputs(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, Json)>, StoreError> {
+        let sql = format!(
+            "SELECT id, output FROM waits WHERE id IN ({}) AND output IS NOT NULL",
+            params(ids.len())
+        );
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for id in ids {
+            q = q.bind(*id);
+        }
+        Ok(q.fetch_all(&self.pool).await?)
+    }
+
     pub(super) async fn group_head(&self, id: Uuid) -> Result<Option<GroupHead>, StoreError> {
         let row = sqlx::query_as(
             "SELECT g.group_id, w.tenant, w.status, w.deadline, w.state, g.mode, g.keep_running
@@ -153,12 +167,13 @@ impl SqliteDialect {
         status: &str,
         reason: &str,
         state: &str,
+        output: Option<&Value>,
         now: DateTime<Utc>,
         event: &(&'static str, Value),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32,)> = sqlx::query_as(
-            "UPDATE waits SET status = ?, reason = ?, state = ?, finished_at = ?, updated_at = ?,
+            "UPDATE waits SET status = ?, reason = ?, state = ?, output = ?, finished_at = ?, updated_at = ?,
                     next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = ? AND tenant = ? AND status = 'running'
              RETURNING seq",
@@ -166,6 +181,7 @@ impl SqliteDialect {
         .bind(status)
         .bind(reason)
         .bind(state)
+        .bind(output.map(Value::to_string))
         .bind(ms(now))
         .bind(ms(now))
         .bind(id)

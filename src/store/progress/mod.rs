@@ -33,6 +33,8 @@ pub struct Ended {
     pub status: Status,
     pub reason: String,
     pub error_detail: Option<Value>,
+    /// What the wait ended with (its `output`), when it has one.
+    pub output: Option<Value>,
 }
 
 /// What one poll changed, written at once (a new state, a retry, or the end).
@@ -168,6 +170,7 @@ mod tests {
                 status: Status::Succeeded,
                 reason: "the target reached \"on\"".into(),
                 error_detail: None,
+                output: None,
             }),
         };
         let row = p.row().unwrap();

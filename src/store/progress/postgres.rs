@@ -83,8 +83,8 @@ impl PgDialect {
         let rows: Vec<(Uuid, bool, bool)> = sqlx::query_as(
             concat!(fence!("$3"), ",
              written AS (
-                UPDATE waits w SET status = u.status, state = u.state, reason = u.reason,
-                    error_detail = u.detail::jsonb, last_error = u.last_error, polls = u.polls,
+                UPDATE waits w SET status = u.status, state = COALESCE(u.state, w.state), reason = u.reason,
+                    error_detail = u.detail::jsonb, output = u.output::jsonb, last_error = u.last_error, polls = u.polls,
                     retries = u.retries, engine = u.engine::jsonb, next_poll_at = u.next_poll_at,
                     updated_at = $2,
                     finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
@@ -92,9 +92,9 @@ impl PgDialect {
                     seq = w.seq + u.n_events, claims = 0
                 FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
                             $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
-                            array_fill('running'::text, ARRAY[cardinality($3::uuid[])]))
+                            array_fill('running'::text, ARRAY[cardinality($3::uuid[])]), $20::text[])
                      AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
-                          next_poll_at, n_events, running), cur c, fence f
+                          next_poll_at, n_events, running, output), cur c, fence f
                 WHERE w.id = u.id AND w.status = u.running AND ", fenced!(), "
                 RETURNING w.id, w.seq, w.tenant),
              added AS (
@@ -131,6 +131,7 @@ impl PgDialect {
         .bind(&e.kind)
         .bind(&e.data)
         .bind(SEQUENCER_LOCK)
+        .bind(&c.output)
         .fetch_all(&mut *tx)
         .await?;
         let any_events = rows.first().is_some_and(|(_, tried, _)| *tried);
@@ -160,6 +161,7 @@ struct RecordColumns {
     state: Vec<Option<String>>,
     reason: Vec<Option<String>>,
     detail: Vec<Option<String>>,
+    output: Vec<Option<String>>,
     last_error: Vec<Option<String>>,
     polls: Vec<i32>,
     retries: Vec<i32>,
@@ -178,6 +180,7 @@ impl RecordColumns {
             c.state.push(p.state.clone());
             c.reason.push(p.reason.clone());
             c.detail.push(p.detail.as_ref().map(Value::to_string));
+            c.output.push(p.output.as_ref().map(Value::to_string));
             c.last_error.push(p.last_error.clone());
             c.polls.push(p.polls);
             c.retries.push(p.retries);

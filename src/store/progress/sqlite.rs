@@ -71,7 +71,7 @@ async fn record_one(
 ) -> Result<Option<Option<Notice>>, StoreError> {
     let n_events = p.events.len() as i32;
     let row: Option<(i32, String)> = sqlx::query_as(
-        "UPDATE waits SET status = ?, state = ?, reason = ?, error_detail = ?, last_error = ?,
+        "UPDATE waits SET status = ?, state = COALESCE(?, state), reason = ?, error_detail = ?, output = ?, last_error = ?,
                 polls = ?, retries = ?, engine = ?, next_poll_at = ?, updated_at = ?,
                 finished_at = ?, owner = CASE WHEN ? THEN NULL ELSE owner END,
                 seq = seq + ?, claims = 0
@@ -82,6 +82,7 @@ async fn record_one(
     .bind(&p.state)
     .bind(&p.reason)
     .bind(p.detail.as_ref().map(Value::to_string))
+    .bind(p.output.as_ref().map(Value::to_string))
     .bind(&p.last_error)
     .bind(p.polls)
     .bind(p.retries)

@@ -224,6 +224,7 @@ impl Waits {
                     state,
                     error_detail: None,
                     last_error: None,
+                    output: None,
                 },
             )
             .to_parts()
@@ -234,6 +235,7 @@ impl Waits {
             now,
             CANCEL_REASON,
             Status::Canceled.as_str(),
+            None,
             None,
             &canceled
         ))?;

@@ -115,11 +115,12 @@ impl PgDialect {
         reason: &str,
         status: &str,
         error_detail: Option<&Value>,
+        output: Option<&Value>,
         event: &(dyn Fn(Option<String>) -> (&'static str, Value) + Sync),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = $5, reason = $4, error_detail = $6, finished_at = $3,
+            "UPDATE waits SET status = $5, reason = $4, error_detail = $6, output = $7, finished_at = $3,
                     updated_at = $3, next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = $1 AND tenant = $2 AND status = 'running'
              RETURNING seq, state",
@@ -130,6 +131,7 @@ impl PgDialect {
         .bind(reason)
         .bind(status)
         .bind(error_detail)
+        .bind(output)
         .fetch_optional(&mut *tx)
         .await?;
         let Some((seq, state)) = row else {

@@ -153,11 +153,12 @@ impl SqliteDialect {
         reason: &str,
         status: &str,
         error_detail: Option<&Value>,
+        output: Option<&Value>,
         event: &(dyn Fn(Option<String>) -> (&'static str, Value) + Sync),
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row: Option<(i32, Option<String>)> = sqlx::query_as(
-            "UPDATE waits SET status = ?, reason = ?, error_detail = ?, finished_at = ?, updated_at = ?,
+            "UPDATE waits SET status = ?, reason = ?, error_detail = ?, output = ?, finished_at = ?, updated_at = ?,
                     next_poll_at = NULL, owner = NULL, seq = seq + 1
              WHERE id = ? AND tenant = ? AND status = 'running'
              RETURNING seq, state",
@@ -165,6 +166,7 @@ impl SqliteDialect {
         .bind(status)
         .bind(reason)
         .bind(error_detail.map(Value::to_string))
+        .bind(output.map(Value::to_string))
         .bind(ms(now))
         .bind(ms(now))
         .bind(id)
