@@ -332,3 +332,56 @@ async fn a_callback_body_is_the_output_and_a_judged_body_may_be_progress() {
         finish(app, backend).await;
     }
 }
+
+#[tokio::test]
+async fn a_group_made_with_a_callback_member_answers_its_url_and_ends_with_outputs() {
+    for (app, backend) in each_store().await {
+        let up = Upstream::start().await;
+        let polled = up.script(
+            "/on",
+            vec![Reply::json(200, json!({"status": "on", "v": 9}))],
+        );
+        let (status, g) = app
+            .create(json!({
+                "all": [
+                    {"callback": {}},
+                    {"target": {"url": polled}, "state": "/status", "want": ["on"], "output": {"v": "/v"}}
+                ],
+                "timeout": "20s"
+            }))
+            .await;
+        assert_eq!(status, 201, "{g}");
+        let url = g["members"][0]["callback_url"]
+            .as_str()
+            .expect("the callback member's URL")
+            .to_string();
+        assert!(g["members"][1].get("callback_url").is_none(), "{g}");
+        let gid = g["id"].as_str().unwrap().to_string();
+        let cb = g["members"][0]["id"].as_str().unwrap().to_string();
+        let pm = g["members"][1]["id"].as_str().unwrap().to_string();
+        // The URL is shown once: not in the group's read.
+        let (_, read) = app.get(&format!("/waits/{gid}")).await;
+        let secret = url.rsplit('/').next().unwrap();
+        assert!(!read.to_string().contains(secret), "{read}");
+        let (status, _) = post_json(&url, json!({"approved": true})).await;
+        assert_eq!(status, 200);
+        let g = app.wait_end(&gid).await;
+        assert_eq!(g["status"], "succeeded", "{g}");
+        assert_eq!(
+            g["output"],
+            json!({cb.clone(): {"approved": true}, pm.clone(): {"v": 9}}),
+            "{g}"
+        );
+        let end = last_event(&app, &gid).await;
+        assert_eq!(end["output"], g["output"], "{end}");
+        // Held, the answer would show the URL to no one.
+        let r = client()
+            .post(app.url("/waits?wait=true"))
+            .json(&json!({"any": [{"callback": {}}], "timeout": "1m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        finish(app, backend).await;
+    }
+}

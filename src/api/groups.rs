@@ -1,7 +1,7 @@
 //! Creating a group through `POST /waits`: the body's `all` or `any` list makes it
 //! one (design §2.14). Every other route serves a group as the wait it is.
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use chrono::Utc;
 use serde_json::Value;
@@ -19,6 +19,7 @@ use crate::store::GroupRefused;
 pub(super) async fn create(
     s: AppState,
     tenant: String,
+    headers: &HeaderMap,
     hold: Option<Hold>,
     key: Option<String>,
     body: Value,
@@ -40,6 +41,15 @@ pub(super) async fn create(
         Refusal::Expand { at, refused } => super::presets::refused(refused).within(&at),
     })?;
     let name = req.mode.as_str();
+    let callbacks = req
+        .members
+        .iter()
+        .any(|m| matches!(m, MemberRequest::Spec { spec, .. } if spec.callback.is_some()));
+    if hold.is_some() && callbacks {
+        return Err(ApiError::bad_request(
+            "a group with callback members cannot be created with ?wait=: the answer would be held until the group ends, and no one would see the members' callback_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",
+        ));
+    }
     for (i, m) in req.members.iter().enumerate() {
         if let MemberRequest::Spec { spec, .. } = m {
             guard(&s, &tenant, spec, &format!("{name}[{i}]."), true)?;
@@ -105,6 +115,9 @@ pub(super) async fn create(
             .annotate(std::slice::from_mut(&mut wait))
             .await?;
     }
+    if callbacks && !created.existing {
+        return answer_callbacks(&s, &tenant, headers, &req.members, &wait).await;
+    }
     let mut res = match hold.zip(slot) {
         Some((hold, slot)) if wait.is_running() => {
             let (wait, why) = block(&s, &tenant, id, hold, slot).await?;
@@ -118,4 +131,41 @@ pub(super) async fn create(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(res)
+}
+
+/// The answer to a group's create whose members include callback waits: each
+/// such member, in the group's `members`, carries its `callback_url`, shown only
+/// here.
+async fn answer_callbacks(
+    s: &AppState,
+    tenant: &str,
+    headers: &HeaderMap,
+    members: &[MemberRequest],
+    group: &crate::model::Wait,
+) -> ApiResult<Response> {
+    let ids: Vec<uuid::Uuid> = group
+        .grouping
+        .members
+        .iter()
+        .flatten()
+        .map(|m| m.id)
+        .collect();
+    let mut shown = serde_json::to_value(group).map_err(|_| ApiError::internal())?;
+    for (i, m) in members.iter().enumerate() {
+        let MemberRequest::Spec { spec, .. } = m else {
+            continue;
+        };
+        let (Some(cb), Some(id)) = (&spec.callback, ids.get(i)) else {
+            continue;
+        };
+        let Some(member) = s.store.waits().get(tenant, *id).await? else {
+            continue;
+        };
+        let url = super::waits::register_callback(s, tenant, &member, cb, headers).await?;
+        shown["members"][i]["callback_url"] = Value::String(url);
+    }
+    Ok(with_location(
+        json_response(StatusCode::CREATED, shown),
+        group.id,
+    ))
 }

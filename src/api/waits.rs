@@ -68,7 +68,7 @@ pub async fn create_wait(
     let key = idempotency_key(&headers)?;
     let trace = trace.and_then(|t| t.traceparent());
     if crate::groups::is_group(&body) {
-        return super::groups::create(s, tenant, hold, key, body, trace).await;
+        return super::groups::create(s, tenant, &headers, hold, key, body, trace).await;
     }
     // Parsing a request's presets, JSONPath queries and expressions costs what its
     // text decides: it is done on the CPU pool, in the tenant's turn. A request
@@ -159,7 +159,7 @@ pub async fn create_wait(
 /// Keeps the hash of a fresh secret for a callback wait just created, and answers
 /// its callback URL on the address the request came to. A wait whose secret cannot
 /// be kept could never be completed: it is canceled, and the answer is the error.
-async fn register_callback(
+pub(super) async fn register_callback(
     s: &AppState,
     tenant: &str,
     wait: &Wait,

@@ -188,10 +188,6 @@ pub fn parse<E>(
             Err(refused) => return Err(Refusal::Expand { at, refused }),
         };
         match Spec::from_request(&request, limits) {
-            Ok(spec) if spec.callback.is_some() => errs.push(err(
-                format!("{at}.callback"),
-                "cannot be given in a group's create, which would answer no callback URL: create the callback wait first and name it in the group by {\"id\": …}",
-            )),
             Ok(mut spec) => {
                 if let Some(shell) = &shell
                     && spec.timeout > shell.timeout
