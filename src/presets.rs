@@ -56,6 +56,7 @@ const BUILTIN: &[(&str, &str)] = &[
         "github.workflow_run",
         include_str!("../presets/github.workflow_run.json"),
     ),
+    ("grpc.serving", include_str!("../presets/grpc.serving.json")),
     ("http.ok", include_str!("../presets/http.ok.json")),
     ("http.status", include_str!("../presets/http.status.json")),
     (
@@ -117,7 +118,7 @@ pub enum ParamKind {
     /// `h`, `m`, `s`, `ms`, `us`, `ns` (`5m`, `90s`, `1h30m`, `1.5h`), or `0`.
     Duration,
     /// A host and a port, `host:port` (`db.internal:5432`, `[::1]:443`), inserted as
-    /// it is: the address of a `tcp://` or `tls://` target.
+    /// it is: the address of a `tcp://`, `tls://` or `grpc://` target.
     Address,
     /// A whole number from 0 to 1,000,000, inserted as digits (into a condition).
     Count,

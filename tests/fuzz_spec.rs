@@ -428,4 +428,27 @@ proptest! {
             prop_assert!(!text.contains("\\u0000"), "{}", text);
         }
     }
+
+    #[test]
+    fn any_bytes_as_a_grpc_health_answer_are_read_without_a_panic(
+        body in prop::collection::vec(any::<u8>(), 0..64),
+        status in 0u64..8,
+        junk in prop::collection::vec(any::<u8>(), 0..16),
+    ) {
+        use waitd::probe::grpc::{Answer, read_response};
+        // Any bytes: a status or a sentence saying what is wrong, never a panic.
+        if let Answer::Broken(why) = read_response(&body) {
+            prop_assert!(!why.is_empty());
+        }
+        // A well-formed answer with any unknown field after it reads its status.
+        let mut proto = vec![0x08, status as u8, 0x1a, junk.len() as u8];
+        proto.extend_from_slice(&junk);
+        let mut framed = vec![0, 0, 0, 0, proto.len() as u8];
+        framed.extend_from_slice(&proto);
+        match read_response(&framed) {
+            Answer::Status(s) => prop_assert!(status < 4, "{} from {}", s, status),
+            Answer::Broken(_) => prop_assert!(status >= 4),
+            other => prop_assert!(false, "{:?}", other),
+        }
+    }
 }

@@ -36,6 +36,7 @@ mod fuzz_spec;
 mod group_deadlines;
 mod group_props;
 mod groups;
+mod grpc_targets;
 mod hostile_tenants;
 mod jsonpath_props;
 mod large_bodies;

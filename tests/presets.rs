@@ -220,6 +220,7 @@ async fn the_presets_route_lists_every_built_in_preset_with_its_params_and_defau
         [
             "azure.aks_machine",
             "github.workflow_run",
+            "grpc.serving",
             "http.ok",
             "http.status",
             "kubernetes.condition",

@@ -117,9 +117,9 @@ impl Guard {
     /// name is otherwise let through here: its addresses are judged when it is
     /// resolved, by [`GuardedResolver`]. The error is a sentence a person can act on.
     pub fn check_url(&self, url: &Url) -> Result<(), Refused> {
-        if !matches!(url.scheme(), "http" | "https" | "tcp" | "tls") {
+        if !matches!(url.scheme(), "http" | "https" | "tcp" | "tls" | "grpc") {
             return Err(Refused(format!(
-                "the target URL uses the scheme \"{}\"; only http, https, tcp and tls can be polled",
+                "the target URL uses the scheme \"{}\"; only http, https, tcp, tls and grpc can be polled",
                 url.scheme()
             )));
         }

@@ -29,6 +29,7 @@
 
 mod auth;
 mod conditional;
+pub mod grpc;
 mod hosts;
 mod method;
 mod observe;
@@ -448,6 +449,9 @@ impl Prober {
         match target.uri.scheme_str() {
             Some("tcp") => return Polled::Observed(self.probe_tcp(wait, spec, target).await, None),
             Some("tls") => return Polled::Observed(self.probe_tls(wait, spec, target).await, None),
+            Some("grpc") => {
+                return Polled::Observed(self.probe_grpc(wait, spec, target).await, None);
+            }
             _ => {}
         }
         if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {

@@ -132,7 +132,7 @@ impl Prober {
         // target, and each carries its own key: it is never shared.
         let group = (shareable
             && own.is_none()
-            && !matches!(url.scheme(), "tcp" | "tls")
+            && !matches!(url.scheme(), "tcp" | "tls" | "grpc")
             && target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())

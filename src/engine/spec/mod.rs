@@ -329,19 +329,21 @@ impl Spec {
         // to point into, and a wait without want is done when it connects.
         let connects = tcp::kind_of(obj.get("target"));
         let tcp = connects.is_some();
-        let done = if connects == Some("tls") {
-            "verified"
-        } else {
-            "connected"
+        let done = match connects {
+            Some("tls") => "verified",
+            Some("grpc") => "SERVING",
+            _ => "connected",
         };
         let success_condition = parse_condition(obj, "success_condition", &mut errs);
         let failure_condition = parse_condition(obj, "failure_condition", &mut errs);
         let state = match obj.get("state") {
             Some(v) if tcp && !v.is_null() => {
-                let states = if done == "verified" {
-                    "\"verified\" or \"unverified\""
-                } else {
-                    "\"connected\" or \"refused\""
+                let states = match done {
+                    "verified" => "\"verified\" or \"unverified\"",
+                    "SERVING" => {
+                        "the serving status: \"SERVING\", \"NOT_SERVING\", \"UNKNOWN\" or \"SERVICE_UNKNOWN\""
+                    }
+                    _ => "\"connected\" or \"refused\"",
                 };
                 errs.push("state", format!("is not read from a {}:// target, whose state is {states}; remove it and list the state that means done in want (default [\"{done}\"])", connects.unwrap_or_default()));
                 None

@@ -6,11 +6,12 @@ use serde_json::{Map, Value};
 
 use super::{Errors, Limits, opt};
 
-/// The kind of connection the request's `target.url` names: `tcp` or `tls`
-/// (`tcp://…`, `tls://…`, any case); `None` for an http target.
+/// The kind of connection the request's `target.url` names: `tcp`, `tls` or
+/// `grpc` (`tcp://…`, `tls://…`, `grpc://…`, any case); `None` for an http
+/// target.
 pub(super) fn kind_of(target: Option<&Value>) -> Option<&'static str> {
     let url = target.and_then(|t| t.get("url")).and_then(Value::as_str)?;
-    ["tcp", "tls"].into_iter().find(|kind| {
+    ["tcp", "tls", "grpc"].into_iter().find(|kind| {
         url.get(..kind.len() + 3)
             .is_some_and(|s| s.eq_ignore_ascii_case(&format!("{kind}://")))
     })
@@ -25,7 +26,11 @@ pub(super) fn check_tcp_url(
     errs: &mut Errors,
 ) -> Option<String> {
     const FIELD: &str = "target.url";
-    let example = format!("write {kind}://HOST:PORT, e.g. \"{kind}://db.internal:5432\"");
+    let example = if kind == "grpc" {
+        "write grpc://HOST:PORT, or grpc://HOST:PORT/SERVICE for one service, e.g. \"grpc://api.internal:50051/shop.Orders\"".to_string()
+    } else {
+        format!("write {kind}://HOST:PORT, e.g. \"{kind}://db.internal:5432\"")
+    };
     let example = example.as_str();
     if s.len() > limits.max_url_len {
         errs.push(
@@ -61,8 +66,14 @@ pub(super) fn check_tcp_url(
         Some("has no port")
     } else if !url.username().is_empty() || url.password().is_some() {
         Some("carries credentials, which a connection cannot send")
-    } else if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
-        Some("has a path, a query or a fragment, which a connection cannot send")
+    } else if url.query().is_some() || url.fragment().is_some() {
+        Some("has a query or a fragment, which a connection cannot send")
+    } else if kind != "grpc" && !matches!(url.path(), "" | "/") {
+        Some("has a path, which a connection cannot send")
+    } else if kind == "grpc" && !service_name(url.path().trim_start_matches('/')) {
+        Some(
+            "names a service that is not a gRPC service name (letters, digits, '_' and '.', at most 200)",
+        )
     } else {
         None
     };
@@ -76,8 +87,12 @@ pub(super) fn check_tcp_url(
     let host = url.host_str().unwrap_or_default();
     match url::Url::parse(&format!("http://{host}:{port}/")) {
         Ok(http) => Some(format!(
-            "{kind}://{}:{port}",
-            http.host_str().unwrap_or_default()
+            "{kind}://{}:{port}{}",
+            http.host_str().unwrap_or_default(),
+            match url.path().trim_start_matches('/') {
+                "" => String::new(),
+                service => format!("/{service}"),
+            }
         )),
         Err(e) => {
             errs.push(
@@ -87,6 +102,14 @@ pub(super) fn check_tcp_url(
             None
         }
     }
+}
+
+/// A gRPC service's full name (`package.Service`), or "" for the server as a
+/// whole.
+fn service_name(s: &str) -> bool {
+    s.len() <= 200
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
 /// The fields of `target` that only an HTTP request has, refused on a TCP
