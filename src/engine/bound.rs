@@ -112,12 +112,21 @@ pub fn detail(v: &Value) -> Value {
         return pruned;
     }
     let whole = serde_json::to_string(v).unwrap_or_default();
-    let preview = text(&whole, MAX_DETAIL / 2);
-    serde_json::json!({
-        "cut": format!("the error detail was {} bytes of JSON, more than the {} waitd keeps; preview holds its beginning", whole.len(), MAX_DETAIL),
-        "bytes": whole.len(),
-        "preview": preview,
-    })
+    // The preview's quotes and backslashes are escaped again in the detail's own
+    // text, which may double it: cut it by what the whole is over.
+    let mut keep = MAX_DETAIL / 2;
+    loop {
+        let cut = serde_json::json!({
+            "cut": format!("the error detail was {} bytes of JSON, more than the {} waitd keeps; preview holds its beginning", whole.len(), MAX_DETAIL),
+            "bytes": whole.len(),
+            "preview": text(&whole, keep),
+        });
+        let len = serde_json::to_string(&cut).map_or(0, |s| s.len());
+        if len <= MAX_DETAIL || keep == 0 {
+            return cut;
+        }
+        keep = keep.saturating_sub(len - MAX_DETAIL);
+    }
 }
 
 /// The most bytes of a wait's `output` as JSON text.
@@ -257,6 +266,20 @@ mod tests {
         }
         let d = detail(&deep);
         let len = serde_json::to_string(&d).unwrap().len();
+        assert!(len <= MAX_DETAIL, "{len}");
+        // Quotes and backslashes, escaped once in the preview's source and again
+        // in the preview.
+        let escaped: serde_json::Map<String, Value> = (0..64)
+            .map(|i| {
+                (
+                    format!("{i}{}", "\\\"".repeat(300)),
+                    json!(["\\".repeat(300)]),
+                )
+            })
+            .collect();
+        let d = detail(&Value::Object(escaped));
+        let len = serde_json::to_string(&d).unwrap().len();
+        assert!(d["preview"].is_string(), "{d}");
         assert!(len <= MAX_DETAIL, "{len}");
     }
 }
