@@ -1,10 +1,11 @@
 //! The dashboard in a real browser: Debian's Chromium, headless, driven over WebDriver
 //! (its chromedriver, which each test starts on a free port and stops) with
 //! fantoccini. It checks what a person would see: the token form, the waits that
-//! exist, waits appearing and changing live, a cancel from the detail view, waitd
-//! restarted under the open page (the stream reconnects and catches up, no event lost
-//! or repeated), a waitd whose history was reset (a 409: the page loads again), and
-//! hostile values shown as text. It saves screenshots of the list and of a detail
+//! exist, waits appearing and changing live, a cancel from the detail view, a
+//! callback wait approved and another rejected there (and no such buttons for a
+//! read-only token), waitd restarted under the open page (the stream reconnects and
+//! catches up, no event lost or repeated), a waitd whose history was reset (a 409:
+//! the page loads again), and hostile values shown as text. It saves screenshots of the list and of a detail
 //! view under `target/dashboard-screenshots/` (and one of the page when a check fails).
 //!
 //! It needs `chromium` and `chromedriver` (Debian: `apt-get install chromium
@@ -1141,4 +1142,191 @@ async fn the_dashboard_catches_up_after_waitd_restarts_and_reloads_after_a_reset
     let _ = rb.wait_exit(Duration::from_secs(10)).await;
     db.drop_db().await;
     eprintln!("the browser test took {:?}", started.elapsed());
+}
+
+/// The row of wait `id` as {status, target, kind}, or null.
+const TARGET_ROW: &str = "const r = document.querySelector(`[data-testid=\"wait-row\"][data-wait-id=\"${arguments[0]}\"]`); \
+    if (!r) return null; \
+    const t = r.querySelector('[data-testid=\"wait-target\"]'); \
+    return {status: r.dataset.status, target: t.textContent, kind: t.dataset.kind};";
+
+/// Which of the detail's buttons that change a wait are shown, and what the
+/// actions say.
+const ACTIONS: &str = "const d = document.querySelector('[data-testid=\"wait-detail\"]'); \
+    if (!d) return null; \
+    const shown = (t) => { const n = d.querySelector(`[data-testid=\"${t}\"]`); \
+        return !!n && !n.closest('[hidden]') && n.getClientRects().length > 0; }; \
+    return {id: d.dataset.waitId, \
+            status: d.querySelector('[data-testid=\"detail-status\"]').dataset.status, \
+            approve: shown('approve-wait'), reject: shown('reject-wait'), cancel: shown('cancel-wait'), \
+            result: (d.querySelector('[data-testid=\"action-result\"]') || {}).textContent || '', \
+            callback: shown('detail-callback'), \
+            heartbeat: (d.querySelector('[data-testid=\"detail-heartbeat\"]') || {}).textContent || null, \
+            canWrite: window.__waitd.canWrite, \
+            newWait: !document.querySelector('[data-testid=\"new-wait\"]').hidden};";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_approves_and_rejects_callback_waits_and_a_read_only_token_sees_no_buttons() {
+    const READ: &str = "0123456789abcdef-read";
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::new().await;
+    let tokens = format!("{TOKENS},ci:{READ}:read");
+    let app = App::start_with(&db, &["--tokens", &tokens]).await;
+    let browser = Browser::start().await;
+    let b = &browser;
+    let scenario = async {
+        let api = Api::new(&app.base);
+        let approve = api
+            .create(json!({"callback": {"heartbeat": "10m"}, "timeout": "30m", "labels": {"step": "approve"}}))
+            .await;
+        let reject = api
+            .create(json!({"callback": {}, "timeout": "30m", "labels": {"step": "reject"}}))
+            .await;
+        b.c.goto(&format!("{}/ui/", app.base)).await.unwrap();
+        b.enter_token().await;
+
+        // The list reads "callback" where a target would be.
+        let row = b
+            .shows(
+                "the callback wait's row",
+                PATIENCE,
+                TARGET_ROW,
+                vec![json!(approve)],
+                |v| !v.is_null(),
+            )
+            .await;
+        assert_eq!(
+            row,
+            json!({"status": "running", "target": "callback · heartbeat 10m", "kind": "callback"})
+        );
+        let row = b
+            .shows(
+                "the other row",
+                PATIENCE,
+                TARGET_ROW,
+                vec![json!(reject)],
+                |v| !v.is_null(),
+            )
+            .await;
+        assert_eq!(row["target"], "callback", "{row}");
+
+        // Approve: one click, and the view shows the wait ended.
+        b.click(&format!(
+            "[data-testid=\"wait-row\"][data-wait-id=\"{approve}\"]"
+        ))
+        .await;
+        let shown = b
+            .shows("Approve and Reject", PATIENCE, ACTIONS, vec![], |v| {
+                v["id"] == approve.as_str() && v["approve"] == true
+            })
+            .await;
+        assert_eq!(
+            (
+                &shown["reject"],
+                &shown["cancel"],
+                &shown["callback"],
+                &shown["heartbeat"]
+            ),
+            (&json!(true), &json!(true), &json!(true), &json!("10m")),
+            "{shown}"
+        );
+        b.click("[data-testid=\"approve-wait\"]").await;
+        let (status, got) = api.blocked(&approve, PATIENCE).await;
+        assert_eq!(
+            (status, &got["status"], &got["reason"]),
+            (200, &json!("succeeded"), &json!("approved through the API")),
+            "the API does not show the wait approved: {got}"
+        );
+        let after = b
+            .shows("the approved wait", PATIENCE, ACTIONS, vec![], |v| {
+                v["status"] == "succeeded"
+            })
+            .await;
+        assert_eq!(
+            (&after["approve"], &after["reject"]),
+            (&json!(false), &json!(false))
+        );
+        assert!(
+            after["result"].as_str().unwrap().contains("Approved"),
+            "{after}"
+        );
+        b.row("the row approved", &approve, PATIENCE, |v| {
+            v["status"] == "succeeded"
+        })
+        .await;
+
+        // Reject, with a reason: it becomes the wait's error_detail.
+        b.click(&format!(
+            "[data-testid=\"wait-row\"][data-wait-id=\"{reject}\"]"
+        ))
+        .await;
+        b.shows("Reject", PATIENCE, ACTIONS, vec![], |v| {
+            v["id"] == reject.as_str() && v["reject"] == true
+        })
+        .await;
+        b.click("[data-testid=\"reject-wait\"]").await;
+        b.shows(
+            "the reason field",
+            PATIENCE,
+            "const n = document.querySelector('[data-testid=\"reject-reason\"]'); \
+             return !!n && !n.closest('[hidden]');",
+            vec![],
+            truthy,
+        )
+        .await;
+        b.c.find(Locator::Css("[data-testid=\"reject-reason\"]"))
+            .await
+            .unwrap()
+            .send_keys("not during the freeze")
+            .await
+            .unwrap();
+        b.click("[data-testid=\"confirm-reject\"]").await;
+        let (status, got) = api.blocked(&reject, PATIENCE).await;
+        assert_eq!(
+            (status, &got["status"], &got["error_detail"]),
+            (
+                422,
+                &json!("failed"),
+                &json!({"reason": "not during the freeze"})
+            ),
+            "the API does not show the wait rejected: {got}"
+        );
+        b.shows("the rejected wait", PATIENCE, DETAIL, vec![], |v| {
+            v["status"] == "failed"
+                && v["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("not during the freeze"))
+        })
+        .await;
+
+        // A read-only token: the same kind of wait, and no button that changes it.
+        let third = api.create(json!({"callback": {}, "timeout": "30m"})).await;
+        b.js(
+            "sessionStorage.setItem('waitd.apiToken', arguments[0]); \
+             location.hash = `#/waits/${arguments[1]}`; location.reload(); return true;",
+            vec![json!(READ), json!(third)],
+        )
+        .await;
+        let ro = b
+            .shows(
+                "the wait under a read-only token",
+                PATIENCE,
+                ACTIONS,
+                vec![],
+                |v| v["id"] == third.as_str() && v["status"] == "running" && v["canWrite"] == false,
+            )
+            .await;
+        assert_eq!(
+            (&ro["approve"], &ro["reject"], &ro["cancel"], &ro["newWait"]),
+            (&json!(false), &json!(false), &json!(false), &json!(false)),
+            "{ro}"
+        );
+        assert_eq!(ro["callback"], true, "{ro}");
+        let (status, got) = api.blocked(&third, Duration::from_millis(1)).await;
+        assert_eq!((status, &got["status"]), (202, &json!("running")));
+    };
+    let outcome = browser.run("approvals", scenario).await;
+    browser.finish(outcome).await;
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
 }

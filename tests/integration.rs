@@ -13,6 +13,7 @@ mod api_events;
 mod api_smoke;
 mod api_sqlite;
 mod api_waits;
+mod approvals;
 mod callback_hostile;
 mod callbacks;
 mod cel_api;

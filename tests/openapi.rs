@@ -70,7 +70,9 @@ fn every_route_is_there_once_with_its_own_operation_id() {
             "POST /callbacks/{secret}/heartbeat beat_callback",
             "POST /waits create_wait",
             "POST /waits/{id}/cancel cancel_wait",
+            "POST /waits/{id}/complete complete_wait",
             "POST /waits/{id}/deliveries/{delivery}/retry retry_delivery",
+            "POST /waits/{id}/fail fail_wait",
         ]
     );
 }

@@ -176,6 +176,17 @@ export const api = {
   cancelWait(id, opts = {}) {
     return request('POST', `/waits/${encodeURIComponent(id)}/cancel`, opts);
   },
+  /**
+   * POST /waits/{id}/complete — a running callback wait, ended succeeded; `body` is
+   * optional JSON. A wait that had ended is a 409 whose body is the wait.
+   */
+  completeWait(id, body, opts = {}) {
+    return request('POST', `/waits/${encodeURIComponent(id)}/complete`, { ...opts, body });
+  },
+  /** POST /waits/{id}/fail — a running callback wait, ended failed with `body` as its error_detail. */
+  failWait(id, body, opts = {}) {
+    return request('POST', `/waits/${encodeURIComponent(id)}/fail`, { ...opts, body });
+  },
   /** GET /events (JSON page) — {items, next_cursor}, ids greater than `after`; next_cursor only when another page exists. */
   globalEvents({ after, labels } = {}, opts = {}) {
     return request('GET', '/events', { ...opts, query: { after, label: labels || [] } });

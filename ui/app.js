@@ -2,6 +2,8 @@
 //
 // Start-up: find out whether waitd wants a token (GET /waits?limit=1 without one:
 // 401 means yes), ask for it if so, then load the list and follow the live stream.
+// Whether a token may write is found out once it is accepted (see probeAccess):
+// a read-only token sees no buttons that would change a wait.
 //
 // Data flow:
 //   1. GET /events?after=latest: the caller's newest event id now (H).
@@ -49,6 +51,7 @@ const hook = new Proxy({
   streamState: 'offline',
   waitsLoaded: 0,
   ready: false, // the first list page is shown and the stream was started
+  canWrite: null, // whether the token may change waits; null until known
 }, {
   set(target, key, value) {
     target[key] = value;
@@ -70,6 +73,8 @@ const S = {
   queue: [],
   pumping: false,
   authMode: null, // 'anonymous' | 'token'
+  canWrite: null, // true | false (a read-only token) | null (not known yet)
+  accessGen: 0, // bumped by every change of token; a stale probe drops out
   askingToken: null, // the promise of the token form while it is shown
   retryTimer: 0,
   lastReset: 0, // when a 409 last made the page load everything again
@@ -127,9 +132,42 @@ async function ensureAccess() {
 function setAuthMode(mode) {
   S.authMode = mode;
   $('forget-token').hidden = mode !== 'token';
-  $('auth-mode').textContent = mode === 'token' ? 'token' : mode === 'anonymous' ? 'anonymous' : '';
-  $('auth-mode').title = mode === 'token' ? 'Using an API token kept in this tab only' : 'This waitd serves without tokens';
   updateFooter();
+  // Anonymous use may do everything; a token's access is found out.
+  setCanWrite(mode === 'anonymous' ? true : null);
+  if (mode === 'token') probeAccess();
+}
+
+function setCanWrite(canWrite) {
+  S.canWrite = canWrite;
+  hook.canWrite = canWrite;
+  const mode = S.authMode;
+  $('auth-mode').textContent = mode === 'token' ? (canWrite === false ? 'token · read-only' : 'token') : mode === 'anonymous' ? 'anonymous' : '';
+  $('auth-mode').title = mode === 'token'
+    ? (canWrite === false
+      ? 'Using a read-only API token kept in this tab only: it reads and follows waits, and changes none'
+      : 'Using an API token kept in this tab only')
+    : 'This waitd serves without tokens';
+  $('new-wait').hidden = canWrite === false;
+  detail.accessChanged();
+}
+
+/**
+ * Whether the token may change waits. waitd refuses a read-only token every POST
+ * with a 403 before it looks at the route, so a cancel of the nil id, which names
+ * no wait, answers 403 to a read-only token and 404 to any other, and changes
+ * nothing either way. Anything else (waitd away) leaves the buttons shown: a
+ * refusal then says why.
+ */
+async function probeAccess() {
+  const gen = ++S.accessGen;
+  let canWrite = true;
+  try {
+    await api.cancelWait('00000000-0000-0000-0000-000000000000', { notify401: false });
+  } catch (e) {
+    canWrite = !(e instanceof ApiError && e.status === 403);
+  }
+  if (gen === S.accessGen && S.authMode === 'token') setCanWrite(canWrite);
 }
 
 /** Shows the token form (once) and resolves when a token has been accepted. */
@@ -585,6 +623,7 @@ function applyOne(ev) {
 // Panels and routing
 
 const detail = new DetailPanel($('detail-host'), {
+  canWrite: () => S.canWrite,
   onClose: () => goList(),
   onWaitChanged: (w) => {
     if (list.has(w.id)) {

@@ -216,10 +216,23 @@ export function shortId(id) {
   return isUuid(id) ? `${id.slice(0, 18)}…` : String(id);
 }
 
+/**
+ * A callback wait's `callback` ({heartbeat?}) from its spec, or null for a wait
+ * that polls a target (or a group). A callback wait has no target: a POST to its
+ * callback URL, or an approval through the API, ends it.
+ */
+export function callbackOf(w) {
+  const cb = w && w.spec && w.spec.callback;
+  return cb && typeof cb === 'object' ? cb : null;
+}
+
 /** A wait's target as the list shows it: the URL without its scheme or query. */
 export function targetText(w) {
   // A group polls nothing itself: say what it waits for.
   if (w && w.mode && Array.isArray(w.members)) return `${w.mode} of ${w.members.length} waits`;
+  // Nor does a callback wait: it waits for a POST.
+  const cb = callbackOf(w);
+  if (cb) return typeof cb.heartbeat === 'string' ? `callback · heartbeat ${cb.heartbeat}` : 'callback';
   const url = w && w.spec && w.spec.target && w.spec.target.url;
   if (typeof url !== 'string') return '';
   try {

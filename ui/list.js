@@ -10,7 +10,7 @@
 // per batch of events, which compacts the order array once and re-renders the window.
 
 import {
-  el, clear, statusBadge, setBadge, statusKey, shortId, targetText, waitHref, fmtAge, fmtLeft,
+  el, clear, statusBadge, setBadge, statusKey, shortId, targetText, callbackOf, waitHref, fmtAge, fmtLeft,
   fmtDateTime, fmtNumber, fmtCoarse, labelsText, TIME_ZONE, ms, STATUS_GLYPH, TERMINAL,
 } from './common.js';
 
@@ -339,7 +339,12 @@ export class WaitList {
       c.link.textContent = shortId(w.id);
       c.link.title = w.id;
       c.targetText.textContent = targetText(w);
-      c.target.title = (w.spec && w.spec.target && w.spec.target.url) || '';
+      const cb = callbackOf(w);
+      c.targetText.classList.toggle('callback-target', !!cb);
+      c.targetText.dataset.kind = cb ? 'callback' : '';
+      c.target.title = cb
+        ? 'A callback wait: a POST to its callback URL, or Approve or Reject in its detail, ends it'
+        : (w.spec && w.spec.target && w.spec.target.url) || '';
       this.fillLabels(c.labels, w.labels);
       const group = typeof w.group === 'string' ? waitHref(w.group) : null;
       c.group.hidden = !group;

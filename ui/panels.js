@@ -3,7 +3,9 @@
 //
 //   * DetailPanel: one wait in full (reachable as #/waits/<id>): its fields, its
 //     event timeline, its spec as waitd returns it (header values read <redacted>),
-//     and Cancel with an in-page confirm step. The timeline comes from the wait's own
+//     and Cancel with an in-page confirm step; a running callback wait also has
+//     Approve and Reject (with an optional reason), which end it through
+//     POST /waits/{id}/complete and /fail. A read-only token sees none of them. The timeline comes from the wait's own
 //     stream (GET /waits/{id}/events?follow=true replays the history, then follows
 //     live and ends after the terminal event), and the app also hands over events of
 //     this wait from the global stream; both are merged by seq, so nothing shows twice.
@@ -12,7 +14,7 @@
 
 import {
   el, clear, append, statusBadge, setBadge, fmtDateTime, fmtTime, fmtLeft, fmtDuration,
-  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms, waitLink,
+  fmtNumber, prettyJson, applyEvent, TERMINAL, STATUS_GLYPH, TIME_ZONE, ms, waitLink, callbackOf,
 } from './common.js';
 import { api, authHeaders, readProblem, reportUnauthorized, ApiError } from './api.js';
 import { EventStream } from './sse.js';
@@ -35,7 +37,8 @@ const LAST_POLL = {
 export class DetailPanel {
   /**
    * @param {HTMLElement} host the panel's container (hidden when closed)
-   * @param {{onClose: () => void, onWaitChanged: (wait) => void}} hooks
+   * @param {{onClose: () => void, onWaitChanged: (wait) => void, canWrite: () => boolean | null}} hooks
+   *   canWrite: whether the token may end waits (null while that is not known yet)
    */
   constructor(host, hooks) {
     this.host = host;
@@ -61,7 +64,7 @@ export class DetailPanel {
     this.seen = new Set(); // every seq received (from either stream)
     this.hiddenCount = 0; // older entries dropped from the DOM (MAX_TIMELINE)
     this.terminalSeen = false;
-    this.cancelMessage = null;
+    this.actionMessage = null;
     this.actionsKey = null;
     this.renderQueued = false;
     this.build(id);
@@ -299,10 +302,12 @@ export class DetailPanel {
     } else {
       setBadge(r.status, w.status);
     }
-    r.reason.textContent = w.reason || (w.status === 'running' ? 'Polling the target.' : '');
+    const running = callbackOf(w)
+      ? 'Waiting for a POST to its callback URL, or for an approval.'
+      : 'Polling the target.';
+    r.reason.textContent = w.reason || (w.status === 'running' ? running : '');
     // Rebuilt only when they change, so an event does not undo an open confirm step.
-    const key = `${w.status === 'running'}|${this.cancelMessage ? this.cancelMessage.text : ''}`;
-    if (key !== this.actionsKey) this.renderActions();
+    if (this.actionsKeyOf(w) !== this.actionsKey) this.renderActions();
     this.renderFields(Date.now());
     this.deliveries.show(w);
     const hasDetail = w.error_detail !== null && w.error_detail !== undefined;
@@ -320,6 +325,8 @@ export class DetailPanel {
     const time = (iso) => el('time', { text: fmtDateTime(iso), title: iso || '', attrs: { datetime: iso || null } });
     const running = w.status === 'running';
     const url = w.spec && w.spec.target && w.spec.target.url;
+    const cb = callbackOf(w);
+    const heartbeat = cb && typeof cb.heartbeat === 'string' ? cb.heartbeat : null;
     const labels = Object.entries(w.labels || {});
     // [key, label, shown, signature, build()]
     const rows = [
@@ -336,6 +343,15 @@ export class DetailPanel {
       })],
       ['retries', 'Retries', true, w.retries, () => fmtNumber(w.retries)],
       ['target', 'Target', !!url, url, () => el('span', { class: 'mono break', text: String(url) })],
+      // A callback wait: no target; a POST ends it.
+      ['callback', 'Target', !!cb, 'callback', () => el('span', {
+        data: { testid: 'detail-callback' },
+        text: 'callback: a POST to its callback URL (which only its creator has), or Approve or Reject here, ends it',
+      })],
+      ['heartbeat', 'Heartbeat', !!heartbeat, heartbeat, () => [
+        el('span', { class: 'mono', data: { testid: 'detail-heartbeat' }, text: String(heartbeat) }),
+        el('span', { class: 'muted', text: ': silence that long at its callback URL fails it' }),
+      ]],
       // A group: its members as they stand, each linking to its own page.
       ['members', w.mode === 'any' ? 'Any of' : 'All of', Array.isArray(w.members), JSON.stringify(w.members || []),
         () => el('ul', { class: 'members', data: { testid: 'group-members' } }, (w.members || []).map((m) => el('li', {},
@@ -354,7 +370,7 @@ export class DetailPanel {
       ['created', 'Created', true, w.created_at, () => time(w.created_at)],
       ['updated', 'Updated', true, w.updated_at, () => time(w.updated_at)],
       ['deadline', 'Deadline', true, `${w.deadline}|${running}`, () => [time(w.deadline), running ? ' · ' : null, running ? (this.r.countdown = el('span', { class: 'countdown' })) : null]],
-      ['next_poll', 'Next poll', running, w.next_poll_at, () => time(w.next_poll_at)],
+      ['next_poll', 'Next poll', running && !cb, w.next_poll_at, () => time(w.next_poll_at)],
       ['finished', 'Finished', !!w.finished_at, w.finished_at, () => [time(w.finished_at), ` · after ${fmtDuration(ms(w.finished_at) - ms(w.created_at))}`]],
       ['tz', 'Times', true, TIME_ZONE, () => `in ${TIME_ZONE}`],
     ];
@@ -380,19 +396,102 @@ export class DetailPanel {
     this.tick(now);
   }
 
+  /** What the actions depend on: rebuilt only when it changes. */
+  actionsKeyOf(w) {
+    const canWrite = this.hooks.canWrite ? this.hooks.canWrite() : true;
+    return `${w.status === 'running'}|${canWrite}|${this.actionMessage ? this.actionMessage.text : ''}`;
+  }
+
+  /** The token's access became known: show or hide the actions. */
+  accessChanged() {
+    if (this.wait) this.renderActions();
+  }
+
   renderActions() {
     const w = this.wait;
-    this.actionsKey = `${w.status === 'running'}|${this.cancelMessage ? this.cancelMessage.text : ''}`;
+    this.actionsKey = this.actionsKeyOf(w);
     const a = clear(this.r.actions);
-    const result = el('p', { class: 'cancel-result', data: { testid: 'cancel-result' }, attrs: { role: 'status' } });
-    if (this.cancelMessage) {
-      result.textContent = this.cancelMessage.text;
-      result.classList.toggle('error-text', this.cancelMessage.error);
+    const result = el('p', { class: 'cancel-result', data: { testid: 'action-result' }, attrs: { role: 'status' } });
+    if (this.actionMessage) {
+      result.textContent = this.actionMessage.text;
+      result.classList.toggle('error-text', this.actionMessage.error);
     }
-    if (w.status !== 'running') {
+    // A read-only token (or one whose access is not known yet) sees no buttons.
+    const canWrite = this.hooks.canWrite ? this.hooks.canWrite() : true;
+    if (w.status !== 'running' || canWrite !== true) {
       a.appendChild(result);
       return;
     }
+    const buttons = [];
+    if (callbackOf(w)) buttons.push(...this.approvalControls(result));
+    buttons.push(...this.cancelControls(result));
+    append(a, [...buttons, result]);
+  }
+
+  /** Approve, and Reject with a confirm step that asks for an optional reason. */
+  approvalControls(result) {
+    const approveBtn = el('button', {
+      class: 'btn approve',
+      text: '✔ Approve',
+      title: 'End this wait succeeded (POST /waits/{id}/complete)',
+      data: { testid: 'approve-wait' },
+      attrs: { type: 'button' },
+      on: { click: () => this.doEnd('complete', { approved: true }, [approveBtn, rejectBtn], result) },
+    });
+    const rejectBtn = el('button', {
+      class: 'btn danger-outline',
+      text: '✖ Reject…',
+      data: { testid: 'reject-wait' },
+      attrs: { type: 'button' },
+      on: {
+        click: () => {
+          confirm.hidden = false;
+          rejectBtn.hidden = true;
+          approveBtn.disabled = true;
+          reason.focus();
+        },
+      },
+    });
+    const reason = el('input', {
+      class: 'input',
+      data: { testid: 'reject-reason' },
+      attrs: { type: 'text', maxlength: '2000', placeholder: 'Reason (optional)', 'aria-label': 'Reason for rejecting (optional)' },
+    });
+    const confirmBtn = el('button', {
+      class: 'btn danger',
+      text: 'Reject it',
+      data: { testid: 'confirm-reject' },
+      attrs: { type: 'submit' },
+    });
+    const keepBtn = el('button', {
+      class: 'btn',
+      text: 'Keep waiting',
+      data: { testid: 'keep-wait-reject' },
+      attrs: { type: 'button' },
+      on: {
+        click: () => {
+          confirm.hidden = true;
+          rejectBtn.hidden = false;
+          approveBtn.disabled = false;
+        },
+      },
+    });
+    const confirm = el('form', {
+      class: 'confirm',
+      props: { hidden: true },
+      attrs: { 'aria-label': 'Confirm reject', novalidate: true },
+      on: {
+        submit: (e) => {
+          e.preventDefault();
+          const text = reason.value.trim();
+          this.doEnd('fail', text ? { reason: text } : undefined, [confirmBtn, keepBtn, reason], result);
+        },
+      },
+    }, el('span', { text: 'End this wait as failed? ' }), reason, confirmBtn, keepBtn);
+    return [approveBtn, rejectBtn, confirm];
+  }
+
+  cancelControls(result) {
     const confirm = el('div', { class: 'confirm', props: { hidden: true }, attrs: { role: 'group', 'aria-label': 'Confirm cancel' } });
     const cancelBtn = el('button', {
       class: 'btn danger-outline',
@@ -427,7 +526,7 @@ export class DetailPanel {
       },
     });
     append(confirm, [el('span', { text: 'Stop polling and end this wait as canceled? ' }), confirmBtn, keepBtn]);
-    append(a, [cancelBtn, confirm, result]);
+    return [cancelBtn, confirm];
   }
 
   async doCancel(confirmBtn, keepBtn, result) {
@@ -439,7 +538,7 @@ export class DetailPanel {
     try {
       const w = await api.cancelWait(id);
       if (gen !== this.gen) return;
-      this.cancelMessage = w.status === 'canceled'
+      this.actionMessage = w.status === 'canceled'
         ? { text: `${STATUS_GLYPH.canceled} Canceled: ${w.reason || 'canceled by a client'}.`, error: false }
         : { text: `It had already ended as ${w.status}; nothing was changed.`, error: false };
       this.updateWait(w);
@@ -447,9 +546,44 @@ export class DetailPanel {
       this.hooks.onWaitChanged(w);
     } catch (e) {
       if (gen !== this.gen) return;
-      this.cancelMessage = { text: `Cancel failed: ${e instanceof ApiError ? e.detail : e}`, error: true };
+      this.actionMessage = { text: `Cancel failed: ${e instanceof ApiError ? e.detail : e}`, error: true };
       this.renderActions();
     }
+  }
+
+  /**
+   * Approve (`complete`) or reject (`fail`) this callback wait. A 409 carries the
+   * wait as it had ended: the view shows that end.
+   */
+  async doEnd(route, body, controls, result) {
+    const id = this.id;
+    const gen = this.gen;
+    const verb = route === 'complete' ? 'Approve' : 'Reject';
+    controls.forEach((c) => { c.disabled = true; });
+    result.classList.remove('error-text');
+    result.textContent = route === 'complete' ? 'Approving…' : 'Rejecting…';
+    let w;
+    let already = false;
+    try {
+      w = await (route === 'complete' ? api.completeWait(id, body) : api.failWait(id, body));
+    } catch (e) {
+      if (gen !== this.gen) return;
+      const ended = e instanceof ApiError && e.status === 409 && e.problem && e.problem.id === id;
+      if (!ended) {
+        this.actionMessage = { text: `${verb} failed: ${e instanceof ApiError ? e.detail : e}`, error: true };
+        this.renderActions();
+        return;
+      }
+      w = e.problem;
+      already = true;
+    }
+    if (gen !== this.gen) return;
+    this.actionMessage = already
+      ? { text: `It had already ended as ${w.status}${w.reason ? ` (${w.reason})` : ''}; nothing was changed.`, error: false }
+      : { text: `${STATUS_GLYPH[w.status] || ''} ${route === 'complete' ? 'Approved' : 'Rejected'}: ${w.reason || w.status}.`, error: false };
+    this.updateWait(w);
+    this.renderActions();
+    this.hooks.onWaitChanged(w);
   }
 
   /** A timeline entry, kept in seq order. */

@@ -325,7 +325,7 @@ async fn wait_of(s: &AppState, cb: &Callback) -> ApiResult<Wait> {
 
 /// Ends the wait as `end` says, once: `200` with the wait this ended, or `409`
 /// with the wait as the end that came first left it.
-async fn finish(s: &AppState, cb: &Callback, end: &CallbackEnd) -> ApiResult<Response> {
+pub(super) async fn finish(s: &AppState, cb: &Callback, end: &CallbackEnd) -> ApiResult<Response> {
     let ended = s
         .store
         .callbacks()

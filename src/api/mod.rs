@@ -9,6 +9,7 @@
 //! [`guard`]) and the schemas of [`openapi`]; [`openapi`] reads the routes from
 //! here to build the document and imports no handler.
 
+mod approvals;
 pub mod auth;
 pub mod callbacks;
 mod deliveries;
@@ -108,6 +109,8 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(waits::create_wait, waits::list_waits))
         .routes(routes!(waits::get_wait))
         .routes(routes!(waits::cancel_wait))
+        .routes(routes!(approvals::complete_wait))
+        .routes(routes!(approvals::fail_wait))
         .routes(routes!(events::list_wait_events))
         .routes(routes!(events::list_events))
         .routes(routes!(deliveries::list_deliveries))
