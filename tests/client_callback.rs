@@ -87,12 +87,13 @@ async fn create_callback_prints_the_url_and_a_post_to_it_ends_create_wait() {
     assert_eq!(w["status"], "running", "{w}");
     assert_eq!(w["spec"]["callback"]["heartbeat"], "5m", "{w}");
     let url = w["callback_url"].as_str().expect("the URL").to_string();
-    let (status, _) = post(&url, json!({})).await;
+    let (status, _) = post(&url, json!({"artifact": "app.tar"})).await;
     assert_eq!(status, 200);
     let id = w["id"].as_str().unwrap();
     let run = waitd(&app.base, &["get", id, "--output", "json"]).await;
     let got: Value = serde_json::from_str(&run.stdout).expect("one JSON object");
     assert_eq!(got["status"], "succeeded", "{run:?}");
+    assert_eq!(got["output"], json!({"artifact": "app.tar"}), "{run:?}");
 
     // With --wait: the URL comes before it blocks; a POST ends it, exit 0.
     let live = Live::spawn(
@@ -305,11 +306,74 @@ async fn wait_callback_output_json_prints_the_ended_wait() {
     assert_eq!(w["status"], "succeeded", "{w}");
     assert_eq!(w["reason"], "the callback reported success", "{w}");
     assert_eq!(w["labels"], json!({"job": "build-7"}), "{w}");
+    assert_eq!(
+        w["output"],
+        json!({"ok": true}),
+        "the body is its output: {w}"
+    );
     assert_eq!(w["spec"]["callback"], json!({}), "{w}");
     assert!(
         !w.to_string().contains(secret_of(&url)),
         "the secret is not in the wait: {w}"
     );
+}
+
+#[tokio::test]
+async fn wait_callback_judges_bodies_by_the_state_and_conditions_given() {
+    let live = Live::spawn(
+        NO_SERVER,
+        &[
+            "wait",
+            "--callback",
+            "--state",
+            "/phase",
+            "--want",
+            "done",
+            "--fail",
+            "broken",
+        ],
+    );
+    let url = printed_url(&live, false).await;
+    let (status, w) = post(&url, json!({"phase": "building"})).await;
+    assert_eq!(status, 202, "a body that meets neither is progress: {w}");
+    assert_eq!(
+        (w["status"].as_str(), w["state"].as_str()),
+        (Some("running"), Some("building")),
+        "{w}"
+    );
+    let (status, p) = post(&url, json!({"stage": "done"})).await;
+    assert_eq!(status, 422, "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("the wait goes on"),
+        "{p}"
+    );
+    let (status, w) = post(&url, json!({"phase": "done", "version": 7})).await;
+    assert_eq!(
+        (status, w["status"].as_str()),
+        (200, Some("succeeded")),
+        "{w}"
+    );
+    assert_eq!(w["output"], json!({"phase": "done", "version": 7}), "{w}");
+    let (code, lines, stderr) = live.finish().await;
+    assert_eq!(code, 0, "{lines:?} {stderr}");
+    assert!(lines[2].ends_with(" state building"), "{lines:?}");
+    assert!(lines[3].contains(" succeeded: "), "{lines:?}");
+
+    let live = Live::spawn(
+        NO_SERVER,
+        &[
+            "wait",
+            "--callback",
+            "--failure-condition",
+            "body.exit != 0",
+        ],
+    );
+    let url = printed_url(&live, false).await;
+    let (status, w) = post(&url, json!({"exit": 2})).await;
+    assert_eq!((status, w["status"].as_str()), (200, Some("failed")), "{w}");
+    assert_eq!(w["error_detail"], json!({"exit": 2}), "{w}");
+    let (code, lines, stderr) = live.finish().await;
+    assert_eq!(code, 1, "{lines:?} {stderr}");
 }
 
 #[tokio::test]

@@ -3,7 +3,10 @@
 //! the server's shape, `http://IP:PORT/callbacks/<secret>` (and its `/fail` and
 //! `/heartbeat`), with a fresh 256-bit secret, and ends as a server ends the wait:
 //!
-//! - `POST {url}` with a JSON body: `succeeded`, `200` with the wait;
+//! - `POST {url}` with a JSON body: `succeeded` with the body as its `output`,
+//!   `200` with the wait; when the spec has a `state` path or conditions, the
+//!   body is judged by them first, as a server judges it: it ends the wait
+//!   `succeeded` or `failed`, or is progress (`202`), or cannot be judged (`422`);
 //! - `POST {url}/fail`: `failed`, with the body as its `error_detail`;
 //! - `POST {url}/heartbeat`: restarts `callback.heartbeat`'s clock, whose silence
 //!   ends the wait `failed`;
@@ -35,11 +38,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::wait::until;
-use super::{Problem, note, progress};
+use super::{Problem, event_line, note, progress};
 use crate::api::MAX_BODY;
 use crate::api::callbacks::{FAILED, PATH, SUCCEEDED};
-use crate::engine::Spec;
-use crate::model::{Status, Wait};
+use crate::engine::{self, Context, Decision, End, EngineState, Spec};
+use crate::model::{Event, EventBody, Status, Wait};
 use crate::store::callbacks::{Secret, SecretHash};
 
 /// Why a callback wait ended at its deadline: a server's sentence.
@@ -98,6 +101,8 @@ pub(super) async fn run(
     let (beats, mut beat) = watch::channel(Instant::now());
     let shared = Arc::new(Shared {
         hash: secret.hash(),
+        spec: spec.clone(),
+        json,
         wait: Mutex::new(wait),
         beats,
     });
@@ -122,13 +127,13 @@ pub(super) async fn run(
             _ = tokio::time::sleep_until(silence), if heartbeat.is_some() => {
                 let h = heartbeat.unwrap_or_default();
                 if Instant::now() >= *beat.borrow() + h
-                    && shared.end(Status::Failed, crate::callbacks::silence_reason(h), None)
+                    && shared.end(Status::Failed, crate::callbacks::silence_reason(h), None, None)
                 {
                     break;
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
-                if shared.end(Status::TimedOut, DEADLINE.into(), None) {
+                if shared.end(Status::TimedOut, DEADLINE.into(), None, None) {
                     break;
                 }
             }
@@ -142,6 +147,10 @@ struct Shared {
     /// The SHA-256 of the URL's secret, which a presented secret's is compared
     /// with in constant time.
     hash: SecretHash,
+    /// What judges a callback's body, when it has a state path or conditions.
+    spec: Spec,
+    /// Whether stdout is for the ended wait's JSON (progress lines go to stderr).
+    json: bool,
     /// The wait: running until the first end.
     wait: Mutex<Wait>,
     /// When the last heartbeat came (the start, before any).
@@ -158,7 +167,13 @@ impl Shared {
     }
 
     /// Ends the wait, unless something ended it first; whether this did.
-    fn end(&self, status: Status, reason: String, error_detail: Option<Value>) -> bool {
+    fn end(
+        &self,
+        status: Status,
+        reason: String,
+        error_detail: Option<Value>,
+        output: Option<Value>,
+    ) -> bool {
         let mut w = self.wait.lock().unwrap_or_else(|p| p.into_inner());
         if w.status != Status::Running {
             return false;
@@ -167,10 +182,36 @@ impl Shared {
         w.status = status;
         w.reason = Some(reason);
         w.error_detail = error_detail;
+        w.output = output;
         w.updated_at = now;
         w.progress_at = now;
         w.finished_at = Some(now);
         w.next_poll_at = None;
+        true
+    }
+
+    /// Records the state a body that was progress showed, with a line for its
+    /// change; whether the wait was running.
+    fn progress(&self, state: Option<String>) -> bool {
+        let mut w = self.wait.lock().unwrap_or_else(|p| p.into_inner());
+        if w.status != Status::Running {
+            return false;
+        }
+        let Some(to) = state.filter(|s| w.state.as_ref() != Some(s)) else {
+            return true;
+        };
+        let now = Utc::now();
+        let from = w.state.replace(to.clone());
+        w.updated_at = now;
+        w.progress_at = now;
+        let e = Event {
+            id: None,
+            seq: 0,
+            wait_id: w.id,
+            at: now,
+            body: EventBody::State { from, to },
+        };
+        progress(self.json, &event_line(&e));
         true
     }
 
@@ -266,30 +307,121 @@ async fn handle(
                 &shared.current(),
             )
         }
-        Action::Complete | Action::Fail => {
+        Action::Fail => {
             let body = match json_body(req).await {
                 Ok(b) => b,
                 Err(refusal) => return refusal.answer(),
             };
-            let ended = match action {
-                Action::Fail => shared.end(
-                    Status::Failed,
-                    FAILED.into(),
-                    Some(crate::engine::bound::detail(&body)),
-                ),
-                _ => shared.end(Status::Succeeded, SUCCEEDED.into(), None),
+            let detail = crate::engine::bound::detail(&body);
+            let ended = shared.end(Status::Failed, FAILED.into(), Some(detail), None);
+            finished(shared, ended_here, ended)
+        }
+        Action::Complete => {
+            let headers = crate::probe::header_map(req.headers());
+            let body = match json_body(req).await {
+                Ok(b) => b,
+                Err(refusal) => return refusal.answer(),
             };
-            if ended {
-                ended_here.store(true, Ordering::SeqCst);
+            let spec = &shared.spec;
+            let judged = spec.success_condition.is_some()
+                || spec.failure_condition.is_some()
+                || spec.state.is_some();
+            if !judged {
+                let output = Some(crate::engine::bound::output(&body));
+                let ended = shared.end(Status::Succeeded, SUCCEEDED.into(), None, output);
+                return finished(shared, ended_here, ended);
             }
-            let status = if ended {
-                StatusCode::OK
-            } else {
-                StatusCode::CONFLICT
-            };
-            wait_answer(status, &shared.current())
+            match verdict(spec.clone(), body.clone(), headers).await {
+                Verdict::End(o) if o.end == End::Succeeded => {
+                    let output = Some(crate::engine::bound::output(&body));
+                    let ended = shared.end(Status::Succeeded, o.reason, None, output);
+                    finished(shared, ended_here, ended)
+                }
+                Verdict::End(o) => {
+                    let detail = o
+                        .error_detail
+                        .unwrap_or_else(|| crate::engine::bound::detail(&body));
+                    let ended = shared.end(Status::Failed, o.reason, Some(detail), None);
+                    finished(shared, ended_here, ended)
+                }
+                Verdict::Progress(state) => {
+                    let running = shared.progress(state);
+                    let status = if running {
+                        StatusCode::ACCEPTED
+                    } else {
+                        StatusCode::CONFLICT
+                    };
+                    wait_answer(status, &shared.current())
+                }
+                Verdict::Unjudged(why) => problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Target refused",
+                    format!("the callback's body was not judged: {why}; the wait goes on"),
+                ),
+            }
         }
     }
+}
+
+/// The answer to a completion: `200` with the wait it ended, or `409` with the
+/// wait as what came first ended it.
+fn finished(shared: &Shared, ended_here: &AtomicBool, ended: bool) -> Response<Full<Bytes>> {
+    if ended {
+        ended_here.store(true, Ordering::SeqCst);
+    }
+    let status = if ended {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    };
+    wait_answer(status, &shared.current())
+}
+
+/// What the spec's state path and conditions make of a callback's body.
+enum Verdict {
+    /// It ends the wait `succeeded` or `failed`.
+    End(engine::Outcome),
+    /// It meets neither: the wait goes on, with the state read from it, if any.
+    Progress(Option<String>),
+    /// It could not be judged: the wait goes on unchanged.
+    Unjudged(String),
+}
+
+/// The engine's verdict on a callback's body, judged alone as a server judges
+/// it: as a response with HTTP 200 carrying it. Conditions run on the CPU pool,
+/// whose threads have the stack a deep expression needs.
+async fn verdict(
+    spec: Spec,
+    body: Value,
+    headers: std::collections::BTreeMap<String, String>,
+) -> Verdict {
+    let judged = crate::cpu::pool()
+        .run(crate::cpu::Lane::Long, crate::cpu::SYSTEM, move || {
+            let now = Utc::now();
+            let obs = crate::probe::callback_observation(&spec, &body, &headers);
+            let (mut st, _) = EngineState::start(&spec, now);
+            let cx = Context {
+                now,
+                floor: Duration::ZERO,
+                jitter: 0.0,
+            };
+            let step = engine::step(&spec, &mut st, obs, cx);
+            match step.decision {
+                Decision::End(o) if matches!(o.end, End::Succeeded | End::Failed) => {
+                    Verdict::End(o)
+                }
+                Decision::End(o) => Verdict::Unjudged(o.reason),
+                Decision::PollAt(_) => match step.events.into_iter().find_map(|e| match e {
+                    engine::Event::Retry { error, .. } => Some(error),
+                    _ => None,
+                }) {
+                    Some(error) => Verdict::Unjudged(error),
+                    None => Verdict::Progress(st.state),
+                },
+            }
+        })
+        .await;
+    judged.unwrap_or_else(|lost| Verdict::Unjudged(lost.to_string()))
 }
 
 /// The request's body as JSON, or the answer that refuses it, as a server's:

@@ -88,8 +88,10 @@ pub struct SpecArgs {
     /// Wait for a POST to the wait's callback URL instead of polling (callback:
     /// {}): a JSON body POSTed to the URL ends the wait succeeded, one POSTed to
     /// URL/fail ends it failed with the body as its error_detail, and
-    /// URL/heartbeat restarts --heartbeat's clock. The URL is printed on its own
-    /// line, right after the wait's; anyone who has it can end the wait.
+    /// URL/heartbeat restarts --heartbeat's clock; with --state, --want, --fail or
+    /// a condition, each body is judged by them as a polled answer would be. The
+    /// URL is printed on its own line, right after the wait's; anyone who has it
+    /// can end the wait.
     #[arg(long, conflicts_with_all = CALLBACK_CONFLICTS)]
     pub callback: bool,
     /// With --callback (which it implies): silence this long (no heartbeat, no
@@ -98,8 +100,9 @@ pub struct SpecArgs {
     pub heartbeat: Option<String>,
 }
 
-/// The flags that describe what to poll, which a callback wait does not take.
-const CALLBACK_CONFLICTS: [&str; 16] = [
+/// The flags that describe what to poll, which a callback wait does not take (it
+/// takes --state, --want, --fail and the conditions, which judge its bodies).
+const CALLBACK_CONFLICTS: [&str; 11] = [
     "preset",
     "params",
     "url",
@@ -109,11 +112,6 @@ const CALLBACK_CONFLICTS: [&str; 16] = [
     "server_name",
     "method",
     "data",
-    "state",
-    "want",
-    "fail",
-    "success_condition",
-    "failure_condition",
     "poll",
     "headers",
 ];

@@ -155,9 +155,10 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
                 ended.status,
                 Ending {
                     reason: ended.reason.clone().unwrap_or_default(),
-                    state: None,
+                    state: ended.state.clone(),
                     error_detail: ended.error_detail.clone(),
                     last_error: None,
+                    output: ended.output.clone(),
                 },
             ),
         );
