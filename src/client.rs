@@ -22,6 +22,7 @@
 //! unless `--cancel-on-interrupt`.
 
 mod api;
+mod callback;
 mod prober;
 mod request;
 pub mod wait;
@@ -32,11 +33,12 @@ use std::sync::{Arc, Mutex};
 
 use clap::Subcommand;
 use reqwest::Method;
+use serde_json::Value;
 
 use crate::model::{Event, EventBody, Status, Wait, WaitPage};
 use api::{Api, typed};
-pub use request::{CreateArgs, FollowArgs, IdsArgs, ListArgs, OneArgs, SpecArgs};
-use request::{check_id, create_request, split_pair};
+pub use request::{CreateArgs, FollowArgs, IdsArgs, ListArgs, OneArgs, Output, SpecArgs};
+use request::{check_id, create_request, split_pair, wants_json};
 
 pub const EXIT_SUCCEEDED: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
@@ -198,8 +200,12 @@ async fn execute(api: &Api, cmd: Command, current: Arc<Mutex<Option<String>>>) -
     match cmd {
         Command::Create(a) => create(api, *a, current).await,
         Command::Get(a) => {
-            let w = api.get_wait(&a.id).await?;
-            print_wait(&w, a.json);
+            let (w, answer) = api.get_wait(&a.id).await?;
+            if wants_json(a.json, a.output) {
+                print_json(&answer);
+            } else {
+                say(&short_line(&w));
+            }
             Ok(EXIT_SUCCEEDED)
         }
         Command::Cancel(a) => cancel(api, a).await,
@@ -223,17 +229,37 @@ async fn execute(api: &Api, cmd: Command, current: Arc<Mutex<Option<String>>>) -
     }
 }
 
+/// Creates the wait and prints it: one line, then a callback wait's URL on a line
+/// of its own (or the server's answer as JSON, which carries it as callback_url);
+/// with `--wait`, the URL comes before the wait is followed, on stderr when stdout
+/// is for the JSON of the ended wait.
 async fn create(api: &Api, a: CreateArgs, current: Arc<Mutex<Option<String>>>) -> Outcome {
     let req = create_request(&a)?;
-    let wait = api.create(&req, a.idempotency_key.as_deref()).await?;
+    let json = wants_json(a.json, a.output);
+    let (wait, answer) = api.create(&req, a.idempotency_key.as_deref()).await?;
     let id = wait.id.to_string();
+    let callback_url = answer["callback_url"].as_str();
+    if req.get("callback").is_some() && callback_url.is_none() {
+        note(
+            "waitd: the server's answer carries no callback_url: it was a replay of an earlier create with this --idempotency-key, and only the first answer shows the URL; create the wait with a new key for a new URL",
+        );
+    }
     if !a.wait {
-        print_wait(&wait, a.json);
+        if json {
+            print_json(&answer);
+        } else {
+            say(&short_line(&wait));
+            if let Some(url) = callback_url {
+                say(url);
+            }
+        }
         return Ok(EXIT_SUCCEEDED);
     }
     *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
-    let json = a.json;
     progress(json, &short_line(&wait));
+    if let Some(url) = callback_url {
+        progress(json, url);
+    }
     let end = api
         .follow(&id, |e, _| {
             if matches!(e.body, EventBody::Created { .. }) {
@@ -243,8 +269,8 @@ async fn create(api: &Api, a: CreateArgs, current: Arc<Mutex<Option<String>>>) -
         })
         .await?;
     if json {
-        let ended = api.get_wait(&id).await?;
-        print_wait(&ended, true);
+        let (ended, answer) = api.get_wait(&id).await?;
+        print_json(&answer);
         return Ok(exit_code_for(ended.status));
     }
     Ok(exit_code_for(end))
@@ -303,6 +329,11 @@ fn print_wait(w: &Wait, json: bool) {
     } else {
         say(&short_line(w));
     }
+}
+
+/// A server's answer as it came, as one JSON object.
+fn print_json(answer: &Value) {
+    say(&serde_json::to_string_pretty(answer).unwrap_or_default());
 }
 
 /// `<id> <status>[ state=<state>][: <reason>]`.

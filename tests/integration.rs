@@ -22,6 +22,7 @@ mod cel_differential;
 mod cel_library;
 mod cert_targets;
 mod client;
+mod client_callback;
 mod client_flags;
 mod client_probes;
 mod client_wait;

@@ -114,22 +114,29 @@ impl Api {
         Err(problem(status, &bytes))
     }
 
-    pub(super) async fn create(&self, req: &Value, key: Option<&str>) -> Result<Wait, Problem> {
+    /// Creates the wait: the wait, and the server's answer as it came (which
+    /// carries what this client's [`Wait`] does not, such as a callback_url).
+    pub(super) async fn create(
+        &self,
+        req: &Value,
+        key: Option<&str>,
+    ) -> Result<(Wait, Value), Problem> {
         let headers: Vec<(&str, String)> = key
             .map(|k| vec![("idempotency-key", k.to_string())])
             .unwrap_or_default();
-        typed(
-            self.send(Method::POST, "/waits", &[], Some(req), &headers)
-                .await?,
-        )
+        let answer = self
+            .send(Method::POST, "/waits", &[], Some(req), &headers)
+            .await?;
+        Ok((typed(answer.clone())?, answer))
     }
 
-    pub(super) async fn get_wait(&self, id: &str) -> Result<Wait, Problem> {
+    /// The wait, and the server's answer as it came.
+    pub(super) async fn get_wait(&self, id: &str) -> Result<(Wait, Value), Problem> {
         check_id(id)?;
-        typed(
-            self.send(Method::GET, &format!("/waits/{id}"), &[], None, &[])
-                .await?,
-        )
+        let answer = self
+            .send(Method::GET, &format!("/waits/{id}"), &[], None, &[])
+            .await?;
+        Ok((typed(answer.clone())?, answer))
     }
 
     pub(super) async fn cancel(&self, id: &str) -> Result<Wait, Problem> {

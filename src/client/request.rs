@@ -85,6 +85,49 @@ pub struct SpecArgs {
     /// shown back, and sealed at rest by a server with a secret key.
     #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with_all = ["tcp", "tls"])]
     pub headers: Vec<String>,
+    /// Wait for a POST to the wait's callback URL instead of polling (callback:
+    /// {}): a JSON body POSTed to the URL ends the wait succeeded, one POSTed to
+    /// URL/fail ends it failed with the body as its error_detail, and
+    /// URL/heartbeat restarts --heartbeat's clock; with --state, --want, --fail or
+    /// a condition, each body is judged by them as a polled answer would be. The
+    /// URL is printed on its own line, right after the wait's; anyone who has it
+    /// can end the wait.
+    #[arg(long, conflicts_with_all = CALLBACK_CONFLICTS)]
+    pub callback: bool,
+    /// With --callback (which it implies): silence this long (no heartbeat, no
+    /// completion) ends the wait failed (callback.heartbeat), e.g. 5m.
+    #[arg(long, value_name = "DURATION", conflicts_with_all = CALLBACK_CONFLICTS)]
+    pub heartbeat: Option<String>,
+}
+
+/// The flags that describe what to poll, which a callback wait does not take (it
+/// takes --state, --want, --fail and the conditions, which judge its bodies).
+const CALLBACK_CONFLICTS: [&str; 11] = [
+    "preset",
+    "params",
+    "url",
+    "tcp",
+    "tls",
+    "ca",
+    "server_name",
+    "method",
+    "data",
+    "poll",
+    "headers",
+];
+
+/// How a command prints the wait (`--output`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// One line for the wait (and one per event as it is followed).
+    Human,
+    /// The wait as one JSON object, as the server answers it.
+    Json,
+}
+
+/// Whether `--json` or `--output json` asks for JSON.
+pub(super) fn wants_json(json: bool, output: Option<Output>) -> bool {
+    json || output == Some(Output::Json)
 }
 
 #[derive(Args, Debug)]
@@ -108,7 +151,7 @@ pub struct CreateArgs {
     pub cancel_on_interrupt: bool,
     /// Poll with a credential the server's operator holds for your tenant
     /// (target.auth.credential; the server's --credentials-file names them).
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["all", "any"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["all", "any", "callback", "heartbeat"])]
     pub auth_credential: Option<String>,
     /// Make a retried create return the first wait (the Idempotency-Key header).
     #[arg(long, value_name = "KEY")]
@@ -116,6 +159,11 @@ pub struct CreateArgs {
     /// Print the wait as JSON (with --wait: the ended wait; progress goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// human (the default) or json: the wait as one JSON object, as the server
+    /// answers it, with its callback_url after a --callback create. With --wait,
+    /// the ended wait, while the progress lines (and the callback URL) go to stderr.
+    #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
+    pub output: Option<Output>,
     /// Create a group that succeeds when every one of these waits does: each FILE
     /// holds a wait request (or {"id": "<wait id>"}). --label, --timeout and
     /// --notify apply to the group.
@@ -128,7 +176,7 @@ pub struct CreateArgs {
 
 /// The flags that describe one wait, which a group (--all, --any) does not take,
 /// after `all`, which `--any` does not take either.
-const GROUP_CONFLICTS: [&str; 18] = [
+const GROUP_CONFLICTS: [&str; 20] = [
     "all",
     "preset",
     "params",
@@ -147,6 +195,8 @@ const GROUP_CONFLICTS: [&str; 18] = [
     "failure_condition",
     "poll",
     "headers",
+    "callback",
+    "heartbeat",
 ];
 
 #[derive(Args, Debug)]
@@ -156,6 +206,10 @@ pub struct OneArgs {
     /// Print the wait as JSON.
     #[arg(long)]
     pub json: bool,
+    /// human (the default) or json: the wait as one JSON object, as the server
+    /// answers it (--json is the same).
+    #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
+    pub output: Option<Output>,
 }
 
 #[derive(Args, Debug)]
@@ -306,16 +360,26 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         None => Map::new(),
         Some(path) => read_request(path)?,
     };
+    let callback = a.callback || a.heartbeat.is_some();
     if a.spec.is_none()
         && a.preset.is_none()
         && a.url.is_none()
         && a.tcp.is_none()
         && a.tls.is_none()
+        && !callback
     {
         return Err(
-            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT or --tls HOST:PORT"
+            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT, --tls HOST:PORT, or --callback for a POST to the wait's own URL"
                 .into(),
         );
+    }
+    if callback {
+        let mut cb = take_object(&mut req, "callback");
+        if let Some(h) = &a.heartbeat {
+            crate::engine::duration::parse(h).map_err(|e| format!("--heartbeat {e}"))?;
+            cb.insert("heartbeat".into(), json!(h));
+        }
+        req.insert("callback".into(), Value::Object(cb));
     }
     let url = match (&a.url, &a.tcp, &a.tls) {
         (Some(url), _, _) => Some(url.clone()),

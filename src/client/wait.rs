@@ -5,7 +5,11 @@
 //! through the same prober's observations ([`super::prober`]), and the lines and
 //! exit code are those of `create --wait`. Nothing outlives the process: a wait
 //! that must survive the job, be shared, or call a webhook goes to a server.
+//!
+//! A callback wait (`--callback`) polls nothing: this process listens on a
+//! loopback port for the POST that ends it ([`super::callback`]).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -14,8 +18,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::prober::Poller;
-use super::request::{SpecArgs, build_request};
-use super::{Outcome, Problem, event_line, exit_code_for, print_wait, progress};
+use super::request::{Output, SpecArgs, build_request, wants_json};
+use super::{Outcome, Problem, callback, event_line, exit_code_for, print_wait, progress};
 use crate::engine::{self, Context, Decision, EngineState, FieldError, Limits, Spec};
 use crate::model::{Ending, Event, EventBody, Status, Wait};
 
@@ -37,10 +41,34 @@ pub struct WaitArgs {
     /// Print the ended wait as JSON (progress goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// human (the default) or json: the ended wait as one JSON object on stdout,
+    /// while the progress lines (and a callback wait's URL) go to stderr.
+    #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
+    pub output: Option<Output>,
+    /// With --callback: the address to listen on for the callback, IP:PORT;
+    /// 127.0.0.1:0 (a free port on loopback) when not given. Only a loopback
+    /// address, so that nothing beyond this machine can reach the URL, unless
+    /// --allow-remote.
+    #[arg(long, value_name = "IP:PORT", value_parser = listen_address)]
+    pub listen: Option<SocketAddr>,
+    /// Let --listen take an address other than loopback (e.g. 0.0.0.0:9000 for a
+    /// job on another machine): anyone who reaches it and has the URL can end the
+    /// wait, and the URL travels in plain HTTP.
+    #[arg(long)]
+    pub allow_remote: bool,
 }
 
 fn duration(s: &str) -> Result<Duration, engine::duration::DurationError> {
     engine::duration::parse(s.trim())
+}
+
+fn listen_address(s: &str) -> Result<SocketAddr, String> {
+    let shown: String = s.chars().take(100).collect();
+    s.trim().parse().map_err(|_| {
+        format!(
+            "takes IP:PORT, e.g. 127.0.0.1:0 (a free port) or [::1]:9000, not \"{shown}\" (a name such as localhost is not resolved)"
+        )
+    })
 }
 
 /// Runs the wait to its end; the exit code tells how it ended.
@@ -52,12 +80,26 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
                 .into(),
         );
     }
+    let json = wants_json(a.json, a.output);
     let limits = Limits {
         min_poll_interval: a.min_poll_interval,
         ..Limits::default()
     };
     let floor = limits.min_poll_interval;
     let spec = validate(Value::Object(request), limits).await?;
+    let listen = match spec.callback {
+        Some(_) => Some(callback::Listen::check(
+            a.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+            a.allow_remote,
+        )?),
+        None if a.listen.is_some() || a.allow_remote => {
+            return Err(
+                "--listen and --allow-remote are for a callback wait: add --callback, or leave them out"
+                    .into(),
+            );
+        }
+        None => None,
+    };
     let poller = Poller::new(&a.allow_targets).map_err(|e| e.0)?;
     if let Some(target) = &spec.target
         && let Ok(url) = url::Url::parse(&target.url)
@@ -89,7 +131,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         spec: serde_json::to_value(spec.redacted()).unwrap_or_default(),
         grouping: Default::default(),
     };
-    progress(a.json, &super::short_line(&wait));
+    progress(json, &super::short_line(&wait));
     let mut seq = 1;
     let mut say = |at: DateTime<Utc>, body: EventBody| {
         seq += 1;
@@ -100,8 +142,31 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
             at,
             body,
         };
-        progress(a.json, &event_line(&e));
+        progress(json, &event_line(&e));
     };
+    if let Some(listen) = listen {
+        // Its one "poll" is at the deadline, as on a server.
+        wait.next_poll_at = Some(wait.deadline);
+        let ended = callback::run(&spec, wait, listen, json).await?;
+        let at = ended.finished_at.unwrap_or_else(Utc::now);
+        say(
+            at,
+            EventBody::end(
+                ended.status,
+                Ending {
+                    reason: ended.reason.clone().unwrap_or_default(),
+                    state: ended.state.clone(),
+                    error_detail: ended.error_detail.clone(),
+                    last_error: None,
+                    output: ended.output.clone(),
+                },
+            ),
+        );
+        if json {
+            print_wait(&ended, true);
+        }
+        return Ok(exit_code_for(ended.status));
+    }
     let end = loop {
         tokio::time::sleep(until(next)).await;
         // The deadline wins over the prober's own timeout, as on a server.
@@ -142,7 +207,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
             },
         ),
     );
-    if a.json {
+    if json {
         wait.status = status;
         wait.state = st.state;
         wait.reason = Some(outcome.reason);
@@ -160,7 +225,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
 }
 
 /// How long from now until `t` (nothing if it has passed).
-fn until(t: DateTime<Utc>) -> Duration {
+pub(super) fn until(t: DateTime<Utc>) -> Duration {
     (t - Utc::now()).to_std().unwrap_or_default()
 }
 
