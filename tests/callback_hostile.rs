@@ -489,20 +489,27 @@ async fn generated_bodies_get_a_clear_answer_and_end_a_wait_at_most_once() {
                 detail.len(),
                 &detail[..200.min(detail.len())]
             );
+            let output = serde_json::to_string(&w["output"]).unwrap();
+            assert!(
+                output.len() <= 64 * 1024,
+                "{store}: output is {} bytes",
+                output.len()
+            );
             let read = w.to_string();
             assert!(
-                read.len() <= 3 * MAX_DETAIL,
+                read.len() <= 3 * MAX_DETAIL + output.len(),
                 "{store}: {} bytes",
                 read.len()
             );
             if let Some(e) = terminal.first() {
                 let text = e.to_string();
                 assert!(
-                    text.len() <= 3 * MAX_DETAIL,
+                    text.len() <= 3 * MAX_DETAIL + output.len(),
                     "{store}: {} bytes",
                     text.len()
                 );
                 assert_eq!(e["error_detail"], w["error_detail"], "{store}");
+                assert_eq!(e.get("output").unwrap_or(&Value::Null), &w["output"], "{store}");
             }
         }
         // The server answered throughout, and still does.

@@ -209,3 +209,31 @@ async fn a_refused_target_or_a_bad_request_exits_5_with_the_servers_sentence() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+#[tokio::test]
+async fn wait_with_output_json_prints_the_values_the_spec_names() {
+    let up = Upstream::start().await;
+    let url = up.script(
+        "/servers/sv_out",
+        vec![Reply::json(
+            200,
+            json!({"data": {"attributes": {"status": "on", "ip": "10.0.0.9"}}}),
+        )],
+    );
+    let file = state_spec(
+        &url,
+        json!({"output": {"ip": "/data/attributes/ip", "up": "body.data.attributes.status == 'on'"}}),
+    );
+    let run = waitd(NO_SERVER, &wait_args(&file, &["--output", "json"])).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    // The ended wait is the last JSON object printed.
+    let at = run.stdout.rfind("\n{").map_or(0, |i| i + 1);
+    let last: Value = serde_json::from_str(&run.stdout[at..]).expect(&run.stdout);
+    assert_eq!(last["status"], "succeeded", "{run:?}");
+    assert_eq!(
+        last["output"],
+        json!({"ip": "10.0.0.9", "up": true}),
+        "{run:?}"
+    );
+    let _ = std::fs::remove_file(file);
+}

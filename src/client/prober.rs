@@ -33,8 +33,9 @@ impl Poller {
             .map(|r| r.to_string())
     }
 
-    /// One GET of the target, classified (and judged by the wait's conditions).
-    pub(super) async fn poll(&self, spec: &Spec) -> Observation {
-        self.prober.probe(spec).await
+    /// One GET of the target, classified (and judged by the wait's conditions),
+    /// and the wait's `output` as its response gives it.
+    pub(super) async fn poll(&self, spec: &Spec) -> (Observation, Option<serde_json::Value>) {
+        self.prober.probe_output(spec).await
     }
 }

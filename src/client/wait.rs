@@ -171,11 +171,14 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         tokio::time::sleep(until(next)).await;
         // The deadline wins over the prober's own timeout, as on a server.
         let cut = tokio::time::Instant::now() + until(st.deadline) + DEADLINE_GRACE;
-        let obs = tokio::time::timeout_at(cut, poller.poll(&spec))
+        let (obs, taken) = tokio::time::timeout_at(cut, poller.poll(&spec))
             .await
-            .unwrap_or_else(|_| engine::Observation::Transient {
-                error: "the target had not answered by the wait's deadline".into(),
-                retry_after: None,
+            .unwrap_or_else(|_| {
+                let late = engine::Observation::Transient {
+                    error: "the target had not answered by the wait's deadline".into(),
+                    retry_after: None,
+                };
+                (late, None)
             });
         let now = Utc::now();
         let cx = Context {
@@ -189,11 +192,14 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         }
         match step.decision {
             Decision::PollAt(t) => next = t,
-            Decision::End(outcome) => break (now, outcome),
+            Decision::End(outcome) => break (now, outcome, taken),
         }
     };
-    let (at, outcome) = end;
+    let (at, outcome, output) = end;
     let status = Status::from(outcome.end);
+    // As on a server: what the response that ended it gives, when one did.
+    let output =
+        output.filter(|_| matches!(outcome.end, engine::End::Succeeded | engine::End::Failed));
     say(
         at,
         EventBody::end(
@@ -203,11 +209,12 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
                 state: st.state.clone(),
                 error_detail: outcome.error_detail.clone(),
                 last_error: st.last_error.clone(),
-                output: None,
+                output: output.clone(),
             },
         ),
     );
     if json {
+        wait.output = output;
         wait.status = status;
         wait.state = st.state;
         wait.reason = Some(outcome.reason);

@@ -399,17 +399,22 @@ impl Prober {
     /// is what the cap exists to prevent. Reading stops at the first chunk over the
     /// cap (or at once when `Content-Length` announces too much).
     pub async fn probe(&self, spec: &Spec) -> Observation {
+        self.probe_output(spec).await.0
+    }
+
+    /// [`Prober::probe`], with the wait's `output` as the response gives it.
+    pub async fn probe_output(&self, spec: &Spec) -> (Observation, Option<Value>) {
         // A single probe shares with nothing: it sends its own request.
         let target = match self.make_target(spec, Arc::from(crate::cpu::SYSTEM), false) {
             Ok(target) => target,
-            Err(error) => return Observation::Permanent { error: error.0 },
+            Err(error) => return (Observation::Permanent { error: error.0 }, None),
         };
         loop {
             match self
                 .probe_memo(uuid::Uuid::nil(), spec, &target, &mut None)
                 .await
             {
-                Polled::Observed(obs, _) => return obs,
+                Polled::Observed(obs, output) => return (obs, output),
                 Polled::Held(p) => {
                     let left = p
                         .until
