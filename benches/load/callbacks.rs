@@ -12,10 +12,6 @@ use serde_json::{Value, json};
 
 use crate::support::{TempDir, TestDb};
 
-/// The POSTs are spread evenly over this window, each sent at its tick whatever
-/// became of the ones before it (an open loop).
-pub const WINDOW: Duration = Duration::from_secs(1);
-
 /// POSTs sent from one loopback address: callback URLs take a burst of
 /// `BURST` requests from one address, and these few stay under it.
 const PER_ADDRESS: usize = 10;
@@ -59,13 +55,15 @@ impl Callbacks {
     };
 }
 
-pub async fn run(n: usize) -> Callbacks {
+/// `n` waits; the POSTs spread evenly over `window`, each sent at its tick
+/// whatever became of the ones before it (an open loop).
+pub async fn run(n: usize, window: Duration) -> Callbacks {
     const {
         assert!(PER_ADDRESS <= waitd::api::callbacks::BURST as usize);
     }
     Callbacks {
-        one: case(n, false).await,
-        two: case(n, true).await,
+        one: case(n, window, false).await,
+        two: case(n, window, true).await,
     }
 }
 
@@ -77,7 +75,7 @@ struct Timing {
     answered: Instant,
 }
 
-async fn case(n: usize, two: bool) -> Case {
+async fn case(n: usize, window: Duration, two: bool) -> Case {
     let label = if two { "two replicas" } else { "one replica" };
     let db = TestDb::new().await;
     let dir = TempDir::new("waitd-bench-callbacks");
@@ -225,7 +223,7 @@ async fn case(n: usize, two: bool) -> Case {
         })
         .collect();
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
-    let step = WINDOW / n as u32;
+    let step = window / n as u32;
     let mut posts = Vec::new();
     for (i, url) in urls.into_iter().enumerate() {
         let c = clients[i % clients.len()].clone();
@@ -243,10 +241,43 @@ async fn case(n: usize, two: bool) -> Case {
             }
         }));
     }
+    // Meanwhile, how many of its 16 database connections the replica taking the
+    // POSTs has in use, every 10 ms.
+    let sampled = {
+        let base = post_base.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(start).await;
+            let mut v = Vec::new();
+            while v.len() < 10_000 {
+                let m = super::metrics(&base).await;
+                v.push(
+                    m.get("waitd_db_connections_in_use")
+                        .copied()
+                        .unwrap_or(f64::NAN),
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if start.elapsed() > window * 2 {
+                    break;
+                }
+            }
+            v
+        })
+    };
     let mut timings = Vec::new();
     for p in posts {
         timings.push(p.await.unwrap());
     }
+    let in_use = sampled.await.unwrap();
+    let first = timings.iter().map(|t| t.sent).min().unwrap();
+    let last = timings.iter().map(|t| t.answered).max().unwrap();
+    eprintln!(
+        "callbacks phase, {label}: {n} POSTs sent over {} ms, the last answered {} ms after the first was sent; \
+         database connections in use at the replica taking them, every 10 ms over twice the window: mean {:.1}, all 16 in {:.0}% of the samples",
+        window.as_millis(),
+        (last - first).as_millis(),
+        in_use.iter().sum::<f64>() / in_use.len() as f64,
+        100.0 * in_use.iter().filter(|x| **x >= 16.0).count() as f64 / in_use.len() as f64,
+    );
     let (mut event, mut release, mut post, mut write_began, mut after_answer) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for ((f, h), t) in followers.into_iter().zip(held).zip(&timings) {
