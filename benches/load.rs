@@ -35,6 +35,10 @@ mod cel_budget;
 #[path = "load/scale_kill.rs"]
 mod scale_kill;
 
+// (17), callback waits: a phase in a file of its own.
+#[path = "load/callbacks.rs"]
+mod callbacks;
+
 /// The allocator the waitd binary ships with, so that the in-process phases measure
 /// what runs (the limit loop gets it too).
 #[global_allocator]
@@ -70,7 +74,7 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover, fanout, cel, webhooks, scale, noisy.
+    /// takeover, fanout, cel, webhooks, scale, noisy, shared, callbacks.
     only: Vec<String>,
     /// Waits and their poll interval in the scale phase.
     scale_waits: usize,
@@ -91,6 +95,8 @@ struct Args {
     noisy_sqlite: bool,
     /// What tenant A sends in the noisy-neighbour phase (all of it by default).
     noisy_inputs: Vec<String>,
+    /// The window the callback phase's POSTs are spread over.
+    callbacks_window: Duration,
     smoke: bool,
 }
 
@@ -118,6 +124,7 @@ fn args() -> Args {
         scale_from: vec![ScaleFrom::Released, ScaleFrom::Unowned],
         noisy_sqlite: false,
         noisy_inputs: noisy::INPUTS.map(String::from).to_vec(),
+        callbacks_window: Duration::from_secs(1),
         smoke: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -164,6 +171,10 @@ fn args() -> Args {
                     "sqlite" => true,
                     _ => panic!("--noisy-store takes postgres or sqlite, not {v}"),
                 }
+            }
+            "--callbacks-window" => {
+                a.callbacks_window =
+                    waitd::engine::duration::parse(&v).expect("--callbacks-window DURATION")
             }
             "--noisy-inputs" => {
                 a.noisy_inputs = v.split(',').map(str::to_string).collect();
@@ -213,9 +224,21 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 13] = [
-    "limit", "steady", "lag", "create", "rss", "flip", "takeover", "fanout", "cel", "webhooks",
-    "scale", "noisy", "shared",
+const PHASES: [&str; 14] = [
+    "limit",
+    "steady",
+    "lag",
+    "create",
+    "rss",
+    "flip",
+    "takeover",
+    "fanout",
+    "cel",
+    "webhooks",
+    "scale",
+    "noisy",
+    "shared",
+    "callbacks",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -807,6 +830,8 @@ struct Run {
     noisy: noisy::Noisy,
     /// (15) waits sharing their polls.
     shared: shared::Shared,
+    /// (17) callback waits ended by their POSTs.
+    callbacks: callbacks::Callbacks,
 }
 
 /// (12) The scale phase's figures.
@@ -942,6 +967,7 @@ async fn one_run(a: &Args) -> Run {
         scale: Vec::new(),
         noisy: noisy::Noisy::NONE,
         shared: shared::Shared::NONE,
+        callbacks: callbacks::Callbacks::NONE,
     };
     if a.runs("cel") {
         run.cel_micro = cel_micro();
@@ -1102,6 +1128,9 @@ async fn one_run(a: &Args) -> Run {
     if a.runs("shared") {
         let (waits, urls) = if a.smoke { (200, 10) } else { (10_000, 100) };
         run.shared = shared::run(waits, urls, a.concurrency, a.seconds.max(5)).await;
+    }
+    if a.runs("callbacks") {
+        run.callbacks = callbacks::run(a.followers, a.callbacks_window).await;
     }
     if a.runs("noisy") {
         run.noisy = noisy::run(&noisy::Config {
@@ -2379,6 +2408,12 @@ fn main() {
             println!("| 15 | 10,000 waits over 100 URLs at 1 s (--smoke: 200 over 10), one replica: requests a second the target sees / polls a second | {:.1} / {:.0} | ≤ 105 requests/s |", m(&|r| r.shared.requests), m(&|r| r.shared.polls));
             println!("| 15b | CPU of a poll with shared requests, against a request of the limit loop (the process, waitd and target) | {:.1} µs against {:.1} µs | |", m(&|r| r.shared.cpu_per_poll), m(&|r| r.cpu_per_request));
             println!("| 15c | RSS of the process at the end | {:.0} MiB | |", m(&|r| r.shared.rss_mib));
+        }
+        if a.runs("callbacks") {
+            let c = |f: &dyn Fn(&callbacks::Callbacks) -> f64| m(&|r| f(&r.callbacks));
+            println!("| 17 | {} callback waits, one replica, each followed over SSE and blocked on (`?wait=true`), completed by POSTs spread over {} ms: POST sent → terminal event, p50 / p99; → blocked read released, p50 / p99 | {:.1} / {:.1} ms; {:.1} / {:.1} ms | p99 ≤ 50 ms |", a.followers, a.callbacks_window.as_millis(), c(&|x| x.one.event_p50), c(&|x| x.one.event_p99), c(&|x| x.one.held_p50), c(&|x| x.one.held_p99));
+            println!("| 17b | the same on two replicas: waits created, followed and blocked on at A, POSTs sent to B | {:.1} / {:.1} ms; {:.1} / {:.1} ms | p99 ≤ 50 ms |", c(&|x| x.two.event_p50), c(&|x| x.two.event_p99), c(&|x| x.two.held_p50), c(&|x| x.two.held_p99));
+            println!("| 17c | POST sent → its own 200 (the end committed), p50 / p99: one replica; two | {:.1} / {:.1} ms; {:.1} / {:.1} ms | |", c(&|x| x.one.post_p50), c(&|x| x.one.post_p99), c(&|x| x.two.post_p50), c(&|x| x.two.post_p99));
         }
         if a.runs("noisy") {
             let runs: Vec<&noisy::Noisy> = runs.iter().map(|r| &r.noisy).collect();
