@@ -509,7 +509,11 @@ async fn generated_bodies_get_a_clear_answer_and_end_a_wait_at_most_once() {
                     text.len()
                 );
                 assert_eq!(e["error_detail"], w["error_detail"], "{store}");
-                assert_eq!(e.get("output").unwrap_or(&Value::Null), &w["output"], "{store}");
+                assert_eq!(
+                    e.get("output").unwrap_or(&Value::Null),
+                    &w["output"],
+                    "{store}"
+                );
             }
         }
         // The server answered throughout, and still does.

@@ -146,5 +146,6 @@ async fn callback_wait(s: &AppState, tenant: &str, id: Uuid) -> ApiResult<Callba
         tenant: tenant.to_string(),
         heartbeat: None,
         beat_at: wait.created_at,
+        judged: false,
     })
 }

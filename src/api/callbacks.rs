@@ -70,6 +70,9 @@ pub async fn complete_callback(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let cb = find(&s, peer, &secret).await?;
+    if !cb.judged {
+        return finish(&s, &cb, &succeeded(SUCCEEDED.into(), &body)).await;
+    }
     let wait = wait_of(&s, &cb).await?;
     if wait.status.is_end() {
         return Ok(json_response(StatusCode::CONFLICT, &wait));
@@ -78,12 +81,6 @@ pub async fn complete_callback(
         tracing::error!(wait = %cb.wait_id, error = %e, "a callback wait's spec does not read back");
         ApiError::internal()
     })?;
-    let judged = spec.success_condition.is_some()
-        || spec.failure_condition.is_some()
-        || spec.state.is_some();
-    if !judged {
-        return finish(&s, &cb, &succeeded(SUCCEEDED.into(), &body)).await;
-    }
     let headers = crate::probe::header_map(&headers);
     let body = Arc::new(body);
     let read = Arc::clone(&body);
@@ -132,6 +129,12 @@ pub async fn complete_callback(
             "the callback's body was not judged: {why}; the wait goes on"
         ))),
     }
+}
+
+/// Whether a callback wait's spec judges a callback's body, rather than let any
+/// body end it.
+pub(super) fn judges(spec: &Spec) -> bool {
+    spec.state.is_some() || spec.success_condition.is_some() || spec.failure_condition.is_some()
 }
 
 /// The end of a callback that succeeded, with its body as the wait's output.

@@ -161,7 +161,7 @@ async fn answer_callbacks(
         let Some(member) = s.store.waits().get(tenant, *id).await? else {
             continue;
         };
-        let url = super::waits::register_callback(s, tenant, &member, cb, headers).await?;
+        let url = super::waits::register_callback(s, tenant, &member, cb, spec, headers).await?;
         shown["members"][i]["callback_url"] = Value::String(url);
     }
     Ok(with_location(

@@ -125,7 +125,7 @@ pub async fn create_wait(
     }
     let callback_url = match (&spec.callback, created.existing) {
         (Some(cb), false) => {
-            Some(register_callback(&s, &tenant, &created.wait, cb, &headers).await?)
+            Some(register_callback(&s, &tenant, &created.wait, cb, &spec, &headers).await?)
         }
         _ => None,
     };
@@ -164,6 +164,7 @@ pub(super) async fn register_callback(
     tenant: &str,
     wait: &Wait,
     cb: &crate::engine::spec::Callback,
+    spec: &crate::engine::Spec,
     headers: &HeaderMap,
 ) -> ApiResult<String> {
     let secret = crate::store::callbacks::Secret::generate();
@@ -171,7 +172,14 @@ pub(super) async fn register_callback(
     if let Err(e) = s
         .store
         .callbacks()
-        .register(wait.id, tenant, &secret.hash(), cb.heartbeat, now)
+        .register(
+            wait.id,
+            tenant,
+            &secret.hash(),
+            cb.heartbeat,
+            super::callbacks::judges(spec),
+            now,
+        )
         .await
     {
         let _ = s.store.waits().cancel(tenant, wait.id, now).await;

@@ -18,7 +18,7 @@ async fn registered(store: &Store, heartbeat: Duration) -> (Uuid, Secret, DateTi
     let secret = Secret::generate();
     store
         .callbacks()
-        .register(w.id, "t1", &secret.hash(), Some(heartbeat), now)
+        .register(w.id, "t1", &secret.hash(), Some(heartbeat), false, now)
         .await
         .unwrap();
     (w.id, secret, now)

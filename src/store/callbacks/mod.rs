@@ -90,6 +90,9 @@ pub struct Callback {
     pub heartbeat: Option<Duration>,
     /// The wait's creation, then its latest heartbeat.
     pub beat_at: DateTime<Utc>,
+    /// Its spec judges a callback's body (a state path or a condition), so a
+    /// completion reads the spec first; otherwise any body ends it.
+    pub judged: bool,
 }
 
 impl Callback {
@@ -108,6 +111,7 @@ pub(in crate::store) struct CallbackRow {
     pub secret_hash: Vec<u8>,
     pub heartbeat: Option<i64>,
     pub beat_at: DateTime<Utc>,
+    pub judged: bool,
 }
 
 impl CallbackRow {
@@ -119,6 +123,7 @@ impl CallbackRow {
                 .heartbeat
                 .map(|ms| Duration::from_millis(ms.max(0) as u64)),
             beat_at: self.beat_at,
+            judged: self.judged,
         }
     }
 }
@@ -144,17 +149,19 @@ pub struct Callbacks {
 }
 
 impl Callbacks {
-    /// Keeps the hash of `wait_id`'s callback secret, and its heartbeat.
+    /// Keeps the hash of `wait_id`'s callback secret, its heartbeat, and whether
+    /// its spec judges a callback's body.
     pub async fn register(
         &self,
         wait_id: Uuid,
         tenant: &str,
         hash: &SecretHash,
         heartbeat: Option<Duration>,
+        judged: bool,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let heartbeat = heartbeat.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        sql!(self.register_callback(wait_id, tenant, &hash.0, heartbeat, now))
+        sql!(self.register_callback(wait_id, tenant, &hash.0, heartbeat, judged, now))
     }
 
     /// The callback wait a presented secret names, if any; the stored hash is

@@ -6,14 +6,15 @@ use uuid::Uuid;
 use super::CallbackRow;
 use crate::store::{PgDialect, StoreError};
 
-type Row = (Uuid, String, Vec<u8>, Option<i64>, DateTime<Utc>);
+type Row = (Uuid, String, Vec<u8>, Option<i64>, DateTime<Utc>, bool);
 
-fn row((wait_id, tenant, secret_hash, heartbeat, beat_at): Row) -> CallbackRow {
+fn row((wait_id, tenant, secret_hash, heartbeat, beat_at, judged): Row) -> CallbackRow {
     CallbackRow {
         wait_id,
         tenant,
         secret_hash,
         heartbeat,
+        judged,
         beat_at,
     }
 }
@@ -25,17 +26,19 @@ impl PgDialect {
         tenant: &str,
         hash: &[u8],
         heartbeat: Option<i64>,
+        judged: bool,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO wait_callbacks (wait_id, tenant, secret_hash, heartbeat, beat_at)
-             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO wait_callbacks (wait_id, tenant, secret_hash, heartbeat, beat_at, judged)
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(wait_id)
         .bind(tenant)
         .bind(hash)
         .bind(heartbeat)
         .bind(now)
+        .bind(judged)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -46,7 +49,7 @@ impl PgDialect {
         hash: &[u8],
     ) -> Result<Option<CallbackRow>, StoreError> {
         let found: Option<Row> = sqlx::query_as(
-            "SELECT wait_id, tenant, secret_hash, heartbeat, beat_at FROM wait_callbacks
+            "SELECT wait_id, tenant, secret_hash, heartbeat, beat_at, judged FROM wait_callbacks
              WHERE secret_hash = $1",
         )
         .bind(hash)
@@ -78,7 +81,7 @@ impl PgDialect {
         limit: i64,
     ) -> Result<Vec<CallbackRow>, StoreError> {
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT c.wait_id, c.tenant, c.secret_hash, c.heartbeat, c.beat_at
+            "SELECT c.wait_id, c.tenant, c.secret_hash, c.heartbeat, c.beat_at, c.judged
              FROM wait_callbacks c JOIN waits w ON w.id = c.wait_id
              WHERE w.status = 'running' AND c.heartbeat IS NOT NULL
                AND c.beat_at + c.heartbeat * interval '1 millisecond' < $1

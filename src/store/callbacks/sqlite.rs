@@ -7,14 +7,15 @@ use super::CallbackRow;
 use crate::store::StoreError;
 use crate::store::sqlite::{SqliteDialect, at, ms};
 
-type Row = (Uuid, String, Vec<u8>, Option<i64>, i64);
+type Row = (Uuid, String, Vec<u8>, Option<i64>, i64, bool);
 
-fn row((wait_id, tenant, secret_hash, heartbeat, beat_at): Row) -> CallbackRow {
+fn row((wait_id, tenant, secret_hash, heartbeat, beat_at, judged): Row) -> CallbackRow {
     CallbackRow {
         wait_id,
         tenant,
         secret_hash,
         heartbeat,
+        judged,
         beat_at: at(beat_at),
     }
 }
@@ -26,17 +27,19 @@ impl SqliteDialect {
         tenant: &str,
         hash: &[u8],
         heartbeat: Option<i64>,
+        judged: bool,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO wait_callbacks (wait_id, tenant, secret_hash, heartbeat, beat_at)
-             VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO wait_callbacks (wait_id, tenant, secret_hash, heartbeat, beat_at, judged)
+             VALUES (?, ?, ?, ?, ?, ?)",
         )
         .bind(wait_id)
         .bind(tenant)
         .bind(hash)
         .bind(heartbeat)
         .bind(ms(now))
+        .bind(judged)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -47,7 +50,7 @@ impl SqliteDialect {
         hash: &[u8],
     ) -> Result<Option<CallbackRow>, StoreError> {
         let found: Option<Row> = sqlx::query_as(
-            "SELECT wait_id, tenant, secret_hash, heartbeat, beat_at FROM wait_callbacks
+            "SELECT wait_id, tenant, secret_hash, heartbeat, beat_at, judged FROM wait_callbacks
              WHERE secret_hash = ?",
         )
         .bind(hash)
@@ -80,7 +83,7 @@ impl SqliteDialect {
         limit: i64,
     ) -> Result<Vec<CallbackRow>, StoreError> {
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT c.wait_id, c.tenant, c.secret_hash, c.heartbeat, c.beat_at
+            "SELECT c.wait_id, c.tenant, c.secret_hash, c.heartbeat, c.beat_at, c.judged
              FROM wait_callbacks c JOIN waits w ON w.id = c.wait_id
              WHERE w.status = 'running' AND c.heartbeat IS NOT NULL
                AND c.beat_at + c.heartbeat < ?
