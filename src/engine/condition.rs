@@ -379,6 +379,17 @@ impl Condition {
 
     /// Evaluates the condition against `vars`, charging `budget`.
     pub fn evaluate(&self, vars: &Vars<'_>, budget: &mut Budget) -> Result<bool, Failure> {
+        match self.resolve(vars, budget)? {
+            cel::Value::Bool(b) => Ok(b),
+            other => Err(Failure::Error(format!(
+                "it evaluated to {}, not a bool",
+                type_name(&other)
+            ))),
+        }
+    }
+
+    /// The expression's value on `vars`, its cost charged to `budget`.
+    fn resolve(&self, vars: &Vars<'_>, budget: &mut Budget) -> Result<cel::Value, Failure> {
         if budget.left == 0 {
             return Err(Failure::Budget);
         }
@@ -394,11 +405,7 @@ impl Condition {
             }
         }
         match result {
-            Ok(Ok(cel::Value::Bool(b))) => Ok(b),
-            Ok(Ok(other)) => Err(Failure::Error(format!(
-                "it evaluated to {}, not a bool",
-                type_name(&other)
-            ))),
+            Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Failure::Error(explain(&e))),
             Err(_) => Err(Failure::Error(
                 "the CEL interpreter failed on this response".into(),
@@ -412,32 +419,13 @@ impl Condition {
     /// JSON it yields (a wait's `output`): timestamps as RFC 3339 text, durations
     /// as seconds, bytes as their text read lossily.
     pub fn evaluate_value(&self, vars: &Vars<'_>, budget: &mut Budget) -> Result<Value, Failure> {
-        if budget.left == 0 {
-            return Err(Failure::Budget);
-        }
-        super::cel::start(budget.left);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            vars.context.resolve(&self.expr.expr)
-        }));
-        match super::cel::finish() {
-            Some(left) => budget.left = left,
-            None => {
-                budget.left = 0;
-                return Err(Failure::Budget);
-            }
-        }
-        match result {
-            Ok(Ok(v)) => cel_json(&v, 0).ok_or_else(|| {
-                Failure::Error(format!(
-                    "it evaluated to {}, which has no JSON form",
-                    type_name(&v)
-                ))
-            }),
-            Ok(Err(e)) => Err(Failure::Error(explain(&e))),
-            Err(_) => Err(Failure::Error(
-                "the CEL interpreter failed on this response".into(),
-            )),
-        }
+        let v = self.resolve(vars, budget)?;
+        cel_json(&v, 0).ok_or_else(|| {
+            Failure::Error(format!(
+                "it evaluated to {}, which has no JSON form",
+                type_name(&v)
+            ))
+        })
     }
 }
 
