@@ -56,6 +56,22 @@ async fn tcp_waits_for_a_port_to_accept() {
 }
 
 #[tokio::test]
+async fn grpc_waits_for_a_service_to_report_serving() {
+    use crate::grpc_targets::{Health, Says};
+    let timings = fast_spec_file(json!({}));
+    let health = Health::default();
+    health.says("shop.Orders", vec![Says::Status(2), Says::Status(1)]);
+    let addr = health.clone().start().await;
+    let at = format!("{addr}/shop.Orders");
+    let run = waitd(NO_SERVER, &wait_json(&timings, &["--grpc", &at])).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let w = ended(&run.stdout);
+    assert_eq!(w["state"], "SERVING", "{w}");
+    assert_eq!(w["spec"]["target"]["url"], format!("grpc://{at}"), "{w}");
+    let _ = std::fs::remove_file(timings);
+}
+
+#[tokio::test]
 async fn tls_waits_for_a_chain_that_verifies_with_the_ca_and_name_given() {
     let timings = fast_spec_file(json!({}));
     let ca = authority("Client CA");
@@ -210,6 +226,18 @@ async fn each_flag_that_cannot_be_used_is_refused_by_name() {
             "--server-name",
         ),
         (vec!["--tcp", "db.internal"], "--tcp takes HOST:PORT"),
+        (
+            vec!["--grpc", "127.0.0.1:9", "--method", "POST"],
+            "--method",
+        ),
+        (
+            vec!["--grpc", "127.0.0.1:9", "--tls", "127.0.0.1:9"],
+            "--tls",
+        ),
+        (
+            vec!["--grpc", "grpc.internal/a.B"],
+            "--grpc takes HOST:PORT",
+        ),
         (
             vec!["--tls", "https://a.example:443"],
             "--tls takes HOST:PORT",

@@ -19,7 +19,7 @@ use crate::support::*;
 
 /// How the server answers a `Check` for one service, in turn; the last repeats.
 #[derive(Clone, Debug)]
-enum Says {
+pub(crate) enum Says {
     /// A serving status by number (1 SERVING, 2 NOT_SERVING).
     Status(u8),
     /// A gRPC status other than OK, trailers-only.
@@ -29,13 +29,13 @@ enum Says {
 }
 
 #[derive(Clone, Default)]
-struct Health {
+pub(crate) struct Health {
     script: Arc<Mutex<HashMap<String, Vec<Says>>>>,
     checks: Arc<Mutex<Vec<String>>>,
 }
 
 impl Health {
-    async fn start(self) -> String {
+    pub(crate) async fn start(self) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
@@ -55,7 +55,7 @@ impl Health {
         addr
     }
 
-    fn says(&self, service: &str, turns: Vec<Says>) {
+    pub(crate) fn says(&self, service: &str, turns: Vec<Says>) {
         self.script
             .lock()
             .unwrap()

@@ -33,6 +33,11 @@ pub struct SpecArgs {
     /// tls://HOST:PORT); conditions read tls.days_left, tls.sans and the rest.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "url")]
     pub tls: Option<String>,
+    /// Wait for a gRPC server to report SERVING through the gRPC health checking
+    /// protocol (target.url grpc://HOST:PORT[/SERVICE]); conditions read
+    /// grpc.status, grpc.code, grpc.elapsed.
+    #[arg(long, value_name = "HOST:PORT[/SERVICE]", conflicts_with_all = ["url", "tcp", "tls", "ca", "server_name"])]
+    pub grpc: Option<String>,
     /// A PEM file of the certificate authorities the target's chain must verify
     /// to, instead of the platform's (target.tls.ca; at most 32 KiB).
     #[arg(long, value_name = "FILE", conflicts_with = "tcp")]
@@ -43,12 +48,12 @@ pub struct SpecArgs {
     pub server_name: Option<String>,
     /// The method of each poll: GET (the default), POST, PUT, PATCH or DELETE
     /// (target.method). A poll that is not a GET carries its own Idempotency-Key.
-    #[arg(long, value_name = "METHOD", conflicts_with_all = ["tcp", "tls"])]
+    #[arg(long, value_name = "METHOD", conflicts_with_all = ["tcp", "tls", "grpc"])]
     pub method: Option<String>,
     /// The body each poll sends (target.body): TEXT, or @FILE for a file's text
     /// (@- reads standard input), at most 16 KiB. A JSON object or array is sent
     /// as JSON, anything else as text. Without --method the method is POST.
-    #[arg(long, value_name = "@FILE|TEXT", conflicts_with_all = ["tcp", "tls"])]
+    #[arg(long, value_name = "@FILE|TEXT", conflicts_with_all = ["tcp", "tls", "grpc"])]
     pub data: Option<String>,
     /// The JSON Pointer or JSONPath of the state in the target's answer, e.g.
     /// /data/attributes/status (used with --want and --fail).
@@ -83,7 +88,7 @@ pub struct SpecArgs {
     /// A header to send with each poll, NAME:VALUE (e.g. 'Authorization: Bearer
     /// …'); repeat for several. Values are secrets, as in target.headers: never
     /// shown back, and sealed at rest by a server with a secret key.
-    #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with_all = ["tcp", "tls"])]
+    #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with_all = ["tcp", "tls", "grpc"])]
     pub headers: Vec<String>,
     /// Wait for a POST to the wait's callback URL instead of polling (callback:
     /// {}): a JSON body POSTed to the URL ends the wait succeeded, one POSTed to
@@ -102,12 +107,13 @@ pub struct SpecArgs {
 
 /// The flags that describe what to poll, which a callback wait does not take (it
 /// takes --state, --want, --fail and the conditions, which judge its bodies).
-const CALLBACK_CONFLICTS: [&str; 11] = [
+const CALLBACK_CONFLICTS: [&str; 12] = [
     "preset",
     "params",
     "url",
     "tcp",
     "tls",
+    "grpc",
     "ca",
     "server_name",
     "method",
@@ -176,7 +182,7 @@ pub struct CreateArgs {
 
 /// The flags that describe one wait, which a group (--all, --any) does not take,
 /// after `all`, which `--any` does not take either.
-const GROUP_CONFLICTS: [&str; 20] = [
+const GROUP_CONFLICTS: [&str; 21] = [
     "all",
     "preset",
     "params",
@@ -184,6 +190,7 @@ const GROUP_CONFLICTS: [&str; 20] = [
     "url",
     "tcp",
     "tls",
+    "grpc",
     "ca",
     "server_name",
     "method",
@@ -366,10 +373,11 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         && a.url.is_none()
         && a.tcp.is_none()
         && a.tls.is_none()
+        && a.grpc.is_none()
         && !callback
     {
         return Err(
-            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT, --tls HOST:PORT, or --callback for a POST to the wait's own URL"
+            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT, --tls HOST:PORT, --grpc HOST:PORT, or --callback for a POST to the wait's own URL"
                 .into(),
         );
     }
@@ -385,7 +393,18 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         (Some(url), _, _) => Some(url.clone()),
         (_, Some(address), _) => Some(format!("tcp://{}", host_port("--tcp", address)?)),
         (_, _, Some(address)) => Some(format!("tls://{}", host_port("--tls", address)?)),
-        _ => None,
+        _ => match &a.grpc {
+            Some(address) => {
+                let (at, service) = address.split_once('/').unwrap_or((address, ""));
+                let at = host_port("--grpc", at)?;
+                Some(if service.is_empty() {
+                    format!("grpc://{at}")
+                } else {
+                    format!("grpc://{at}/{service}")
+                })
+            }
+            None => None,
+        },
     };
     if let Some(url) = url {
         let mut target = take_object(&mut req, "target");
