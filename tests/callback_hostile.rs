@@ -959,6 +959,31 @@ async fn a_body_refused_unread_leaves_the_clients_next_request_answered() {
             .unwrap_or_else(|e| panic!("round {round}: the next request was lost: {e:?}"));
         assert_eq!(next.status().as_u16(), 200);
     }
+    // A heartbeat reads no body: one sent with a body is answered, says the
+    // connection ends, and the next request on the same client is answered.
+    for round in 0..4 {
+        let http = client_from(fresh_address(), Duration::from_secs(20));
+        let r = http
+            .post(format!("{url}/heartbeat"))
+            .header("content-type", "text/plain")
+            .body(vec![b'y'; 44 * 1024])
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("heartbeat {round}: no answer: {e:?}"));
+        assert_eq!(r.status().as_u16(), 200);
+        let says = r.headers().get("connection").and_then(|v| v.to_str().ok());
+        assert_eq!(says, Some("close"), "heartbeat {round}");
+        let next = http
+            .post(format!("{url}/heartbeat"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("heartbeat {round}: the next request was lost: {e:?}"));
+        assert_eq!(next.status().as_u16(), 200);
+        assert!(
+            next.headers().get("connection").is_none(),
+            "a bodiless request keeps its connection"
+        );
+    }
     let (_, w) = app.get(&format!("/waits/{id}")).await;
     assert_eq!(w["status"], "running");
     let _ = app.stop().await;

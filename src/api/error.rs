@@ -161,15 +161,6 @@ impl IntoResponse for ApiError {
             res.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        // Both are answered before the body is read (or read to its end), and
-        // the server then closes the connection: saying so keeps a client that
-        // pools connections from sending its next request on the closed one.
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE
-            || self.status == StatusCode::UNSUPPORTED_MEDIA_TYPE
-        {
-            res.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
         if let Some(s) = self.retry_after {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));

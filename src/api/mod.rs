@@ -28,6 +28,7 @@ pub mod streams;
 mod strict;
 mod traced;
 mod ui;
+mod unread;
 mod waits;
 
 use std::sync::Arc;
@@ -164,7 +165,8 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn(uri_limit))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::internal().into_response()
-        }));
+        }))
+        .layer(axum::middleware::from_fn(unread::close_unread));
     let app = if state.traces.is_on() {
         app.layer(axum::middleware::from_fn_with_state(
             state.traces.clone(),
