@@ -27,9 +27,9 @@ pub const HEADER_NAME_PATTERN: &str = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$";
 pub const URL_PATTERN: &str =
     "^[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*$";
 
-/// What `target.url` looks like: an http or https URL as [`URL_PATTERN`], or
-/// `tcp://host:port`.
-pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|(?:[Tt][Cc][Pp]|[Tt][Ll][Ss])://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?)$";
+/// What `target.url` looks like: an http or https URL as [`URL_PATTERN`],
+/// `tcp://host:port`, `tls://host:port`, or `grpc://host:port[/package.Service]`.
+pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|(?:[Tt][Cc][Pp]|[Tt][Ll][Ss])://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?|[Gg][Rr][Pp][Cc]://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}(?:/[A-Za-z0-9_.]{0,200})?)$";
 
 fn limits() -> Limits {
     Limits::default()
