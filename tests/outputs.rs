@@ -385,3 +385,23 @@ async fn a_group_made_with_a_callback_member_answers_its_url_and_ends_with_outpu
         finish(app, backend).await;
     }
 }
+
+#[tokio::test]
+async fn a_callback_waits_recorded_state_outlives_its_deadline() {
+    for (app, backend) in each_store().await {
+        let (id, url) = callback_wait(
+            &app,
+            json!({"callback": {}, "state": "/phase", "want": ["done"], "timeout": "1s"}),
+        )
+        .await;
+        let (status, w) = post_json(&url, json!({"phase": "building"})).await;
+        assert_eq!(status, 202, "{w}");
+        let w = app.wait_end(&id).await;
+        assert_eq!(w["status"], "timed_out", "{w}");
+        assert_eq!(
+            w["state"], "building",
+            "the worker's end keeps what a callback recorded: {w}"
+        );
+        finish(app, backend).await;
+    }
+}
