@@ -276,6 +276,11 @@ impl App {
             max_active_waits: config.api.max_active_waits,
             rate: Arc::new(api::RateLimiter::new(config.api.rate_limit)),
             callback_rate: Arc::new(api::callbacks::AddressLimiter::default()),
+            nudge_rate: Arc::new(api::callbacks::AddressLimiter::new(
+                api::nudges::PER_SECOND,
+                api::nudges::BURST,
+                "nudge URLs",
+            )),
             stopping: stop_rx,
             feed: events.feed.clone(),
             // A stream holds its connection busy, and a busy connection is never

@@ -68,6 +68,10 @@ pub struct Metrics {
     pub held: AtomicI64,
     pub sse_subscribers: AtomicI64,
     pub created: AtomicU64,
+    /// Nudges this replica's API accepted, and polls its worker pool brought
+    /// forward for a nudge (many nudges at once are one).
+    pub nudges: AtomicU64,
+    pub nudged_polls: AtomicU64,
     /// Responses a wait's conditions decided by evaluating them, and those decided
     /// as the identical response before them was.
     pub conditions_evaluated: AtomicU64,
@@ -209,6 +213,12 @@ impl Metrics {
             out,
             "# HELP waitd_waits_created_total Waits created through this replica: a group and each member it made count.\n# TYPE waitd_waits_created_total counter\nwaitd_waits_created_total {}",
             self.created.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_nudges_total Nudges this replica accepted at nudge URLs.\n# TYPE waitd_nudges_total counter\nwaitd_nudges_total {}\n# HELP waitd_nudged_polls_total Polls this replica brought forward for a nudge (nudges that came together are one).\n# TYPE waitd_nudged_polls_total counter\nwaitd_nudged_polls_total {}",
+            self.nudges.load(Relaxed),
+            self.nudged_polls.load(Relaxed)
         );
         let _ = writeln!(
             out,

@@ -267,21 +267,38 @@ pub const PER_SECOND: u32 = 10;
 /// The burst [`PER_SECOND`] allows.
 pub const BURST: u32 = 20;
 
-/// The per-address limit on callback requests.
+/// A per-address limit on requests to capability URLs (callback and nudge URLs):
+/// in memory, per replica.
 #[derive(Debug)]
-pub struct AddressLimiter(governor::DefaultKeyedRateLimiter<IpAddr>);
+pub struct AddressLimiter {
+    limiter: governor::DefaultKeyedRateLimiter<IpAddr>,
+    per_second: u32,
+    /// What the `429` names: "callback URLs", "nudge URLs".
+    what: &'static str,
+}
 
 impl Default for AddressLimiter {
+    /// The callback URLs' limit.
     fn default() -> Self {
-        let quota = governor::Quota::per_second(NonZeroU32::new(PER_SECOND).expect("non-zero"))
-            .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
-        AddressLimiter(governor::RateLimiter::keyed(quota))
+        AddressLimiter::new(PER_SECOND, BURST, "callback URLs")
     }
 }
 
 impl AddressLimiter {
-    /// Counts one request from `peer`, or the `429` that refuses it.
-    fn check(&self, peer: Option<SocketAddr>) -> ApiResult<()> {
+    pub fn new(per_second: u32, burst: u32, what: &'static str) -> AddressLimiter {
+        let quota =
+            governor::Quota::per_second(NonZeroU32::new(per_second.max(1)).expect("non-zero"))
+                .allow_burst(NonZeroU32::new(burst.max(1)).expect("non-zero"));
+        AddressLimiter {
+            limiter: governor::RateLimiter::keyed(quota),
+            per_second,
+            what,
+        }
+    }
+
+    /// Counts one request from `peer` (IPv6 by its /64), or the `429` that
+    /// refuses it.
+    pub(super) fn check(&self, peer: Option<SocketAddr>) -> ApiResult<()> {
         let Some(peer) = peer else {
             return Ok(());
         };
@@ -289,12 +306,15 @@ impl AddressLimiter {
             IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) >> 64 << 64)),
             v4 => v4,
         };
-        self.0.check_key(&key).map_err(|_| ApiError {
+        self.limiter.check_key(&key).map_err(|_| ApiError {
             retry_after: Some(1),
             ..ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "Too many requests",
-                format!("callback URLs take at most {PER_SECOND} requests a second from one address; try again in 1 s"),
+                format!(
+                    "{} take at most {} requests a second from one address; try again in 1 s",
+                    self.what, self.per_second
+                ),
             )
         })
     }

@@ -41,13 +41,12 @@ pub(super) async fn create(
         Refusal::Expand { at, refused } => super::presets::refused(refused).within(&at),
     })?;
     let name = req.mode.as_str();
-    let callbacks = req
-        .members
-        .iter()
-        .any(|m| matches!(m, MemberRequest::Spec { spec, .. } if spec.callback.is_some()));
+    let callbacks = req.members.iter().any(
+        |m| matches!(m, MemberRequest::Spec { spec, .. } if spec.callback.is_some() || spec.nudge),
+    );
     if hold.is_some() && callbacks {
         return Err(ApiError::bad_request(
-            "a group with callback members cannot be created with ?wait=: the answer would be held until the group ends, and no one would see the members' callback_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",
+            "a group with callback members or members with \"nudge\": true cannot be created with ?wait=: the answer would be held until the group ends, and no one would see the members' callback_url or nudge_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",
         ));
     }
     for (i, m) in req.members.iter().enumerate() {
@@ -133,9 +132,9 @@ pub(super) async fn create(
     Ok(res)
 }
 
-/// The answer to a group's create whose members include callback waits: each
-/// such member, in the group's `members`, carries its `callback_url`, shown only
-/// here.
+/// The answer to a group's create whose members include callback waits or
+/// nudged waits: each such member, in the group's `members`, carries its
+/// `callback_url` or `nudge_url`, shown only here.
 async fn answer_callbacks(
     s: &AppState,
     tenant: &str,
@@ -155,14 +154,26 @@ async fn answer_callbacks(
         let MemberRequest::Spec { spec, .. } = m else {
             continue;
         };
-        let (Some(cb), Some(id)) = (&spec.callback, ids.get(i)) else {
+        let Some(id) = ids.get(i) else {
             continue;
         };
+        if spec.callback.is_none() && !spec.nudge {
+            continue;
+        }
         let Some(member) = s.store.waits().get(tenant, *id).await? else {
             continue;
         };
-        let url = super::waits::register_callback(s, tenant, &member, cb, spec, headers).await?;
-        shown["members"][i]["callback_url"] = Value::String(url);
+        let (field, url) = match &spec.callback {
+            Some(cb) => (
+                "callback_url",
+                super::waits::register_callback(s, tenant, &member, cb, spec, headers).await?,
+            ),
+            None => (
+                "nudge_url",
+                super::waits::register_nudge(s, tenant, &member, headers).await?,
+            ),
+        };
+        shown["members"][i][field] = Value::String(url);
     }
     Ok(with_location(
         json_response(StatusCode::CREATED, shown),

@@ -104,7 +104,7 @@ pub(super) async fn block(
             m = rx.recv() => match m {
                 Ok(BusMsg::Notice(n)) => n.wait_id == id && n.is_terminal(),
                 Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => true,
-                Ok(BusMsg::Work | BusMsg::Deliveries { .. }) => false,
+                Ok(BusMsg::Work | BusMsg::Deliveries { .. } | BusMsg::Nudge(_)) => false,
                 Err(RecvError::Closed) => {
                     why = Held::Stopping;
                     break;

@@ -19,6 +19,7 @@ pub mod extract;
 mod groups;
 mod guard;
 mod hold;
+pub mod nudges;
 pub mod openapi;
 mod ops;
 mod presets;
@@ -77,6 +78,8 @@ pub struct AppState {
     pub rate: Arc<RateLimiter>,
     /// Requests per second per client address to callback URLs.
     pub callback_rate: Arc<callbacks::AddressLimiter>,
+    /// Requests per second per client address to nudge URLs.
+    pub nudge_rate: Arc<callbacks::AddressLimiter>,
     /// Flips to true when the server is stopping: streams and blocked reads end.
     pub stopping: watch::Receiver<bool>,
     /// The replica's feed of new events for the followers of `GET /events`.
@@ -129,13 +132,14 @@ pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::openapi))
 }
 
-/// The callback URLs of callback waits: documented, outside authentication (the
-/// URL's secret is the credential).
+/// The callback URLs of callback waits and the nudge URLs of nudged waits:
+/// documented, outside authentication (the URL's secret is the credential).
 pub(crate) fn callback_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(callbacks::complete_callback))
         .routes(routes!(callbacks::fail_callback))
         .routes(routes!(callbacks::beat_callback))
+        .routes(routes!(nudges::nudge_wait))
 }
 
 /// The router with every route; tests and `serve` both use it.

@@ -34,6 +34,7 @@ use crate::model::{EventBody, Status};
         (name = "presets", description = "Named waiter definitions a create request can start from"),
         (name = "webhooks", description = "A wait's webhook deliveries (its `notify` entries), and redelivery"),
         (name = "callbacks", description = "The URL a callback wait's create answers with: POST to it to end the wait; no token needed"),
+        (name = "nudges", description = "The URL a wait made with \"nudge\": true carries: POST to it to poll the wait now; no token needed"),
         (name = "operations", description = "Liveness, readiness, metrics and this document; no token needed"),
     )
 )]

@@ -293,7 +293,7 @@ fn carried(
 fn news(id: Uuid, msg: &Result<BusMsg, RecvError>, after: i64) -> bool {
     match msg {
         Ok(BusMsg::Notice(n)) => n.wait_id == id && i64::from(n.seq) > after,
-        Ok(BusMsg::Work | BusMsg::Deliveries { .. }) => false,
+        Ok(BusMsg::Work | BusMsg::Deliveries { .. } | BusMsg::Nudge(_)) => false,
         _ => true,
     }
 }

@@ -35,7 +35,7 @@ use crate::model::{Status, Wait, WaitPage};
         IdempotencyHeader,
     ),
     responses(
-        (status = 201, description = "Created (or, held, succeeded)", body = Wait,
+        (status = 201, description = "Created (or, held, succeeded)", body = CreatedWait,
          headers(("Location" = String, description = "The wait's URL"),
                  ("Idempotent-Replayed" = String, description = "`true` when an earlier request with this Idempotency-Key created the wait"))),
         (status = 202, description = "Held, and still running when the duration passed", body = Wait,
@@ -98,6 +98,11 @@ pub async fn create_wait(
             "a callback wait cannot be created with ?wait=: the answer would be held until the wait ends, and no one would see its callback_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",
         ));
     }
+    if hold.is_some() && spec.nudge {
+        return Err(ApiError::bad_request(
+            "a wait with \"nudge\": true cannot be created with ?wait=: the answer would be held until the wait ends, and no one would see its nudge_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",
+        ));
+    }
     guard(&s, &tenant, &spec, "", true)?;
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
@@ -123,19 +128,28 @@ pub async fn create_wait(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %created.wait.id, "wait created");
     }
-    let callback_url = match (&spec.callback, created.existing) {
-        (Some(cb), false) => {
-            Some(register_callback(&s, &tenant, &created.wait, cb, &spec, &headers).await?)
-        }
-        _ => None,
+    let (callback_url, nudge_url) = match (&spec.callback, created.existing) {
+        (Some(cb), false) => (
+            Some(register_callback(&s, &tenant, &created.wait, cb, &spec, &headers).await?),
+            None,
+        ),
+        (None, false) if spec.nudge => (
+            None,
+            Some(register_nudge(&s, &tenant, &created.wait, &headers).await?),
+        ),
+        _ => (None, None),
     };
-    if let Some(url) = callback_url {
+    if callback_url.is_some() || nudge_url.is_some() {
         // Only this answer carries the URL: the store keeps its secret's hash.
-        let mut shown = serde_json::to_value(&created.wait).map_err(|_| ApiError::internal())?;
-        shown["callback_url"] = serde_json::Value::String(url);
+        let id = created.wait.id;
+        let shown = CreatedWait {
+            wait: created.wait,
+            callback_url,
+            nudge_url,
+        };
         return Ok(with_location(
-            json_response(StatusCode::CREATED, shown),
-            created.wait.id,
+            json_response(StatusCode::CREATED, &shown),
+            id,
         ));
     }
     let mut res = match hold.zip(slot) {
@@ -154,6 +168,22 @@ pub async fn create_wait(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(res)
+}
+
+/// A wait as its create answers it: with the URL a callback wait or a wait made
+/// with `"nudge": true` is given, in this answer only.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CreatedWait {
+    #[serde(flatten)]
+    pub wait: Wait,
+    /// A callback wait's URL (a capability: no token needed): POST to it to end
+    /// the wait. Shown once, never again, not in an idempotent replay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// The nudge URL of a wait made with `"nudge": true` (a capability): POST to
+    /// it to poll the wait now. Shown once, as `callback_url` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nudge_url: Option<String>,
 }
 
 /// Keeps the hash of a fresh secret for a callback wait just created, and answers
@@ -185,6 +215,16 @@ pub(super) async fn register_callback(
         let _ = s.store.waits().cancel(tenant, wait.id, now).await;
         return Err(e.into());
     }
+    Ok(capability_url(
+        headers,
+        super::callbacks::PATH,
+        secret.expose(),
+    ))
+}
+
+/// A capability URL (a callback or nudge URL) on the address the request came
+/// to: `path` then `secret`.
+fn capability_url(headers: &HeaderMap, path: &str, secret: &str) -> String {
     let host = headers
         .get(axum::http::header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -196,10 +236,32 @@ pub(super) async fn register_callback(
         Some("https") => "https",
         _ => "http",
     };
-    Ok(format!(
-        "{scheme}://{host}{}{}",
-        super::callbacks::PATH,
-        secret.expose()
+    format!("{scheme}://{host}{path}{secret}")
+}
+
+/// Keeps the hash of a fresh nudge secret for a wait just created, and answers
+/// its nudge URL. A wait whose secret cannot be kept is canceled, and the answer
+/// is the error: its maker asked for a URL it would not get.
+pub(super) async fn register_nudge(
+    s: &AppState,
+    tenant: &str,
+    wait: &Wait,
+    headers: &HeaderMap,
+) -> ApiResult<String> {
+    let secret = crate::store::callbacks::Secret::generate();
+    if let Err(e) = s
+        .store
+        .nudges()
+        .register(wait.id, tenant, &secret.hash())
+        .await
+    {
+        let _ = s.store.waits().cancel(tenant, wait.id, Utc::now()).await;
+        return Err(e.into());
+    }
+    Ok(capability_url(
+        headers,
+        super::nudges::PATH,
+        secret.expose(),
     ))
 }
 

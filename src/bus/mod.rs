@@ -38,6 +38,9 @@ pub enum BusMsg {
     /// events they announce), or one was queued again (`requeued`: a client's
     /// redelivery, which is claimed at once rather than with a burst).
     Deliveries { requeued: bool },
+    /// Poll this wait now, as its pacing allows: a POST to its nudge URL
+    /// (docs/design.md §2.17). Only the worker of the replica holding it acts.
+    Nudge(Uuid),
 }
 
 /// The bus. Cloning is shallow.
@@ -134,7 +137,7 @@ impl Bus {
                     let _ = tx.send(BusMsg::Resync);
                 }
             }
-            BusMsg::Work | BusMsg::Deliveries { .. } => {}
+            BusMsg::Work | BusMsg::Deliveries { .. } | BusMsg::Nudge(_) => {}
         }
         drop(waits);
         let _ = self.tx.send(msg);

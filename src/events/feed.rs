@@ -111,7 +111,7 @@ impl Feed {
                 _ = safety.tick() => None,
                 m = rx.recv() => match m {
                     Ok(BusMsg::Notice(n)) => Some(n.gid),
-                    Ok(BusMsg::Work | BusMsg::Deliveries { .. }) => continue,
+                    Ok(BusMsg::Work | BusMsg::Deliveries { .. } | BusMsg::Nudge(_)) => continue,
                     Ok(BusMsg::Resync) | Err(RecvError::Lagged(_)) => None,
                     Err(RecvError::Closed) => return,
                 },

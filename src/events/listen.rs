@@ -1,6 +1,6 @@
 //! The replica's LISTEN connection: what other replicas announce on Postgres
 //! (notices of new events, word of work to claim or of deliveries due, hosts that
-//! asked for quiet) onto the in-process bus.
+//! asked for quiet, nudges) onto the in-process bus.
 //!
 //! A listener that reconnects has missed whatever was sent while it was away, so
 //! it publishes [`BusMsg::Resync`] and subscribers read the table again.
@@ -13,7 +13,9 @@ use sqlx::postgres::PgListener;
 
 use crate::bus::HostPause;
 use crate::bus::{Bus, BusMsg, Notice};
-use crate::store::postgres::{DELIVERIES_CHANNEL, EVENTS_CHANNEL, PAUSE_CHANNEL, WORK_CHANNEL};
+use crate::store::postgres::{
+    DELIVERIES_CHANNEL, EVENTS_CHANNEL, NUDGE_CHANNEL, PAUSE_CHANNEL, WORK_CHANNEL,
+};
 
 /// Runs until `shutdown` resolves, reconnecting with a short backoff while the
 /// database is away.
@@ -29,6 +31,7 @@ pub async fn run(pool: PgPool, bus: Bus, shutdown: impl Future<Output = ()>) {
                 WORK_CHANNEL,
                 DELIVERIES_CHANNEL,
                 PAUSE_CHANNEL,
+                NUDGE_CHANNEL,
             ])
             .await?;
             Ok::<_, sqlx::Error>(l)
@@ -69,6 +72,11 @@ pub async fn run(pool: PgPool, bus: Bus, shutdown: impl Future<Output = ()>) {
                 Ok(Some(n)) if n.channel() == PAUSE_CHANNEL => {
                     if let Some(p) = HostPause::decode(n.payload()) {
                         bus.publish_pause(p);
+                    }
+                }
+                Ok(Some(n)) if n.channel() == NUDGE_CHANNEL => {
+                    if let Ok(id) = n.payload().parse() {
+                        bus.publish(BusMsg::Nudge(id));
                     }
                 }
                 Ok(Some(n)) => {

@@ -51,7 +51,7 @@ pub async fn relay(bus: &Bus, bell: Doorbell, now: &Notify) {
             Ok(BusMsg::Deliveries { requeued: false })
             | Ok(BusMsg::Resync)
             | Err(RecvError::Lagged(_)) => bell.ring(),
-            Ok(BusMsg::Notice(_)) | Ok(BusMsg::Work) => {}
+            Ok(BusMsg::Notice(_)) | Ok(BusMsg::Work) | Ok(BusMsg::Nudge(_)) => {}
             Err(RecvError::Closed) => return,
         }
     }

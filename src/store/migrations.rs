@@ -38,6 +38,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0017_slots.sql",
     "0018_callbacks.sql",
     "0019_output.sql",
+    "0020_nudges.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -53,6 +54,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0010_traces.sql",
     "0011_callbacks.sql",
     "0012_output.sql",
+    "0013_nudges.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

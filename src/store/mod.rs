@@ -16,6 +16,7 @@
 //! - [`retention`] ([`Store::retention`]): deleting ended waits.
 //! - [`callbacks`] ([`Store::callbacks`]): callback waits' secrets, heartbeats and
 //!   ends.
+//! - [`nudges`] ([`Store::nudges`]): nudge URLs' secrets, and the word to poll now.
 //!
 //! The worker holds the leases handle, the deliverer the outbox's, the group
 //! watcher the groups', the retention sweep its own and the event feed the
@@ -153,6 +154,8 @@ pub mod retention;
 pub use retention::Retention;
 pub mod callbacks;
 pub use callbacks::{Callback, CallbackEnd, Callbacks};
+pub mod nudges;
+pub use nudges::{Nudged, Nudges};
 
 /// Batches of ended ids [`Groups::local_ends`] keeps for a slow receiver.
 const LOCAL_ENDS: usize = 1024;
@@ -182,6 +185,7 @@ pub struct Store {
     events: Events,
     groups: Groups,
     leases: Leases,
+    nudges: Nudges,
     outbox: Outbox,
     retention: Retention,
     waits: Waits,
@@ -228,6 +232,7 @@ impl Store {
                 waits: Waits { core: core.clone() },
             },
             leases: Leases { core: core.clone() },
+            nudges: Nudges { core: core.clone() },
             outbox: Outbox { core: core.clone() },
             retention: Retention { core: core.clone() },
             waits: Waits { core: core.clone() },
@@ -253,6 +258,11 @@ impl Store {
     /// The worker pool's leases on waits, and what its polls write.
     pub fn leases(&self) -> &Leases {
         &self.leases
+    }
+
+    /// Nudge URLs: their secrets' hashes, and the word to poll now.
+    pub fn nudges(&self) -> &Nudges {
+        &self.nudges
     }
 
     /// The webhook outbox: claims, outcomes, redeliveries, bounds.

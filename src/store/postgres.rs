@@ -41,6 +41,9 @@ macro_rules! deliveries_channel {
 pub const DELIVERIES_CHANNEL: &str = deliveries_channel!();
 /// The channel on which replicas tell each other of a host that asked for quiet.
 pub const PAUSE_CHANNEL: &str = "waitd_pause";
+/// The channel on which a nudge (its wait's id) reaches the replica holding the
+/// wait.
+pub const NUDGE_CHANNEL: &str = "waitd_nudges";
 
 /// Held by the one sequencer at a time that gives committed events their global
 /// cursor (`gid`).

@@ -11,8 +11,8 @@
 //! it. The roles have files of their own: [`lease`] (renewals, what a renewal finds
 //! lost or stray, the pause when the lease runs short), [`guard`] (the first poll
 //! after a claim, and the crash-loop guard it feeds), [`timers`] (when each held wait
-//! is polled next), [`poll`] (a probe and the engine step after it) and [`writes`]
-//! (progress, batched).
+//! is polled next), [`nudge`] (polls brought forward by a nudge), [`poll`] (a
+//! probe and the engine step after it) and [`writes`] (progress, batched).
 
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
@@ -27,6 +27,7 @@ use uuid::Uuid;
 pub mod clock;
 mod guard;
 mod lease;
+mod nudge;
 mod poll;
 #[cfg(test)]
 mod tests;
@@ -151,6 +152,8 @@ struct Held {
     trace: Option<Box<str>>,
     /// Its poll's task, while one may be in flight.
     polling: Option<Polling>,
+    /// What nudges asked of it ([`nudge`]).
+    nudge: nudge::Nudge,
 }
 
 /// A poll's task, stopped when the wait it polls for is let go (ended elsewhere,
@@ -540,6 +543,7 @@ impl Loop {
             memo: None,
             trace: c.trace.filter(|_| self.w.prober.client().traces().is_on()),
             polling: None,
+            nudge: nudge::Nudge::None,
         };
         self.held.insert(c.id, Box::new(held));
         self.settled_one(c.id);
@@ -601,6 +605,7 @@ impl Loop {
                 }
             }
             Ok(BusMsg::Work) | Ok(BusMsg::Resync) => self.claim_again = true,
+            Ok(BusMsg::Nudge(id)) => self.nudged(id),
             Ok(BusMsg::Deliveries { .. }) => {}
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 // Missed notices: the next renewal finds any wait we lost.

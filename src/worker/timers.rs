@@ -81,6 +81,7 @@ impl Loop {
         self.generation += 1;
         let g = self.generation;
         if let Some(h) = self.held.get_mut(&id) {
+            let at = super::nudge::next(&mut h.nudge, at, &self.w.metrics.nudged_polls);
             h.next = at;
             h.generation = g;
             self.timers.push(Reverse((at, g, id)));

@@ -233,6 +233,12 @@ pub struct Spec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schema(value_type = Option<BTreeMap<String, String>>)]
     pub output: Output,
+    /// Give the wait a nudge URL (in the create's answer, once): a POST to it
+    /// schedules a poll now, paced to one a minimum poll interval. A nudge
+    /// decides nothing: the poll does. Default false; not on a callback wait.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schema(value_type = Option<bool>)]
+    pub nudge: bool,
 }
 
 fn one() -> u32 {
@@ -303,6 +309,7 @@ pub const FIELDS: &[&str] = &[
     "labels",
     "notify",
     "output",
+    "nudge",
 ];
 
 impl Spec {
@@ -473,6 +480,10 @@ impl Spec {
             None => None,
         }
         .unwrap_or_default();
+        let nudge = parse_bool(obj, "nudge", &mut errs).unwrap_or(false);
+        if nudge && is_callback {
+            errs.push("nudge", "is not read on a callback wait, which has nothing to poll: its callback URL ends it; remove it");
+        }
 
         // Contradictions between the sets.
         let fold = |s: &String| {
@@ -521,6 +532,7 @@ impl Spec {
             labels,
             notify,
             output,
+            nudge,
         })
     }
 

@@ -70,7 +70,7 @@ impl SecretHash {
         SecretHash(Sha256::digest(presented.as_bytes()).into())
     }
 
-    fn matches(&self, stored: &[u8]) -> bool {
+    pub(in crate::store) fn matches(&self, stored: &[u8]) -> bool {
         stored.len() == self.0.len() && bool::from(self.0.as_slice().ct_eq(stored))
     }
 }
