@@ -4,7 +4,8 @@
 //! to both at once, a completion racing a cancel, and silence seen by both
 //! replicas' looks each end a wait exactly once, with one terminal event; the
 //! deadline ends a callback wait `timed_out`, even when the replica that held it
-//! was killed. The same races on SQLite, with one server.
+//! was killed. The same races on SQLite, with one server. A nudge (§2.17) sent
+//! to the replica that does not hold its wait is polled by the one that does.
 //!
 //! Each client comes from a loopback address of its own (the server limits
 //! callback requests per client address). `cargo test --test callback_replicas`.
@@ -19,7 +20,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::follower::{Follower, TERMINAL, send};
 use support::replica::Replica;
-use support::{App, TempDir, TestDb, client, client_builder};
+use support::{App, Reply, TempDir, TestDb, Upstream, client, client_builder};
 
 /// One test at a time: each runs two processes.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -504,4 +505,46 @@ async fn on_sqlite_concurrent_completions_and_cancels_end_each_wait_once() {
         assert_eq!(feed.get(id), Some(&1), "{id} in the feed");
     }
     let _ = app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nudge_sent_to_the_other_replica_is_polled_by_the_holder() {
+    let _serial = SERIAL.lock().await;
+    let dir = TempDir::new("waitd-nudge-replicas");
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let target = up.script("/sv", vec![Reply::status("deploying")]);
+    // A alone holds the wait: B starts after A's first poll of it.
+    let a = Replica::start("a", &dir.path, &db.url, "3s", &[]).await;
+    let made = send(client().post(a.url("/waits")).json(&json!({
+        "target": {"url": target},
+        "state": "/data/attributes/status",
+        "want": ["on"],
+        "timeout": "30m",
+        "poll": {"initial": "10m", "max": "10m"},
+        "nudge": true,
+    })))
+    .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let id = made.body["id"].as_str().unwrap().to_string();
+    let nudge_url = made.body["nudge_url"].as_str().unwrap().to_string();
+    assert!(
+        up.hit("/sv", 1, Duration::from_secs(20)).await,
+        "A's first poll"
+    );
+    let b = Replica::start("b", &dir.path, &db.url, "3s", &[]).await;
+    up.script("/sv", vec![Reply::status("on")]);
+    let path = &nudge_url[nudge_url.find("/nudges/").expect("a nudge URL")..];
+    let nudged = send(caller().post(format!("{}{path}", b.base))).await;
+    assert_eq!(nudged.status, 202, "{}", nudged.body);
+    let w = ended(&b.base, &id).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    let seen = up.headers_seen("/sv");
+    assert_eq!(seen.len(), 2, "one poll, then the nudged one");
+    assert_eq!(seen[1]["waitd-replica"], "a", "the holder polled");
+    for r in [&a, &b] {
+        assert!(r.panics().is_empty(), "{}: {:?}", r.name, r.panics());
+    }
+    drop((a, b));
+    db.drop_db().await;
 }

@@ -44,6 +44,7 @@ mod hostile_tenants;
 mod jsonpath_props;
 mod large_bodies;
 mod methods;
+mod nudges;
 mod oauth2;
 mod openapi;
 mod openapi_answers;

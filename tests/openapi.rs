@@ -68,6 +68,7 @@ fn every_route_is_there_once_with_its_own_operation_id() {
             "POST /callbacks/{secret} complete_callback",
             "POST /callbacks/{secret}/fail fail_callback",
             "POST /callbacks/{secret}/heartbeat beat_callback",
+            "POST /nudges/{secret} nudge_wait",
             "POST /waits create_wait",
             "POST /waits/{id}/cancel cancel_wait",
             "POST /waits/{id}/complete complete_wait",
@@ -111,8 +112,9 @@ fn problems_are_problem_json_and_every_refusal_that_asks_to_wait_says_for_how_lo
                 || path == "/readyz"
                 || path == "/metrics"
                 || path == "/openapi.json"
-                || path.starts_with("/callbacks/"),
-            "{method} {path}: only the operational routes and callback URLs need no token"
+                || path.starts_with("/callbacks/")
+                || path.starts_with("/nudges/"),
+            "{method} {path}: only the operational routes, callback and nudge URLs need no token"
         );
         if !open {
             assert!(op["responses"].get("401").is_some(), "{method} {path} 401");

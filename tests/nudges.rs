@@ -1,0 +1,253 @@
+//! Nudges through the API, on both stores (docs/design.md §2.17): a POST to the
+//! nudge URL a wait's create answered with polls it now, whatever its interval;
+//! a storm of nudges is one poll; a nudge decides nothing; the URL's secret is
+//! shown by the create's answer and nowhere else.
+
+use crate::support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+/// A running app on each store with this minimum poll interval, and what keeps
+/// its database alive (the SQLite file's directory is removed when it is dropped).
+async fn each_store(floor: &str) -> Vec<(App, Option<TestDb>, Option<TempDir>)> {
+    let args = |url: &str| set_flag(test_args(url), "--min-poll-interval", floor);
+    let db = TestDb::new().await;
+    let pg = App::start_args(args(&db.url)).await;
+    let dir = TempDir::new("waitd-nudges");
+    let lite = App::start_args(args(&dir.sqlite_url())).await;
+    vec![(pg, Some(db), None), (lite, None, Some(dir))]
+}
+
+async fn finish(app: App, db: Option<TestDb>) {
+    let (stopped, _) = app.stop().await;
+    assert!(stopped.is_ok());
+    if let Some(db) = db {
+        db.drop_db().await;
+    }
+}
+
+/// A wait on `url` polled every ten minutes, with a nudge URL: its id and URL.
+async fn nudged_wait(app: &App, url: &str) -> (String, String) {
+    let (status, w) = app
+        .create(json!({
+            "target": {"url": url},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "fail": ["failed"],
+            "timeout": "30m",
+            "poll": {"initial": "10m", "max": "10m"},
+            "nudge": true,
+        }))
+        .await;
+    assert_eq!(status, 201, "{w}");
+    let nudge = w["nudge_url"].as_str().expect("the nudge URL").to_string();
+    assert!(nudge.starts_with(&app.url("/nudges/")), "{nudge}");
+    (w["id"].as_str().unwrap().to_string(), nudge)
+}
+
+async fn nudge(url: &str) -> (u16, Value) {
+    let r = client().post(url).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_nudge_polls_a_wait_with_a_ten_minute_interval_at_once() {
+    for (app, db, _dir) in each_store("1ms").await {
+        let up = Upstream::start().await;
+        let url = up.script("/sv", vec![Reply::status("deploying")]);
+        let (id, nudge_url) = nudged_wait(&app, &url).await;
+        assert!(
+            up.hit("/sv", 1, Duration::from_secs(10)).await,
+            "the first poll"
+        );
+        up.script("/sv", vec![Reply::status("on")]);
+        let (status, answer) = nudge(&nudge_url).await;
+        assert_eq!(status, 202, "{answer}");
+        assert_eq!(answer["id"], id.as_str());
+        // Without the nudge the next poll is ten minutes away.
+        let w = app.wait_end(&id).await;
+        assert_eq!(w["status"], "succeeded", "{w}");
+        assert_eq!(up.hits("/sv"), 2);
+        let metrics = app.metrics().await;
+        assert!(metrics.contains("waitd_nudges_total 1"), "{metrics}");
+        assert!(metrics.contains("waitd_nudged_polls_total 1"), "{metrics}");
+        finish(app, db).await;
+    }
+}
+
+#[tokio::test]
+async fn a_nudge_decides_nothing_the_poll_does() {
+    for (app, db, _dir) in each_store("1ms").await {
+        let up = Upstream::start().await;
+        let url = up.script("/sv", vec![Reply::status("deploying")]);
+        let (id, nudge_url) = nudged_wait(&app, &url).await;
+        assert!(up.hit("/sv", 1, Duration::from_secs(10)).await);
+        // A body claiming success is not read: the target still says deploying.
+        let r = client()
+            .post(&nudge_url)
+            .json(&json!({"status": "on", "data": {"attributes": {"status": "on"}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+        assert!(
+            up.hit("/sv", 2, Duration::from_secs(10)).await,
+            "the nudged poll"
+        );
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["status"], "running", "{w}");
+        assert_eq!(w["state"], "deploying");
+        finish(app, db).await;
+    }
+}
+
+#[tokio::test]
+async fn a_storm_of_nudges_is_one_poll() {
+    // Nudged polls are paced to one a minimum poll interval: a minute here.
+    for (app, db, _dir) in each_store("1m").await {
+        let up = Upstream::start().await;
+        let url = up.script("/sv", vec![Reply::status("deploying")]);
+        let (id, nudge_url) = nudged_wait(&app, &url).await;
+        assert!(
+            up.hit("/sv", 1, Duration::from_secs(10)).await,
+            "the first poll"
+        );
+        let sent = 10_000;
+        let tasks: Vec<_> = (0..32)
+            .map(|k| {
+                let nudge_url = nudge_url.clone();
+                tokio::spawn(async move {
+                    let c = client();
+                    let mut seen = (0usize, 0usize);
+                    for _ in (k..sent).step_by(32) {
+                        let r = c.post(&nudge_url).send().await.unwrap();
+                        match r.status().as_u16() {
+                            202 => seen.0 += 1,
+                            429 => {
+                                assert_eq!(r.headers()["retry-after"], "1");
+                                seen.1 += 1
+                            }
+                            other => panic!("a nudge answered {other}"),
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        let accepted: usize = answers.iter().map(|a| a.0).sum();
+        let limited: usize = answers.iter().map(|a| a.1).sum();
+        assert_eq!(accepted + limited, sent);
+        assert!(accepted >= 1, "the first nudges are accepted");
+        assert!(
+            up.hit("/sv", 2, Duration::from_secs(10)).await,
+            "the nudged poll"
+        );
+        // Every nudge was answered and announced; the next nudged poll may come
+        // a minute after the first at the soonest.
+        let metrics = app.metrics().await;
+        assert!(
+            metrics.contains(&format!("waitd_nudges_total {accepted}")),
+            "{metrics}"
+        );
+        assert_eq!(up.hits("/sv"), 2, "{accepted} nudges, one poll");
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["status"], "running");
+        finish(app, db).await;
+    }
+}
+
+#[tokio::test]
+async fn wrong_secrets_ended_waits_and_bad_requests_are_refused() {
+    for (app, db, _dir) in each_store("1ms").await {
+        let up = Upstream::start().await;
+        let url = up.script("/sv", vec![Reply::status("deploying")]);
+        let (id, nudge_url) = nudged_wait(&app, &url).await;
+
+        let (status, p) = nudge(&app.url("/nudges/0123456789abcdef")).await;
+        assert_eq!(status, 404, "{p}");
+        assert!(p["detail"].as_str().unwrap().contains("nudge_url"), "{p}");
+
+        let (status, p) = app.create(json!({"callback": {}, "nudge": true})).await;
+        assert_eq!(status, 400, "{p}");
+        assert!(p.to_string().contains("nudge"), "{p}");
+        let (status, p) = app
+            .create(json!({"target": {"url": url}, "want": ["on"], "state": "/data/attributes/status", "nudge": "yes"}))
+            .await;
+        assert_eq!(status, 400, "{p}");
+        let r = client()
+            .post(app.url("/waits?wait=5s"))
+            .json(&json!({"target": {"url": url}, "want": ["on"], "state": "/data/attributes/status", "nudge": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        let p: Value = r.json().await.unwrap();
+        assert!(p["detail"].as_str().unwrap().contains("nudge_url"), "{p}");
+
+        // The secret is shown once: not by a read, a list or the events.
+        let secret = nudge_url.rsplit('/').next().unwrap().to_string();
+        for path in [
+            format!("/waits/{id}"),
+            "/waits".to_string(),
+            format!("/waits/{id}/events"),
+        ] {
+            let r = client().get(app.url(&path)).send().await.unwrap();
+            let text = r.text().await.unwrap();
+            assert!(!text.contains(&secret), "{path} shows the secret");
+        }
+
+        let (status, _) = app.post(&format!("/waits/{id}/cancel")).await;
+        assert_eq!(status, 200);
+        let (status, w) = nudge(&nudge_url).await;
+        assert_eq!(status, 409, "{w}");
+        assert_eq!(w["status"], "canceled");
+        finish(app, db).await;
+    }
+}
+
+#[tokio::test]
+async fn an_idempotent_replay_and_a_group_member_answer_as_they_should() {
+    for (app, db, _dir) in each_store("1ms").await {
+        let up = Upstream::start().await;
+        let url = up.script("/sv", vec![Reply::status("deploying")]);
+        let spec = json!({
+            "target": {"url": url},
+            "state": "/data/attributes/status",
+            "want": ["on"],
+            "nudge": true,
+        });
+        let create = || {
+            client()
+                .post(app.url("/waits"))
+                .header("idempotency-key", "nudge-once")
+                .json(&spec)
+                .send()
+        };
+        let first: Value = create().await.unwrap().json().await.unwrap();
+        assert!(first["nudge_url"].is_string(), "{first}");
+        let again: Value = create().await.unwrap().json().await.unwrap();
+        assert_eq!(again["id"], first["id"]);
+        assert!(again.get("nudge_url").is_none(), "shown once: {again}");
+
+        let (status, g) = app
+            .create(json!({"all": [spec.clone(), {"callback": {}}], "timeout": "5m"}))
+            .await;
+        assert_eq!(status, 201, "{g}");
+        let nudge_url = g["members"][0]["nudge_url"]
+            .as_str()
+            .expect("the member's nudge URL");
+        assert!(g["members"][1]["callback_url"].is_string(), "{g}");
+        let (status, a) = nudge(nudge_url).await;
+        assert_eq!(status, 202, "{a}");
+        assert_eq!(a["id"], g["members"][0]["id"]);
+        finish(app, db).await;
+    }
+}
