@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
+import httpx
 import pytest
 
 import waitd
@@ -51,14 +53,32 @@ def test_async_client(server: Waitd, target: Target) -> None:
     asyncio.run(main())
 
 
-def test_async_wait_survives_a_server_restart(server: Waitd, target: Target) -> None:
+class Sent(httpx.AsyncHTTPTransport):
+    """A transport that signals when a blocking read has gone out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if "wait=" in str(request.url.query):
+            self.holding.set()
+        return await super().handle_async_request(request)
+
+
+def test_async_wait_survives_a_server_restart(
+    server: Waitd, target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="waitd")
+
     async def main() -> None:
         url = target.add("deploying")
-        async with waitd.AsyncClient(server.url, server.token) as client:
+        transport = Sent()
+        async with waitd.AsyncClient(server.url, server.token, transport=transport) as client:
             w = await client.create(spec(url))
             await asyncio.to_thread(target.polled, url)
             blocked = asyncio.create_task(client.wait(w["id"], timeout=60))
-            await asyncio.sleep(0)  # let the blocking read go out
+            await asyncio.wait_for(transport.holding.wait(), 10)
             await asyncio.to_thread(server.restart)
             target.set(url, "on")
             assert (await blocked)["status"] == "succeeded"
@@ -75,3 +95,6 @@ def test_async_wait_survives_a_server_restart(server: Waitd, target: Target) -> 
             assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 3
 
     asyncio.run(main())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("not answering" in m for m in messages)
+    assert any("event stream broke" in m for m in messages)

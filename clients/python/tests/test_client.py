@@ -97,6 +97,17 @@ def test_callback_complete_and_fail(client: waitd.Client) -> None:
     assert failed["error_detail"] == {"step": "tests", "exit": 1}
 
 
+def test_idempotency_key(client: waitd.Client, target: Target) -> None:
+    key = "py-" + uuid.uuid4().hex
+    body = spec(target.add("deploying"))
+    first = client.create(body, idempotency_key=key)
+    assert client.create(body, idempotency_key=key)["id"] == first["id"]
+    with pytest.raises(waitd.Conflict) as raised:
+        client.create({**body, "timeout": "2m"}, idempotency_key=key)
+    assert raised.value.detail
+    client.cancel(first["id"])
+
+
 def test_list_follows_the_cursor(client: waitd.Client, target: Target) -> None:
     run = uuid.uuid4().hex[:12]
     made = [client.create(spec(target.add("deploying"), labels={"run": run}))["id"] for _ in range(3)]

@@ -8,13 +8,20 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Iterable
+from typing import Any, Protocol, cast
 
 from ._errors import WebhookVerificationError
 from ._types import WebhookMessage
 
 TOLERANCE = 300.0
+
+
+class Headers(Protocol):
+    """Anything with `items()` of names and values: a dict, httpx.Headers,
+    http.server's `self.headers`, a framework's request headers."""
+
+    def items(self) -> Iterable[tuple[str, Any]]: ...
 
 
 def _key(secret: str) -> bytes:
@@ -41,7 +48,7 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
 
 def verify_webhook(
     secret: str,
-    headers: Mapping[str, str],
+    headers: Headers,
     body: bytes | str,
     *,
     tolerance: float = TOLERANCE,
@@ -54,7 +61,7 @@ def verify_webhook(
     `waitd.WebhookVerificationError` when a header is missing, the timestamp is
     more than `tolerance` seconds (5 minutes) from now, or no `v1` signature
     matches (compared in constant time)."""
-    lower = {k.lower(): v for k, v in headers.items()}
+    lower = {str(k).lower(): str(v) for k, v in headers.items()}
     missing = [h for h in ("webhook-id", "webhook-timestamp", "webhook-signature") if not lower.get(h)]
     if missing:
         raise WebhookVerificationError(f"the webhook lacks the header {', '.join(missing)}")
