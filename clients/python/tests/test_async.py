@@ -98,3 +98,10 @@ def test_async_wait_survives_a_server_restart(
     messages = [r.getMessage() for r in caplog.records]
     assert any("not answering" in m for m in messages)
     assert any("event stream broke" in m for m in messages)
+
+
+def test_both_clients_have_the_same_methods() -> None:
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")} - {"close", "aclose"}
+
+    assert public(waitd.Client) == public(waitd.AsyncClient)

@@ -152,10 +152,18 @@ def test_problems_carry_the_servers_sentence(server: Waitd, client: waitd.Client
 def test_unreachable_is_a_transport_error() -> None:
     from conftest import free_port
 
-    with waitd.Client(f"http://127.0.0.1:{free_port()}", "tok") as c:
+    wid = str(uuid.uuid4())
+    with waitd.Client(f"http://127.0.0.1:{free_port()}", "tok", reconnect_for=0.3) as c:
         with pytest.raises(waitd.TransportError) as raised:
-            c.get(str(uuid.uuid4()))
-    assert raised.value.status is None
+            c.get(wid)
+        assert raised.value.status is None
+        # wait() and follow() keep trying, for reconnect_for or the caller's timeout.
+        with pytest.raises(waitd.TransportError, match="could not be reached"):
+            c.wait(wid)
+        with pytest.raises(waitd.TransportError, match="could not be reached"):
+            list(c.follow(wid))
+        with pytest.raises(waitd.WaitTimeout, match="could not be reached within"):
+            c.wait(wid, timeout=0.3)
 
 
 class Sent(httpx.HTTPTransport):

@@ -239,20 +239,24 @@ class AsyncClient:
         deadline = None if timeout is None else start + timeout
         backoff = _core.Backoff()
         away_since: float | None = None
+        away = ""
         last: Wait | None = None
         while True:
             now = time.monotonic()
             left = None if deadline is None else deadline - now
             if left is not None and left <= 0:
+                if away_since is not None:
+                    raise WaitTimeout(f"waitd could not be reached within {timeout}s ({away})", last)
                 raise WaitTimeout(f"the wait did not end within {timeout}s", last)
             hold = _core.HOLD_CHUNK if left is None else min(left, _core.HOLD_CHUNK)
-            delay: float | None = None
+            delay: float
             try:
                 response = await self._send(
                     "GET", path, params={"wait": _core.hold_param(hold)}, timeout=_core.hold_timeout(hold)
                 )
             except TransportError as e:
                 away_since = away_since or now
+                away = e.detail
                 if deadline is None and now - away_since > self.reconnect_for:
                     raise _core.unreachable("wait", now - away_since, e.__cause__ or e) from None
                 delay = backoff.next()
@@ -273,8 +277,8 @@ class AsyncClient:
                 else:
                     _core.raise_for(response)
                     return cast(Wait, _core.answer(response))
-            if left is not None:
-                delay = min(delay, max(0.0, deadline - time.monotonic()))  # type: ignore[operator]
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline - time.monotonic()))
             await asyncio.sleep(delay)
 
     async def follow(self, wait_id: str, *, after: int | None = None) -> AsyncIterator[Event]:
