@@ -76,7 +76,8 @@ def test_group(client: waitd.Client, target: Target) -> None:
     assert all(m["status"] == "succeeded" for m in done["members"] or [])
 
 
-def test_callback_complete_and_fail(client: waitd.Client) -> None:
+def test_callback_complete_and_fail(client: waitd.Client, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     cw = client.create_callback({"timeout": "1m", "labels": {"kind": "callback"}}, heartbeat="30s")
     url = cw["callback_url"]
     assert url.startswith(client.base_url + "/callbacks/")
@@ -95,6 +96,10 @@ def test_callback_complete_and_fail(client: waitd.Client) -> None:
     failed = client.fail(other["callback_url"], {"step": "tests", "exit": 1})
     assert failed["status"] == "failed"
     assert failed["error_detail"] == {"step": "tests", "exit": 1}
+    # httpx logs each request's URL: a callback URL's secret is not in the log.
+    assert "/callbacks/<redacted>" in caplog.text
+    for secret_url in (url, other["callback_url"]):
+        assert secret_url.split("/callbacks/")[1] not in caplog.text
 
 
 def test_idempotency_key(client: waitd.Client, target: Target) -> None:

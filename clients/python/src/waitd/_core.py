@@ -4,8 +4,10 @@ backing off, and parsing server-sent events. No I/O here."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -28,6 +30,25 @@ HOLD_CHUNK = 50.0
 # means the connection is dead.
 STREAM_IDLE = 35.0
 CONNECT_TIMEOUT = 5.0
+
+
+_CALLBACK_SECRET = re.compile(r"(/callbacks/)[^/?#\s\"']+")
+
+
+class RedactCallbackURLs(logging.Filter):
+    """httpx logs each request's URL at INFO; a callback URL's path is its
+    secret, so it is logged as /callbacks/<redacted>."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any("/callbacks/" in str(a) for a in record.args):
+            record.args = tuple(
+                _CALLBACK_SECRET.sub(r"\1<redacted>", str(a)) if "/callbacks/" in str(a) else a
+                for a in record.args
+            )
+        return True
+
+
+logging.getLogger("httpx").addFilter(RedactCallbackURLs())
 
 
 def base_url(url: str | None) -> str:
