@@ -91,7 +91,8 @@ def retry_after(response: httpx.Response) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        # At least 0.1 s, so that a Retry-After of 0 does not make a busy loop.
+        return max(0.1, float(value))
     except ValueError:
         return None
 
