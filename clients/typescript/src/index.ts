@@ -1,0 +1,12 @@
+export { Waitd } from "./client.js";
+export type { WaitdOptions, RequestOptions, CreateOptions, ListOptions, WaitOptions, FollowOptions } from "./client.js";
+export { completeCallback, failCallback, heartbeatCallback } from "./callbacks.js";
+export type { CallbackOptions } from "./callbacks.js";
+export { WaitdError, WebhookVerificationError } from "./errors.js";
+export { verifyWebhook, signWebhook, WEBHOOK_TOLERANCE_SECONDS } from "./webhooks.js";
+export type { HeadersLike, BodyLike, VerifyOptions } from "./webhooks.js";
+export { parseSse } from "./sse.js";
+export type { SseFrame } from "./sse.js";
+export { isTerminal, TERMINAL_STATUSES } from "./types.js";
+export type * from "./types.js";
+export type { components, paths, operations } from "./generated/openapi.js";
