@@ -75,6 +75,12 @@ export interface FollowOptions extends RequestOptions {
    * (default 120000); past it, the iterator throws a `WaitdError` of status 0.
    */
   reconnectFor?: number;
+  /**
+   * How long a connection may bring nothing, not even waitd's keep-alive (sent at
+   * least every 10 s), before it counts as dropped and is replaced, in
+   * milliseconds (default 45000).
+   */
+  idleTimeout?: number;
 }
 
 /** Longest a single blocking read is held, so that no proxy or client timer cuts it. */
@@ -262,50 +268,85 @@ export class Waitd {
   async *follow(id: string, options: FollowOptions = {}): AsyncGenerator<WaitEvent, void, undefined> {
     const { signal } = options;
     const reconnectFor = options.reconnectFor ?? 120_000;
+    const idleFor = options.idleTimeout ?? 45_000;
     let last = options.after === undefined ? undefined : String(options.after);
     const backoff = this.#backoff();
-    let downSince: number | undefined;
+    let downSince: number | undefined; // since when no connection has been answered
     let lastError: WaitdError | undefined;
     for (;;) {
-      let res: Response | undefined;
+      // Each connection has a signal of its own: the caller's, or a watchdog's when
+      // nothing (not even a keep-alive) has come for `idleFor`.
+      const conn = new AbortController();
+      const onAbort = () => conn.abort(signal?.reason);
+      if (signal?.aborted) throw signal.reason;
+      signal?.addEventListener("abort", onAbort, { once: true });
+      let idle: ReturnType<typeof setTimeout> | undefined;
+      const arm = () => {
+        clearTimeout(idle);
+        idle = setTimeout(
+          () => conn.abort(new WaitdError(0, `the event stream from waitd at ${this.#origin} went quiet for ${idleFor} ms`)),
+          idleFor,
+        );
+      };
       try {
-        res = await this.#request("GET", `${waitPath(id)}/events`, {
-          query: [["follow", "true"]],
-          headers: last === undefined ? { accept: "text/event-stream" } : { accept: "text/event-stream", "last-event-id": last },
-          signal,
-        });
-      } catch (e) {
-        if (!(e instanceof WaitdError) || e.status !== 0) throw e;
-        lastError = e;
-      }
-      if (res && !res.ok) {
-        const err = await failure(res);
-        if (!RETRYABLE_STATUSES.has(res.status)) throw err;
-        lastError = err;
-      } else if (res?.body) {
-        backoff.reset();
-        downSince = undefined;
+        arm();
+        let res: Response | undefined;
         try {
-          for await (const frame of parseSse(res.body)) {
-            if (frame.data === "") continue;
-            const event = JSON.parse(frame.data) as WaitEvent;
-            if (frame.id !== undefined) last = frame.id;
-            else if (typeof event.seq === "number") last = String(event.seq);
-            // Frames already read are not handed out once the caller has stopped.
-            if (signal?.aborted) throw signal.reason;
-            yield event;
-            if (isTerminal(event.kind)) return;
-          }
+          res = await this.#request("GET", `${waitPath(id)}/events`, {
+            query: [["follow", "true"]],
+            headers: last === undefined ? { accept: "text/event-stream" } : { accept: "text/event-stream", "last-event-id": last },
+            signal: conn.signal,
+          });
         } catch (e) {
           if (signal?.aborted) throw signal.reason;
-          if (e instanceof SyntaxError) throw new WaitdError(200, "waitd sent an event whose data is not JSON");
-          // The stream broke: reconnect below.
+          if (!(e instanceof WaitdError) || e.status !== 0) throw e;
+          lastError = e;
         }
-        lastError = new WaitdError(0, `the event stream from waitd at ${this.#origin} ended before the wait did`);
+        if (res && !res.ok) {
+          const err = await failure(res);
+          if (!RETRYABLE_STATUSES.has(res.status)) throw err;
+          lastError = err;
+        } else if (res?.body) {
+          downSince = undefined;
+          const body = res.body.pipeThrough(
+            new TransformStream<Uint8Array, Uint8Array>({
+              transform(chunk, out) {
+                arm();
+                out.enqueue(chunk);
+              },
+            }),
+          );
+          try {
+            for await (const frame of parseSse(body, conn.signal)) {
+              if (frame.data === "") continue;
+              const event = JSON.parse(frame.data) as WaitEvent;
+              if (frame.id !== undefined) last = frame.id;
+              else if (typeof event.seq === "number") last = String(event.seq);
+              // Frames already read are not handed out once the caller has stopped.
+              if (signal?.aborted) throw signal.reason;
+              backoff.reset();
+              yield event;
+              if (isTerminal(event.kind)) return;
+            }
+          } catch (e) {
+            if (signal?.aborted) throw signal.reason;
+            if (e instanceof SyntaxError) throw new WaitdError(200, "waitd sent an event whose data is not JSON");
+            // The stream broke (waitd stopped, the network): reconnect below.
+          }
+          if (signal?.aborted) throw signal.reason;
+          lastError =
+            conn.signal.reason instanceof WaitdError
+              ? conn.signal.reason
+              : new WaitdError(0, `the event stream from waitd at ${this.#origin} ended before the wait did`);
+        }
+      } finally {
+        clearTimeout(idle);
+        signal?.removeEventListener("abort", onAbort);
+        conn.abort();
       }
       downSince ??= Date.now();
       if (Date.now() - downSince > reconnectFor) {
-        throw new WaitdError(0, `gave up following the wait ${id} after ${reconnectFor} ms: ${lastError?.message ?? "no answer"}`);
+        throw new WaitdError(0, `gave up following the wait ${id} after ${reconnectFor} ms without reaching waitd: ${lastError?.message ?? "no answer"}`);
       }
       await sleep(backoff.delay((lastError?.retryAfter ?? 0) * 1000), signal);
     }

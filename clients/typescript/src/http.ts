@@ -21,7 +21,19 @@ export async function send(
   signal?: AbortSignal,
 ): Promise<Response> {
   try {
-    return await fetchFn(url, init);
+    if (!signal) return await fetchFn(url, init);
+    // A fetch of the caller's may not honour the signal; this answers it anyway.
+    let onAbort = () => {};
+    const aborted = new Promise<never>((_, reject) => {
+      onAbort = () => reject(signal.reason);
+      if (signal.aborted) onAbort();
+      else signal.addEventListener("abort", onAbort, { once: true });
+    });
+    try {
+      return await Promise.race([fetchFn(url, init), aborted]);
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+    }
   } catch (e) {
     if (signal?.aborted) throw signal.reason;
     throw new WaitdError(0, `could not reach waitd at ${origin}: ${why(e)}`);

@@ -12,9 +12,18 @@ export interface SseFrame {
   data: string;
 }
 
-/** Reads `body` and yields each frame; cancels the body when the caller stops early. */
-export async function* parseSse(body: ReadableStream<Uint8Array>): AsyncGenerator<SseFrame> {
+/**
+ * Reads `body` and yields each frame. It cancels the body when the caller stops
+ * early, and ends when `signal` aborts (whatever the fetch that made the body
+ * does with its own signal).
+ */
+export async function* parseSse(body: ReadableStream<Uint8Array>, signal?: AbortSignal): AsyncGenerator<SseFrame> {
   const reader = body.getReader();
+  const onAbort = () => {
+    reader.cancel(signal?.reason).catch(() => {});
+  };
+  if (signal?.aborted) onAbort();
+  signal?.addEventListener("abort", onAbort, { once: true });
   const decoder = new TextDecoder("utf-8");
   let buf = "";
   let first = true;
@@ -92,6 +101,7 @@ export async function* parseSse(body: ReadableStream<Uint8Array>): AsyncGenerato
       }
     }
   } finally {
+    signal?.removeEventListener("abort", onAbort);
     reader.cancel().catch(() => {});
   }
 }

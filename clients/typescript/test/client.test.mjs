@@ -36,6 +36,16 @@ describe("create, get, wait", () => {
     assert.match(done.reason, /on/);
   });
 
+  test("an idempotency key makes a repeated create answer with the first wait", async () => {
+    const name = unique();
+    fixture.set(name, "on");
+    const key = unique("key");
+    const first = await waitd.create(spec(fixture, name), { idempotencyKey: key });
+    const again = await waitd.create(spec(fixture, name), { idempotencyKey: key });
+    assert.equal(again.id, first.id);
+    await assert.rejects(waitd.create(spec(fixture, name, { timeout: "2m" }), { idempotencyKey: key }), { status: 409 });
+  });
+
   test("a wait that fails resolves with its failed status, not an error", async () => {
     const name = unique();
     fixture.set(name, "failed_deployment");
