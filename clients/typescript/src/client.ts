@@ -210,19 +210,21 @@ export class Waitd {
    * It holds a blocking read on waitd (`GET /waits/{id}?wait=`), and rides out a
    * restart: while waitd cannot be reached, or answers 503 or 429, it asks again
    * with backoff. Rejects with a `WaitdError` of status 0 when `timeout` passes
-   * first, and with waitd's sentence for any other problem (a 404, a 401…).
+   * first (its `wait` is the wait as last read, when one was), and with waitd's
+   * sentence for any other problem (a 404, a 401…).
    */
   async wait(id: string, options: WaitOptions = {}): Promise<Wait> {
     const { signal } = options;
     const deadline = options.timeout === undefined ? Infinity : Date.now() + options.timeout;
     const backoff = this.#backoff();
     let lastError: WaitdError | undefined;
+    let lastSeen: Wait | undefined;
     for (;;) {
       const left = deadline - Date.now();
       if (left <= 0) {
         const why = lastError ? `; the last attempt: ${lastError.message}` : "";
         throw new WaitdError(0, `the wait ${id} had not ended when the timeout of ${options.timeout} ms passed${why}`, {
-          ...(lastError?.wait ? { wait: lastError.wait } : {}),
+          ...(lastSeen ? { wait: lastSeen } : {}),
         });
       }
       const hold = Math.ceil(Math.min(left, MAX_HOLD_MS));
@@ -237,6 +239,7 @@ export class Waitd {
           const wait = await json<Wait>(res);
           limit.done();
           if (isTerminal(wait.status)) return wait;
+          lastSeen = wait;
           lastError = undefined;
           backoff.reset();
           continue; // held as long as asked and still running: ask again

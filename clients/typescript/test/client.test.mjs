@@ -93,6 +93,7 @@ describe("create, get, wait", () => {
       assert.ok(e instanceof WaitdError);
       assert.equal(e.status, 0);
       assert.match(e.message, /had not ended/);
+      assert.equal(e.wait.status, "running", "the wait as last read");
       return true;
     });
     await waitd.cancel(wait.id);

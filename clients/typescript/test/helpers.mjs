@@ -187,8 +187,9 @@ export class Fixture extends EventEmitter {
 }
 
 /**
- * A fetch that reports each request (`request`: url and headers) and each failure
- * (`failed`) on the returned emitter, then does what the global fetch does.
+ * A fetch that reports each request (`request`: url and headers), each answer
+ * (`response`: url, status and headers) and each failure (`failed`) on the
+ * returned emitter, and otherwise does what the global fetch does.
  */
 export function recordingFetch() {
   const events = new EventEmitter();
@@ -196,7 +197,9 @@ export function recordingFetch() {
     const headers = new Headers(init.headers);
     events.emit("request", { url: String(input), headers });
     try {
-      return await globalThis.fetch(input, init);
+      const res = await globalThis.fetch(input, init);
+      events.emit("response", { url: String(input), status: res.status, headers: res.headers });
+      return res;
     } catch (e) {
       events.emit("failed", e);
       throw e;

@@ -45,6 +45,30 @@ test("a blocking wait returns the terminal status across a crash and restart", a
   assert.equal(done.state, "on");
 });
 
+test("a blocking wait held through a graceful stop asks again after waitd's 503", async () => {
+  const { fetch, events } = recordingFetch();
+  const waitd = new Waitd({ url: server.url, token: TOKEN, fetch, retry: { initialMs: 50, maxMs: 300 } });
+  const name = unique();
+  fixture.set(name, "deploying");
+  const polled = fixture.nextPoll(name);
+  const wait = await waitd.create(spec(fixture, name));
+  await polled;
+
+  const held = once(events, "request");
+  const ended = waitd.wait(wait.id, { timeout: 30_000 });
+  await held;
+  const answered = once(events, "response");
+  const failing = once(events, "failed");
+  await server.stop("SIGTERM");
+  const [res] = await answered;
+  assert.equal(res.status, 503, "a held read cut by the stop is a 503");
+  assert.equal(res.headers.get("retry-after"), "2");
+  fixture.set(name, "on");
+  await failing;
+  await server.start();
+  assert.equal((await ended).status, "succeeded");
+});
+
 test("follow resumes after a restart with Last-Event-ID: no event lost or repeated", async () => {
   const { fetch, events } = recordingFetch();
   const waitd = new Waitd({ url: server.url, token: TOKEN, fetch, retry: { initialMs: 50, maxMs: 300 } });
