@@ -64,6 +64,8 @@ describe("docs/clients/typescript.md", () => {
       assert.equal(exit, 0, `the example "${name}" failed:\n${stdout}\n${stderr}`);
       assert.ok(stdout.trim().length > 0, `the example "${name}" printed nothing`);
       if (name === "first-wait") assert.match(stdout, /^succeeded /);
+      if (name === "presets-groups-list") assert.match(stdout.trim(), /^2 of 2 succeeded\n[\s\S]*\ncanceled\ncanceled by a client$/);
+      if (name === "follow") assert.match(stdout, /^1 created \n2 state on\n3 succeeded /);
       if (name === "callback") assert.match(stdout, /succeeded \{ build: 42 \}/);
       if (name === "webhook") assert.match(stdout, /wait\.succeeded true/);
       if (name === "errors") assert.match(stdout, /^400 .*wnat/);

@@ -161,7 +161,8 @@ export class Fixture extends EventEmitter {
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => {
       const url = new URL(req.url, "http://x");
-      const [, kind, name] = url.pathname.split("/");
+      const [, kind, name, ...rest] = url.pathname.split("/");
+      if (rest.length) return void res.writeHead(404, { "content-type": "application/json" }).end("{}");
       if (req.method === "GET" && kind === "state" && name) {
         const status = this.states.get(name);
         if (status === undefined) {
