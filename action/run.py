@@ -446,17 +446,18 @@ def run_here(inputs, request, result):
     if allow:
         env["WAITD_ALLOW_TARGETS"] = ",".join(allow.replace(",", " ").split())
     print("waitd: running the wait in this step (%s wait)" % waitd, flush=True)
-    CHILD = subprocess.Popen(
+    proc = subprocess.Popen(
         [waitd, "wait", "--spec", "-", "--output", "json"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
     )
+    CHILD = proc
     said = []
 
     def relay():
-        for raw in iter(CHILD.stderr.readline, b""):
+        for raw in iter(proc.stderr.readline, b""):
             line = raw.decode("utf-8", "replace")
             said.append(line.rstrip("\n"))
             sys.stderr.write(line)
@@ -465,12 +466,12 @@ def run_here(inputs, request, result):
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
     try:
-        CHILD.stdin.write(json.dumps(request).encode())
-        CHILD.stdin.close()
+        proc.stdin.write(json.dumps(request).encode())
+        proc.stdin.close()
     except BrokenPipeError:
         pass
-    out = CHILD.stdout.read()
-    code = CHILD.wait()
+    out = proc.stdout.read()
+    code = proc.wait()
     reader.join(timeout=5)
     CHILD = None
     try:
