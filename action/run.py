@@ -28,7 +28,7 @@ import threading
 import urllib.parse
 from datetime import datetime, timezone
 
-# The helpers beside this file; no __pycache__ left in the action's checkout.
+# The modules beside this file; no __pycache__ left in the action's checkout.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
