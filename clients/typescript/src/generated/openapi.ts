@@ -133,6 +133,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/nudges/{secret}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Nudge a wait
+         * @description Schedules a poll of the wait now: its conditions judge the answer as at any
+         *     poll. Nudges coalesce (many at once are one poll) and are paced (one nudged
+         *     poll a minimum poll interval). The body, if any, is not read.
+         */
+        post: operations["nudge_wait"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/openapi.json": {
         parameters: {
             query?: never;
@@ -580,6 +602,12 @@ export interface components {
              */
             notify?: components["schemas"]["Notify"][] | null;
             /**
+             * @description Give the wait a nudge URL (in the create's answer, once): a POST to it
+             *     schedules a poll now, paced to one a minimum poll interval. A nudge
+             *     decides nothing: the poll does. Default false; not on a callback wait.
+             */
+            nudge?: boolean | null;
+            /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
              *     over its `body`, `status` and `headers`. A callback wait's output is the
@@ -668,6 +696,12 @@ export interface components {
              */
             notify?: components["schemas"]["Notify"][] | null;
             /**
+             * @description Give the wait a nudge URL (in the create's answer, once): a POST to it
+             *     schedules a poll now, paced to one a minimum poll interval. A nudge
+             *     decides nothing: the poll does. Default false; not on a callback wait.
+             */
+            nudge?: boolean | null;
+            /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
              *     over its `body`, `status` and `headers`. A callback wait's output is the
@@ -705,6 +739,22 @@ export interface components {
              *     `success_condition` or both (then both must hold).
              */
             want?: components["schemas"]["StateValue"][] | null;
+        };
+        /**
+         * @description A wait as its create answers it: with the URL a callback wait or a wait made
+         *     with `"nudge": true` is given, in this answer only.
+         */
+        CreatedWait: components["schemas"]["Wait"] & {
+            /**
+             * @description A callback wait's URL (a capability: no token needed): POST to it to end
+             *     the wait. Shown once, never again, not in an idempotent replay.
+             */
+            callback_url?: string | null;
+            /**
+             * @description The nudge URL of a wait made with `"nudge": true` (a capability): POST to
+             *     it to poll the wait now. Shown once, as `callback_url` is.
+             */
+            nudge_url?: string | null;
         };
         /** @description A webhook delivery: one event of a wait, to one of its `notify` entries. */
         Delivery: {
@@ -1075,6 +1125,12 @@ export interface components {
              */
             notify?: components["schemas"]["Notify"][];
             /**
+             * @description Give the wait a nudge URL (in the create's answer, once): a POST to it
+             *     schedules a poll now, paced to one a minimum poll interval. A nudge
+             *     decides nothing: the poll does. Default false; not on a callback wait.
+             */
+            nudge?: boolean | null;
+            /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
              *     over its `body`, `status` and `headers`. A callback wait's output is the
@@ -1218,6 +1274,19 @@ export interface components {
          * @enum {string}
          */
         NotifyEvent: "ended" | "created" | "state" | "retry" | "succeeded" | "failed" | "timed_out" | "canceled" | "error";
+        /** @description The answer to a nudge of a running wait. */
+        NudgeAccepted: {
+            /**
+             * Format: uuid
+             * @description The nudged wait.
+             */
+            id: string;
+            /**
+             * @description Always `"poll scheduled"`: the replica holding the wait polls it now, or
+             *     one minimum poll interval after its last nudged poll.
+             */
+            nudge: string;
+        };
         /** @description The client-credentials grant: where to mint tokens and as which client. */
         OAuth2: {
             /** @description Sent as the `audience` form field (Auth0 and others ask for it). */
@@ -1389,6 +1458,12 @@ export interface components {
              *     signed by the Standard Webhooks scheme, delivered at least once.
              */
             notify?: components["schemas"]["Notify"][];
+            /**
+             * @description Give the wait a nudge URL (in the create's answer, once): a POST to it
+             *     schedules a poll now, paced to one a minimum poll interval. A nudge
+             *     decides nothing: the poll does. Default false; not on a callback wait.
+             */
+            nudge?: boolean | null;
             /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
@@ -2084,6 +2159,87 @@ export interface operations {
             };
         };
     };
+    nudge_wait: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret of the nudge URL the create's answer carried */
+                secret: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A poll is scheduled */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NudgeAccepted"];
+                };
+            };
+            /** @description A read-only API token (tenant:token:read), which may only read */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No wait has this nudge URL */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The wait had already ended: the wait, as it ended */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Wait"];
+                };
+            };
+            /** @description The request URI is over 16 KiB */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests to nudge URLs from this address */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store is unreachable: repeat it after Retry-After */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     openapi: {
         parameters: {
             query?: never;
@@ -2377,7 +2533,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["Wait"];
+                    "application/json": components["schemas"]["CreatedWait"];
                 };
             };
             /** @description Held, and still running when the duration passed */
