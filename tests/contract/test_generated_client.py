@@ -21,6 +21,7 @@ from waitd_client.api.operations import healthz
 from waitd_client.api.presets import get_preset, list_presets
 from waitd_client.api.waits import cancel_wait, create_wait, get_wait, list_waits
 from waitd_client.models import (
+    CreatedWait,
     CreateWait,
     EventCanceled,
     EventCreated,
@@ -89,7 +90,7 @@ def main():
     )
     key = uuid.uuid4().hex
     r = create_wait.sync_detailed(client=api, body=spec, idempotency_key=key)
-    check(r.status_code == 201 and isinstance(r.parsed, Wait), "POST /waits: 201 and a Wait")
+    check(r.status_code == 201 and isinstance(r.parsed, CreatedWait), "POST /waits: 201 and a CreatedWait")
     wait = r.parsed
     check(wait.status == Status.RUNNING, "a new wait is running")
     check(r.headers["location"] == f"/waits/{wait.id}", "Location names the wait")
