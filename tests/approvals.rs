@@ -7,36 +7,22 @@
 use crate::support;
 
 use serde_json::{Value, json};
+use support::stores::{Backend, each_store_with, finish};
 use support::*;
 
 const FULL: &str = "approvals-token-of-tenant-a";
 const READ: &str = "approvals-read-token-of-a";
 const OTHER: &str = "approvals-token-of-tenant-b";
 
-/// A running app on each store, with what keeps its database alive (the SQLite
-/// file's directory is removed when it is dropped).
-enum Backend {
-    Postgres(TestDb),
-    Sqlite(#[allow(dead_code)] TempDir),
-}
-
+/// A running app on each store, with tenant `a`'s tokens and tenant `b`'s.
 async fn each_store() -> Vec<(App, Backend)> {
     let tokens = format!("a:{FULL},a:{READ}:read,b:{OTHER}");
-    let db = TestDb::new().await;
-    let pg = App::start_with(&db, &["--tokens", &tokens]).await;
-    let dir = TempDir::new("waitd-approvals");
-    let mut args = test_args(&dir.sqlite_url());
-    args.extend(["--tokens".to_string(), tokens]);
-    let lite = App::start_args(args).await;
-    vec![(pg, Backend::Postgres(db)), (lite, Backend::Sqlite(dir))]
-}
-
-async fn finish(app: App, backend: Backend) {
-    let (stopped, _) = app.stop().await;
-    assert!(stopped.is_ok());
-    if let Backend::Postgres(db) = backend {
-        db.drop_db().await;
-    }
+    each_store_with(|url| {
+        let mut args = test_args(url);
+        args.extend(["--tokens".to_string(), tokens.clone()]);
+        args
+    })
+    .await
 }
 
 /// Creates a callback wait of tenant `a`; its id and callback URL.

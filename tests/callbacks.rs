@@ -7,30 +7,8 @@ use crate::support;
 
 use serde_json::{Value, json};
 use support::in_process::InProcess;
+use support::stores::{Backend, each_store, finish};
 use support::*;
-
-/// A running app on each store, with what keeps its database alive (the SQLite
-/// file's directory is removed when it is dropped).
-enum Backend {
-    Postgres(TestDb),
-    Sqlite(#[allow(dead_code)] TempDir),
-}
-
-async fn each_store() -> Vec<(App, Backend)> {
-    let db = TestDb::new().await;
-    let pg = App::start(&db).await;
-    let dir = TempDir::new("waitd-callbacks");
-    let lite = App::start_sqlite(&dir.sqlite_url()).await;
-    vec![(pg, Backend::Postgres(db)), (lite, Backend::Sqlite(dir))]
-}
-
-async fn finish(app: App, backend: Backend) {
-    let (stopped, _) = app.stop().await;
-    assert!(stopped.is_ok());
-    if let Backend::Postgres(db) = backend {
-        db.drop_db().await;
-    }
-}
 
 /// Creates a callback wait; its id and callback URL.
 async fn callback_wait(app: &App, mut spec: Value) -> (String, String) {

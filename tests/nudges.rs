@@ -8,25 +8,12 @@ use crate::support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::stores::{Backend, each_store_with, finish};
 use support::*;
 
-/// A running app on each store with this minimum poll interval, and what keeps
-/// its database alive (the SQLite file's directory is removed when it is dropped).
-async fn each_store(floor: &str) -> Vec<(App, Option<TestDb>, Option<TempDir>)> {
-    let args = |url: &str| set_flag(test_args(url), "--min-poll-interval", floor);
-    let db = TestDb::new().await;
-    let pg = App::start_args(args(&db.url)).await;
-    let dir = TempDir::new("waitd-nudges");
-    let lite = App::start_args(args(&dir.sqlite_url())).await;
-    vec![(pg, Some(db), None), (lite, None, Some(dir))]
-}
-
-async fn finish(app: App, db: Option<TestDb>) {
-    let (stopped, _) = app.stop().await;
-    assert!(stopped.is_ok());
-    if let Some(db) = db {
-        db.drop_db().await;
-    }
+/// A running app on each store with this minimum poll interval.
+async fn each_store(floor: &str) -> Vec<(App, Backend)> {
+    each_store_with(|url| set_flag(test_args(url), "--min-poll-interval", floor)).await
 }
 
 /// A wait on `url` polled every ten minutes, with a nudge URL: its id and URL.
@@ -56,7 +43,7 @@ async fn nudge(url: &str) -> (u16, Value) {
 
 #[tokio::test]
 async fn a_nudge_polls_a_wait_with_a_ten_minute_interval_at_once() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, backend) in each_store("1ms").await {
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
         let (id, nudge_url) = nudged_wait(&app, &url).await;
@@ -75,13 +62,13 @@ async fn a_nudge_polls_a_wait_with_a_ten_minute_interval_at_once() {
         let metrics = app.metrics().await;
         assert!(metrics.contains("waitd_nudges_total 1"), "{metrics}");
         assert!(metrics.contains("waitd_nudged_polls_total 1"), "{metrics}");
-        finish(app, db).await;
+        finish(app, backend).await;
     }
 }
 
 #[tokio::test]
 async fn a_nudge_decides_nothing_the_poll_does() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, backend) in each_store("1ms").await {
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
         let (id, nudge_url) = nudged_wait(&app, &url).await;
@@ -101,14 +88,14 @@ async fn a_nudge_decides_nothing_the_poll_does() {
         let (_, w) = app.get(&format!("/waits/{id}")).await;
         assert_eq!(w["status"], "running", "{w}");
         assert_eq!(w["state"], "deploying");
-        finish(app, db).await;
+        finish(app, backend).await;
     }
 }
 
 #[tokio::test]
 async fn a_storm_of_nudges_is_one_poll() {
     // Nudged polls are paced to one a minimum poll interval: a minute here.
-    for (app, db, _dir) in each_store("1m").await {
+    for (app, backend) in each_store("1m").await {
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
         let (id, nudge_url) = nudged_wait(&app, &url).await;
@@ -160,13 +147,13 @@ async fn a_storm_of_nudges_is_one_poll() {
         assert_eq!(up.hits("/sv"), 2, "{accepted} nudges, one poll");
         let (_, w) = app.get(&format!("/waits/{id}")).await;
         assert_eq!(w["status"], "running");
-        finish(app, db).await;
+        finish(app, backend).await;
     }
 }
 
 #[tokio::test]
 async fn wrong_secrets_ended_waits_and_bad_requests_are_refused() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, backend) in each_store("1ms").await {
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
         let (id, nudge_url) = nudged_wait(&app, &url).await;
@@ -209,13 +196,13 @@ async fn wrong_secrets_ended_waits_and_bad_requests_are_refused() {
         let (status, w) = nudge(&nudge_url).await;
         assert_eq!(status, 409, "{w}");
         assert_eq!(w["status"], "canceled");
-        finish(app, db).await;
+        finish(app, backend).await;
     }
 }
 
 #[tokio::test]
 async fn an_idempotent_replay_and_a_group_member_answer_as_they_should() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, backend) in each_store("1ms").await {
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
         let spec = json!({
@@ -248,6 +235,6 @@ async fn an_idempotent_replay_and_a_group_member_answer_as_they_should() {
         let (status, a) = nudge(nudge_url).await;
         assert_eq!(status, 202, "{a}");
         assert_eq!(a["id"], g["members"][0]["id"]);
-        finish(app, db).await;
+        finish(app, backend).await;
     }
 }

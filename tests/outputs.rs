@@ -9,28 +9,8 @@ use crate::support;
 use serde_json::{Value, json};
 use support::in_process::InProcess;
 use support::receiver::Receiver;
+use support::stores::{each_store, finish};
 use support::*;
-
-enum Backend {
-    Postgres(TestDb),
-    Sqlite(#[allow(dead_code)] TempDir),
-}
-
-async fn each_store() -> Vec<(App, Backend)> {
-    let db = TestDb::new().await;
-    let pg = App::start(&db).await;
-    let dir = TempDir::new("waitd-outputs");
-    let lite = App::start_sqlite(&dir.sqlite_url()).await;
-    vec![(pg, Backend::Postgres(db)), (lite, Backend::Sqlite(dir))]
-}
-
-async fn finish(app: App, backend: Backend) {
-    let (stopped, _) = app.stop().await;
-    assert!(stopped.is_ok());
-    if let Backend::Postgres(db) = backend {
-        db.drop_db().await;
-    }
-}
 
 async fn post_json(url: &str, body: Value) -> (u16, Value) {
     let r = client().post(url).json(&body).send().await.unwrap();

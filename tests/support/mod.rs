@@ -19,6 +19,7 @@ pub mod receiver;
 pub mod recorder;
 pub mod replica;
 pub mod signals;
+pub mod stores;
 pub mod venv;
 
 use std::collections::HashMap;
