@@ -352,6 +352,16 @@ pub struct Outbound {
         default_value_t = 0.0
     )]
     pub host_rate: f64,
+
+    /// The resolver `dns://` targets are asked through, IP or IP:PORT (port 53
+    /// when left out); the first nameserver of /etc/resolv.conf when unset.
+    #[arg(display_order = 47, long, env = "WAITD_DNS_RESOLVER", value_parser = parse_dns_resolver)]
+    pub dns_resolver: Option<std::net::SocketAddr>,
+
+    /// Let a `dns://` target name its own resolver (`resolver=HOST:PORT`), judged
+    /// by the SSRF guard as any target; off: only --dns-resolver is asked.
+    #[arg(display_order = 48, long, env = "WAITD_DNS_TENANT_RESOLVERS")]
+    pub dns_tenant_resolvers: bool,
 }
 
 /// The webhook deliverer's ([`crate::notify`]).
@@ -456,4 +466,17 @@ impl Config {
             .chain(args.into_iter().map(Into::into));
         Wrapper::try_parse_from(args).map(|w| w.config)
     }
+}
+
+/// `--dns-resolver`: `IP`, `IP:PORT` or `[IPv6]:PORT`; port 53 when left out.
+pub fn parse_dns_resolver(s: &str) -> Result<std::net::SocketAddr, String> {
+    let s = s.trim();
+    s.parse::<std::net::SocketAddr>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| std::net::SocketAddr::new(ip, 53)))
+        .map_err(|_| {
+            let shown: String = s.chars().take(100).collect();
+            format!(
+                "takes IP or IP:PORT, e.g. 10.0.0.2:53 or [fd00::53]:53, not \"{shown}\" (a resolver is named by its address, not a name)"
+            )
+        })
 }

@@ -130,6 +130,7 @@ impl App {
         let limits = engine::Limits {
             min_poll_interval: config.api.min_poll_interval,
             max_timeout: config.api.max_timeout,
+            dns_tenant_resolvers: config.outbound.dns_tenant_resolvers,
             ..Default::default()
         };
         let presets = presets::Registry::load(config.api.presets_dir.as_deref(), &limits)?;
@@ -156,6 +157,13 @@ impl App {
             host_rate: config.outbound.host_rate,
             credentials: credentials.clone(),
             traces: traces.clone(),
+            dns: probe::dns::Resolvers {
+                operator: match config.outbound.dns_resolver {
+                    Some(at) => Some(at),
+                    None => probe::dns::system_resolver().await,
+                },
+                tenants: config.outbound.dns_tenant_resolvers,
+            },
         })?;
 
         let fd_limit = server::raise_fd_limit();

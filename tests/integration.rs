@@ -33,6 +33,7 @@ mod credentials;
 mod current_reads;
 mod dashboard_http;
 mod deploy;
+mod dns_targets;
 mod engine_props;
 mod engine_seeds;
 mod fuzz_spec;

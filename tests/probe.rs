@@ -738,7 +738,10 @@ fn only_http_https_and_tcp_targets_pass_check_url() {
         .check_url(&url("ftp://example.com/"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("only http, https, tcp, tls and grpc"), "{err}");
+    assert!(
+        err.contains("only http, https, tcp, tls, grpc and dns"),
+        "{err}"
+    );
     // A tcp:// host is opaque to the URL parser; an address in it is judged.
     let err = Guard::default()
         .check_url(&url("tcp://10.0.0.7:5432"))

@@ -71,8 +71,8 @@ pub const MAX_TREE: usize = 64;
 /// What one evaluation of a response's conditions may spend, in units.
 pub const BUDGET: u64 = 1_000_000;
 /// The variables an expression may name.
-pub const VARIABLES: [&str; 9] = [
-    "body", "status", "headers", "state", "now", "elapsed", "tcp", "tls", "grpc",
+pub const VARIABLES: [&str; 10] = [
+    "body", "status", "headers", "state", "now", "elapsed", "tcp", "tls", "grpc", "dns",
 ];
 
 /// The types an expression may name, as in `type(x) == int`.
@@ -607,6 +607,7 @@ impl<'v> Vars<'v> {
         context.add_variable_as_val("tcp", Box::new(CelNull));
         context.add_variable_as_val("tls", Box::new(CelNull));
         context.add_variable_as_val("grpc", Box::new(CelNull));
+        context.add_variable_as_val("dns", Box::new(CelNull));
         Vars { context }
     }
 

@@ -28,8 +28,9 @@ pub const URL_PATTERN: &str =
     "^[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*$";
 
 /// What `target.url` looks like: an http or https URL as [`URL_PATTERN`],
-/// `tcp://host:port`, `tls://host:port`, or `grpc://host:port[/package.Service]`.
-pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|(?:[Tt][Cc][Pp]|[Tt][Ll][Ss])://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?|[Gg][Rr][Pp][Cc]://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}(?:/[A-Za-z0-9_.]{0,200})?)$";
+/// `tcp://host:port`, `tls://host:port`, `grpc://host:port[/package.Service]`,
+/// or `dns://name[?type=TYPE[&resolver=host:port]]`.
+pub const TARGET_URL_PATTERN: &str = "^(?:[Hh][Tt][Tt][Pp][Ss]?://[^\\x00-\\x20\\x7f\\\\/?#][^\\x00-\\x20\\x7f\\\\]*|(?:[Tt][Cc][Pp]|[Tt][Ll][Ss])://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}/?|[Gg][Rr][Pp][Cc]://[^\\x00-\\x20\\x7f\\\\/?#]+:[0-9]{1,5}(?:/[A-Za-z0-9_.]{0,200})?|[Dd][Nn][Ss]://[A-Za-z0-9_.-]{1,254}(?:\\?[^\\x00-\\x20\\x7f\\\\#]*)?)$";
 
 fn limits() -> Limits {
     Limits::default()

@@ -116,12 +116,29 @@ impl Guard {
     /// address literal or a `localhost` name, unless the allow-list opens it. A host
     /// name is otherwise let through here: its addresses are judged when it is
     /// resolved, by [`GuardedResolver`]. The error is a sentence a person can act on.
+    ///
+    /// A `dns://` URL's host is the name asked about, which waitd never connects
+    /// to: only the resolver it names, if any, is judged (the operator's own
+    /// resolver is the operator's choice).
     pub fn check_url(&self, url: &Url) -> Result<(), Refused> {
-        if !matches!(url.scheme(), "http" | "https" | "tcp" | "tls" | "grpc") {
+        if !matches!(
+            url.scheme(),
+            "http" | "https" | "tcp" | "tls" | "grpc" | "dns"
+        ) {
             return Err(Refused(format!(
-                "the target URL uses the scheme \"{}\"; only http, https, tcp, tls and grpc can be polled",
+                "the target URL uses the scheme \"{}\"; only http, https, tcp, tls, grpc and dns can be polled",
                 url.scheme()
             )));
+        }
+        if url.scheme() == "dns" {
+            let resolver = url.query_pairs().find(|(k, _)| k == "resolver");
+            return match resolver {
+                None => Ok(()),
+                Some((_, at)) => match Url::parse(&format!("http://{at}/")) {
+                    Ok(at) => self.check_url(&at),
+                    Err(_) => Err(Refused("the resolver is not HOST:PORT".to_string())),
+                },
+            };
         }
         match url.host() {
             None => Err(Refused("the target URL has no host".to_string())),

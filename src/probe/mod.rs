@@ -29,6 +29,7 @@
 
 mod auth;
 mod conditional;
+pub mod dns;
 pub mod grpc;
 mod hosts;
 mod method;
@@ -101,6 +102,8 @@ pub struct ProbeConfig {
     pub credentials: Arc<Credentials>,
     /// Every request is a client span when traces are on.
     pub traces: crate::traces::Traces,
+    /// Where `dns://` targets are asked.
+    pub dns: dns::Resolvers,
 }
 
 /// The header that names the replica a probe comes from, when it is configured.
@@ -120,6 +123,7 @@ impl Default for ProbeConfig {
             host_rate: 0.0,
             credentials: Arc::default(),
             traces: crate::traces::Traces::off(),
+            dns: dns::Resolvers::default(),
         }
     }
 }
@@ -193,6 +197,8 @@ struct Inner {
     rate: Option<Arc<HostRate>>,
     /// The credentials the operator holds.
     credentials: Arc<Credentials>,
+    /// Where `dns://` targets are asked.
+    dns: dns::Resolvers,
 }
 
 impl std::fmt::Debug for Prober {
@@ -374,6 +380,7 @@ impl Prober {
                 announced: std::sync::OnceLock::new(),
                 rate: HostRate::new(config.host_rate).map_err(crate::config::SettingError)?,
                 credentials: config.credentials.clone(),
+                dns: config.dns,
             }),
         })
     }
@@ -457,6 +464,7 @@ impl Prober {
             Some("grpc") => {
                 return Polled::Observed(self.probe_grpc(wait, spec, target).await, None);
             }
+            Some("dns") => return Polled::Observed(self.probe_dns(wait, spec, target).await, None),
             _ => {}
         }
         if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {

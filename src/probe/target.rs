@@ -29,12 +29,17 @@ impl Prober {
             .as_str()
             .parse()
             .map_err(|e| format!("the target URL is not a valid request URI ({e})"))?;
-        let host: Arc<str> = format!(
-            "{}:{}",
-            url.host_str().unwrap_or_default(),
-            url.port_or_known_default().unwrap_or(0)
-        )
-        .into();
+        // A dns:// target's questions go to its resolver, whose place it takes.
+        let host: Arc<str> = if url.scheme() == "dns" {
+            super::dns::host_key(&url).into()
+        } else {
+            format!(
+                "{}:{}",
+                url.host_str().unwrap_or_default(),
+                url.port_or_known_default().unwrap_or(0)
+            )
+            .into()
+        };
         let mut headers = HeaderMap::new();
         for (name, value) in &target.headers {
             let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
@@ -132,7 +137,7 @@ impl Prober {
         // target, and each carries its own key: it is never shared.
         let group = (shareable
             && own.is_none()
-            && !matches!(url.scheme(), "tcp" | "tls" | "grpc")
+            && !matches!(url.scheme(), "tcp" | "tls" | "grpc" | "dns")
             && target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())

@@ -190,6 +190,54 @@ pub(super) async fn judge_connection(
     })
 }
 
+/// What one probe of a connection target saw, before a wait's conditions judge
+/// it: what any wait that reads it is given, so that waits asking the same
+/// probe can share one.
+#[derive(Clone, Debug)]
+pub(super) struct Probed {
+    /// The observation without conditions.
+    pub base: Observation,
+    /// The map conditions see it as (`tcp`, `tls`, `grpc`, `dns`).
+    pub kind: &'static str,
+    /// Its fields; `None`: the observation stands whatever the conditions say
+    /// (the guard refused the target, or it could not be asked).
+    pub fields: Option<Vec<(&'static str, Field)>>,
+    pub elapsed: Duration,
+}
+
+impl Probed {
+    /// An observation no condition judges.
+    pub fn bare(base: Observation) -> Probed {
+        Probed {
+            base,
+            kind: "",
+            fields: None,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// The observation a wait makes of it: judged by its conditions, if any.
+    pub async fn judge(self, spec: &Spec, target: &Target) -> Observation {
+        match self.fields {
+            Some(fields)
+                if spec.success_condition.is_some() || spec.failure_condition.is_some() =>
+            {
+                judge_connection(
+                    spec,
+                    target,
+                    self.base,
+                    self.kind,
+                    fields,
+                    self.elapsed,
+                    chrono::Utc::now(),
+                )
+                .await
+            }
+            _ => self.base,
+        }
+    }
+}
+
 pub(super) fn state(s: &str) -> Observation {
     Observation::State {
         values: vec![s.to_string()],

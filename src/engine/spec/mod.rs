@@ -19,6 +19,7 @@ use super::schema;
 
 mod auth;
 mod callback;
+pub mod dns;
 mod method;
 mod notify;
 pub mod output;
@@ -54,6 +55,9 @@ pub struct Limits {
     pub max_header_len: usize,
     pub max_labels: usize,
     pub max_label_len: usize,
+    /// Whether a `dns://` target may name its own resolver
+    /// (`--dns-tenant-resolvers`); without it only the operator's is asked.
+    pub dns_tenant_resolvers: bool,
 }
 
 impl Default for Limits {
@@ -69,6 +73,7 @@ impl Default for Limits {
             max_header_len: 8192,
             max_labels: 32,
             max_label_len: 256,
+            dns_tenant_resolvers: false,
         }
     }
 }
@@ -339,6 +344,7 @@ impl Spec {
         let done = match connects {
             Some("tls") => "verified",
             Some("grpc") => "SERVING",
+            Some("dns") => "resolved",
             _ => "connected",
         };
         let success_condition = parse_condition(obj, "success_condition", &mut errs);
@@ -350,6 +356,7 @@ impl Spec {
                     "SERVING" => {
                         "the serving status: \"SERVING\", \"NOT_SERVING\", \"UNKNOWN\" or \"SERVICE_UNKNOWN\""
                     }
+                    "resolved" => "\"resolved\", \"NODATA\" or \"NXDOMAIN\"",
                     _ => "\"connected\" or \"refused\"",
                 };
                 errs.push("state", format!("is not read from a {}:// target, whose state is {states}; remove it and list the state that means done in want (default [\"{done}\"])", connects.unwrap_or_default()));

@@ -19,7 +19,8 @@ pub struct Target {
     /// An http or https URL (at most 2048 bytes; no credentials in it), or
     /// `tcp://host:port` or `tls://host:port`: a connection (and its handshake)
     /// is then the whole observation; or `grpc://host:port[/package.Service]`:
-    /// a gRPC health check.
+    /// a gRPC health check; or `dns://name?type=TYPE`: a question to a DNS
+    /// resolver.
     #[schema(value_type = schema::PollUrl)]
     pub url: String,
     /// Request headers (at most 32). Values are secrets: every read shows them as

@@ -6,11 +6,15 @@ use serde_json::{Map, Value};
 
 use super::{Errors, Limits, opt};
 
-/// The kind of connection the request's `target.url` names: `tcp`, `tls` or
-/// `grpc` (`tcp://…`, `tls://…`, `grpc://…`, any case); `None` for an http
-/// target.
+/// The kind of target the request's `target.url` names other than HTTP:
+/// `tcp`, `tls`, `grpc` (`tcp://…`, `tls://…`, `grpc://…`, any case) or `dns`
+/// (`dns:…`, so that a URL without the slashes hears of the one form); `None`
+/// for an http target.
 pub(super) fn kind_of(target: Option<&Value>) -> Option<&'static str> {
     let url = target.and_then(|t| t.get("url")).and_then(Value::as_str)?;
+    if url.get(..4).is_some_and(|s| s.eq_ignore_ascii_case("dns:")) {
+        return Some("dns");
+    }
     ["tcp", "tls", "grpc"].into_iter().find(|kind| {
         url.get(..kind.len() + 3)
             .is_some_and(|s| s.eq_ignore_ascii_case(&format!("{kind}://")))
@@ -26,6 +30,9 @@ pub(super) fn check_tcp_url(
     errs: &mut Errors,
 ) -> Option<String> {
     const FIELD: &str = "target.url";
+    if kind == "dns" {
+        return super::dns::check_dns_url(s, limits, errs);
+    }
     let example = if kind == "grpc" {
         "write grpc://HOST:PORT, or grpc://HOST:PORT/SERVICE for one service, e.g. \"grpc://api.internal:50051/shop.Orders\"".to_string()
     } else {
@@ -123,11 +130,14 @@ pub(super) fn refuse_http_fields(kind: &str, obj: &Map<String, Value>, errs: &mu
         // `{}` is how a target without headers reads back.
         let empty = matches!(opt(obj, name), Some(Value::Object(o)) if o.is_empty());
         if opt(obj, name).is_some() && !(name == "headers" && empty) {
+            let does = if kind == "dns" {
+                "only asks a resolver"
+            } else {
+                "only connects"
+            };
             errs.push(
                 &format!("target.{name}"),
-                format!(
-                    "is part of an HTTP request, and a {kind}:// target only connects; remove it"
-                ),
+                format!("is part of an HTTP request, and a {kind}:// target {does}; remove it"),
             );
         }
     }
