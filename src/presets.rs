@@ -56,6 +56,10 @@ const BUILTIN: &[(&str, &str)] = &[
         "github.workflow_run",
         include_str!("../presets/github.workflow_run.json"),
     ),
+    (
+        "dns.resolves_to",
+        include_str!("../presets/dns.resolves_to.json"),
+    ),
     ("grpc.serving", include_str!("../presets/grpc.serving.json")),
     ("http.ok", include_str!("../presets/http.ok.json")),
     ("http.status", include_str!("../presets/http.status.json")),
@@ -589,15 +593,16 @@ mod tests {
     }
 
     #[test]
-    fn every_built_in_preset_parses_and_has_a_base_url_a_url_or_an_address() {
+    fn every_built_in_preset_parses_and_says_where_it_asks() {
         let r = reg();
         assert_eq!(r.iter().count(), BUILTIN.len());
         for p in r.iter() {
+            // A DNS preset names the name its resolver is asked about.
             assert!(
-                ["base_url", "url", "address"]
+                ["base_url", "url", "address", "name"]
                     .iter()
                     .any(|k| p.params.contains_key(*k)),
-                "{} has neither base_url, url nor address",
+                "{} has neither base_url, url, address nor name",
                 p.name
             );
         }

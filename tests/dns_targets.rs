@@ -2,7 +2,8 @@
 //! here on 127.0.0.1 (UDP and TCP): a name that comes to resolve, NXDOMAIN and
 //! SERVFAIL, a record set that changes, a truncated answer asked again over TCP,
 //! answers past the bounds, a resolver that never answers, a resolver a wait
-//! names (refused unless the operator allows it), and answers made of any bytes.
+//! names (refused unless the operator allows it), the preset, and answers made
+//! of any bytes.
 
 pub(crate) mod server;
 
@@ -391,6 +392,39 @@ async fn dns_mistakes_are_refused_naming_the_field() {
         assert_eq!(body["errors"][0]["field"], field, "{spec}: {body}");
         assert!(body.to_string().contains(says), "{spec}: {body}");
     }
+    app.stop().await.0.unwrap();
+}
+
+/// The preset `dns.resolves_to` waits for a value among a name's records.
+#[tokio::test]
+async fn the_dns_resolves_to_preset_waits_for_a_value() {
+    let dir = TempDir::new("waitd-test");
+    let db = TestDb {
+        name: String::new(),
+        url: dir.sqlite_url(),
+    };
+    let server = Dns::default();
+    let app = app_on(&db, &server, &[]).await;
+    server.says(
+        "mail.test",
+        "MX",
+        vec![Says::Rcode(3), Says::Records(vec!["10 mx1.test".into()])],
+    );
+    let (code, w) = app
+        .create(json!({
+            "preset": "dns.resolves_to",
+            "params": {"name": "mail.test", "type": "MX", "value": "10 mx1.test"},
+            "poll": {"initial": "5ms", "max": "5ms", "factor": 1}
+        }))
+        .await;
+    assert_eq!(code, 201, "{w}");
+    assert_eq!(w["spec"]["target"]["url"], "dns://mail.test?type=MX", "{w}");
+    assert_eq!(
+        w["spec"]["success_condition"],
+        "'10 mx1.test' in dns.records"
+    );
+    let w = app.wait_end(w["id"].as_str().unwrap()).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
     app.stop().await.0.unwrap();
 }
 

@@ -328,7 +328,10 @@ async fn a_request_naming_a_preset_is_valid_by_the_served_document_when_its_para
         // A target without a URL is laid over the preset's: valid by both. (A
         // connection has no headers; a TLS one may name the server it asks for.)
         let mut headers = whole.clone();
-        headers["target"] = if name.starts_with("tcp.") || name.starts_with("grpc.") {
+        headers["target"] = if ["tcp.", "grpc.", "dns."]
+            .iter()
+            .any(|k| name.starts_with(k))
+        {
             json!({})
         } else if name.starts_with("tls.") {
             json!({"tls": {"server_name": "svc.example"}})

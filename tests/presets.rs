@@ -219,6 +219,7 @@ async fn the_presets_route_lists_every_built_in_preset_with_its_params_and_defau
         names,
         [
             "azure.aks_machine",
+            "dns.resolves_to",
             "github.workflow_run",
             "grpc.serving",
             "http.ok",
