@@ -2,8 +2,8 @@
 //! here on 127.0.0.1 (UDP and TCP): a name that comes to resolve, NXDOMAIN and
 //! SERVFAIL, a record set that changes, a truncated answer asked again over TCP,
 //! answers past the bounds, a resolver that never answers, a resolver a wait
-//! names (refused unless the operator allows it), the preset, and answers made
-//! of any bytes.
+//! names (refused unless the operator allows it), the preset, the command line,
+//! and answers made of any bytes.
 
 pub(crate) mod server;
 
@@ -426,6 +426,38 @@ async fn the_dns_resolves_to_preset_waits_for_a_value() {
     let w = app.wait_end(w["id"].as_str().unwrap()).await;
     assert_eq!(w["status"], "succeeded", "{w}");
     app.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn waitd_wait_dns_asks_the_resolver_given() {
+    use crate::client::{fast_spec_file, waitd};
+    use crate::client_wait::{NO_SERVER, wait_args};
+    let timings = fast_spec_file(json!({}));
+    let server = Dns::default();
+    server.says(
+        "cli.test",
+        "AAAA",
+        vec![Says::Rcode(3), Says::Records(vec!["fd00::1".into()])],
+    );
+    let at = server.start().await.to_string();
+    let mut args = wait_args(&timings, &["--json"]);
+    args.extend_from_slice(&["--dns", "cli.test", "--type", "AAAA", "--resolver", &at]);
+    let run = waitd(NO_SERVER, &args).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let w: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(w["state"], "resolved", "{w}");
+    assert_eq!(
+        w["spec"]["target"]["url"], "dns://cli.test?type=AAAA",
+        "{w}"
+    );
+
+    let run = waitd(
+        NO_SERVER,
+        &["wait", "--type", "A", "--url", "http://x.test/"],
+    )
+    .await;
+    assert_eq!(run.code, 5, "--type without --dns: {run:?}");
+    let _ = std::fs::remove_file(timings);
 }
 
 proptest! {

@@ -4,6 +4,7 @@
 
 use crate::config::SettingError;
 use crate::engine::{Observation, Spec};
+use crate::probe::dns::Resolvers;
 use crate::probe::{Guard, ProbeConfig, Prober};
 
 /// Polls a wait's target as a server's worker does.
@@ -13,11 +14,13 @@ pub(super) struct Poller {
 
 impl Poller {
     /// A prober whose SSRF guard lets through what `allow_targets` names
-    /// (`--allow-targets`), with the server's defaults for everything else.
-    pub(super) fn new(allow_targets: &[String]) -> Result<Poller, SettingError> {
+    /// (`--allow-targets`), asking `dns://` targets of `dns` (`--resolver`),
+    /// with the server's defaults for everything else.
+    pub(super) fn new(allow_targets: &[String], dns: Resolvers) -> Result<Poller, SettingError> {
         let guard = Guard::new(allow_targets)?;
         let prober = Prober::new(ProbeConfig {
             guard,
+            dns,
             ..ProbeConfig::default()
         })?;
         Ok(Poller { prober })

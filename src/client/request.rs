@@ -38,6 +38,15 @@ pub struct SpecArgs {
     /// grpc.status, grpc.code, grpc.elapsed.
     #[arg(long, value_name = "HOST:PORT[/SERVICE]", conflicts_with_all = ["url", "tcp", "tls", "ca", "server_name"])]
     pub grpc: Option<String>,
+    /// Wait for NAME to resolve (target.url dns://NAME?type=TYPE), asked of the
+    /// server's resolver (with `wait`, of --resolver); conditions read
+    /// dns.records, dns.rcode, dns.elapsed.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["url", "tcp", "tls", "grpc", "ca", "server_name"])]
+    pub dns: Option<String>,
+    /// With --dns: the record type asked for, A (the default), AAAA, CNAME, TXT,
+    /// MX, SRV or NS.
+    #[arg(long = "type", value_name = "TYPE", requires = "dns")]
+    pub record_type: Option<String>,
     /// A PEM file of the certificate authorities the target's chain must verify
     /// to, instead of the platform's (target.tls.ca; at most 32 KiB).
     #[arg(long, value_name = "FILE", conflicts_with = "tcp")]
@@ -48,12 +57,12 @@ pub struct SpecArgs {
     pub server_name: Option<String>,
     /// The method of each poll: GET (the default), POST, PUT, PATCH or DELETE
     /// (target.method). A poll that is not a GET carries its own Idempotency-Key.
-    #[arg(long, value_name = "METHOD", conflicts_with_all = ["tcp", "tls", "grpc"])]
+    #[arg(long, value_name = "METHOD", conflicts_with_all = ["tcp", "tls", "grpc", "dns"])]
     pub method: Option<String>,
     /// The body each poll sends (target.body): TEXT, or @FILE for a file's text
     /// (@- reads standard input), at most 16 KiB. A JSON object or array is sent
     /// as JSON, anything else as text. Without --method the method is POST.
-    #[arg(long, value_name = "@FILE|TEXT", conflicts_with_all = ["tcp", "tls", "grpc"])]
+    #[arg(long, value_name = "@FILE|TEXT", conflicts_with_all = ["tcp", "tls", "grpc", "dns"])]
     pub data: Option<String>,
     /// The JSON Pointer or JSONPath of the state in the target's answer, e.g.
     /// /data/attributes/status (used with --want and --fail).
@@ -88,7 +97,7 @@ pub struct SpecArgs {
     /// A header to send with each poll, NAME:VALUE (e.g. 'Authorization: Bearer
     /// …'); repeat for several. Values are secrets, as in target.headers: never
     /// shown back, and sealed at rest by a server with a secret key.
-    #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with_all = ["tcp", "tls", "grpc"])]
+    #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with_all = ["tcp", "tls", "grpc", "dns"])]
     pub headers: Vec<String>,
     /// Wait for a POST to the wait's callback URL instead of polling (callback:
     /// {}): a JSON body POSTed to the URL ends the wait succeeded, one POSTed to
@@ -107,13 +116,15 @@ pub struct SpecArgs {
 
 /// The flags that describe what to poll, which a callback wait does not take (it
 /// takes --state, --want, --fail and the conditions, which judge its bodies).
-const CALLBACK_CONFLICTS: [&str; 12] = [
+const CALLBACK_CONFLICTS: [&str; 14] = [
     "preset",
     "params",
     "url",
     "tcp",
     "tls",
     "grpc",
+    "dns",
+    "record_type",
     "ca",
     "server_name",
     "method",
@@ -182,7 +193,7 @@ pub struct CreateArgs {
 
 /// The flags that describe one wait, which a group (--all, --any) does not take,
 /// after `all`, which `--any` does not take either.
-const GROUP_CONFLICTS: [&str; 21] = [
+const GROUP_CONFLICTS: [&str; 23] = [
     "all",
     "preset",
     "params",
@@ -191,6 +202,8 @@ const GROUP_CONFLICTS: [&str; 21] = [
     "tcp",
     "tls",
     "grpc",
+    "dns",
+    "record_type",
     "ca",
     "server_name",
     "method",
@@ -374,10 +387,11 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         && a.tcp.is_none()
         && a.tls.is_none()
         && a.grpc.is_none()
+        && a.dns.is_none()
         && !callback
     {
         return Err(
-            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT, --tls HOST:PORT, --grpc HOST:PORT, or --callback for a POST to the wait's own URL"
+            "say what to wait for: --preset NAME (with --param NAME=VALUE), --spec FILE with a request, --url URL with --state PATH --want STATE or --success-condition EXPR, --tcp HOST:PORT, --tls HOST:PORT, --grpc HOST:PORT, --dns NAME, or --callback for a POST to the wait's own URL"
                 .into(),
         );
     }
@@ -393,6 +407,10 @@ pub(super) fn build_request(a: &SpecArgs) -> Result<Map<String, Value>, Problem>
         (Some(url), _, _) => Some(url.clone()),
         (_, Some(address), _) => Some(format!("tcp://{}", host_port("--tcp", address)?)),
         (_, _, Some(address)) => Some(format!("tls://{}", host_port("--tls", address)?)),
+        _ if a.dns.is_some() => a.dns.as_ref().map(|name| match &a.record_type {
+            Some(t) => format!("dns://{name}?type={t}"),
+            None => format!("dns://{name}"),
+        }),
         _ => match &a.grpc {
             Some(address) => {
                 let (at, service) = address.split_once('/').unwrap_or((address, ""));

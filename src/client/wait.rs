@@ -35,6 +35,12 @@ pub struct WaitArgs {
     /// as for `waitd serve`: 127.0.0.1 to poll something on this machine.
     #[arg(long, env = "WAITD_ALLOW_TARGETS", value_delimiter = ',')]
     pub allow_targets: Vec<String>,
+    /// The resolver a --dns wait (any dns:// target) asks, IP or IP:PORT (port
+    /// 53 when left out); the first nameserver of /etc/resolv.conf when not
+    /// given. On the command line the user is the operator: a target's own
+    /// resolver= is asked too, judged by the SSRF guard.
+    #[arg(long, value_name = "IP:PORT", env = "WAITD_DNS_RESOLVER", value_parser = crate::config::parse_dns_resolver)]
+    pub resolver: Option<SocketAddr>,
     /// Floor under every poll and retry delay, as for `waitd serve`.
     #[arg(long, env = "WAITD_MIN_POLL_INTERVAL", default_value = "1s", value_parser = duration)]
     pub min_poll_interval: Duration,
@@ -83,6 +89,7 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
     let json = wants_json(a.json, a.output);
     let limits = Limits {
         min_poll_interval: a.min_poll_interval,
+        dns_tenant_resolvers: true,
         ..Limits::default()
     };
     let floor = limits.min_poll_interval;
@@ -100,7 +107,14 @@ pub(super) async fn run(a: WaitArgs) -> Outcome {
         }
         None => None,
     };
-    let poller = Poller::new(&a.allow_targets).map_err(|e| e.0)?;
+    let resolvers = crate::probe::dns::Resolvers {
+        operator: match a.resolver {
+            Some(at) => Some(at),
+            None => crate::probe::dns::system_resolver().await,
+        },
+        tenants: true,
+    };
+    let poller = Poller::new(&a.allow_targets, resolvers).map_err(|e| e.0)?;
     if let Some(target) = &spec.target
         && let Ok(url) = url::Url::parse(&target.url)
         && let Some(why) = poller.refusal(&url)
