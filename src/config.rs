@@ -332,8 +332,9 @@ pub struct Outbound {
     pub probe_identity: Option<String>,
 
     /// A wait that falls due reads the response of the identical request (same
-    /// tenant, URL and headers) another wait began at most this long ago, or that
-    /// is still in flight; `0s` turns sharing off.
+    /// tenant, URL and headers), or the probe of the same tcp://, tls://, grpc://
+    /// or dns:// target, another wait began at most this long ago, or that is
+    /// still in flight; `0s` turns sharing off.
     #[arg(display_order = 24, long, env = "WAITD_SHARE_WINDOW", default_value = "1s", value_parser = parse_duration)]
     pub share_window: Duration,
 

@@ -228,3 +228,53 @@ fn real_certificate() -> Vec<u8> {
     })
     .clone()
 }
+
+/// Two waits on one `tls://` address share a handshake a poll only when they
+/// ask for the same server name (and trust the same authorities): a wait that
+/// asks for another name makes its own.
+#[tokio::test]
+async fn tls_waits_share_a_handshake_only_when_they_ask_the_same() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    // A listener that takes each connection and closes it: every handshake
+    // fails (a retry), and each one is counted.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, SeqCst);
+            drop(stream);
+        }
+    });
+    let every = |name: &str| {
+        let mut s = tls(&addr, None);
+        s["target"]["tls"] = json!({"server_name": name});
+        s["timeout"] = json!("20s");
+        s["retry"] = json!({"delay": "200ms", "max_delay": "200ms", "max_retries": null});
+        s
+    };
+    let mut probed = Vec::new();
+    for names in [["a.example", "a.example"], ["a.example", "b.example"]] {
+        let mut ids = Vec::new();
+        for name in names {
+            let (code, w) = app.create(every(name)).await;
+            assert_eq!(code, 201, "{w}");
+            ids.push(w["id"].as_str().unwrap().to_string());
+        }
+        let from = accepted.load(SeqCst);
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        probed.push(accepted.load(SeqCst) - from);
+        for id in ids {
+            app.post(&format!("/waits/{id}/cancel")).await;
+        }
+    }
+    println!("handshakes in 2 s, one name then two: {probed:?}");
+    assert!(
+        probed[1] * 2 > probed[0] * 3,
+        "two names make about twice the handshakes of one: {probed:?}"
+    );
+    app.stop().await.0.unwrap();
+}

@@ -3,7 +3,7 @@
 //! SERVFAIL, a record set that changes, a truncated answer asked again over TCP,
 //! answers past the bounds, a resolver that never answers, a resolver a wait
 //! names (refused unless the operator allows it), the preset, the command line,
-//! and answers made of any bytes.
+//! two waits sharing one question's queries, and answers made of any bytes.
 
 pub(crate) mod server;
 
@@ -460,8 +460,73 @@ async fn waitd_wait_dns_asks_the_resolver_given() {
     let _ = std::fs::remove_file(timings);
 }
 
+/// Two waits of one tenant that ask the same question share one query a
+/// poll, counted as shared polls; another tenant's, or another type's, asks
+/// its own.
+#[tokio::test]
+async fn two_dns_waits_asking_one_question_share_its_queries() {
+    let db = TestDb::new().await;
+    let server = Dns::default();
+    let app = app_on(&db, &server, &[]).await;
+    let every = |url: &str| {
+        let mut s = dns(url);
+        s["poll"] = json!({"initial": "200ms", "max": "200ms", "factor": 1, "jitter": 0});
+        s
+    };
+    let (a, b) = (
+        created(&app, every("dns://same.test")).await,
+        created(&app, every("dns://same.test")).await,
+    );
+    let from = server.queries();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = server.queries() - from;
+    println!("two waits at 200 ms, 3 s: {asked} questions");
+    // Alone, two waits at 200 ms ask about 30 times in 3 s; shared, about 15.
+    assert!(
+        (8..=20).contains(&asked),
+        "two waits at 200 ms asked {asked} times in 3 s"
+    );
+    let metrics = app.metrics().await;
+    let shared: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("waitd_probe_requests_total{outcome=\"shared\"}"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(shared >= 5.0, "{metrics}");
+    for id in [&a, &b] {
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["state"], "NXDOMAIN", "{w}");
+        assert!(
+            w["polls"].as_i64().unwrap() >= 8,
+            "each wait counts its own polls: {w}"
+        );
+    }
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any text after dns:// is read as one question or refused with a
+    /// sentence; what is read is written in its one form, which reads back
+    /// the same.
+    #[test]
+    fn any_dns_url_is_read_in_one_form_or_refused(
+        name in "[A-Za-z0-9_.:/@?&=%#\\[\\] -]{0,300}",
+        query in "(type=[A-Za-z]{0,6}|resolver=[0-9a-z.:\\[\\]]{0,30}|[a-z]{1,8}=[a-z]{0,4}|&){0,4}",
+    ) {
+        use waitd::engine::spec::dns::question;
+        let url = format!("dns://{name}?{query}");
+        match question(&url) {
+            Err(why) => prop_assert!(!why.is_empty()),
+            Ok(q) => {
+                prop_assert!(q.name.len() <= 253);
+                let again = question(&q.url()).unwrap();
+                prop_assert_eq!(again, q);
+            }
+        }
+    }
 
     /// Any bytes are an answer, a sentence or a truncation, never a panic; a
     /// well-formed answer is read within the bounds and refused past them.

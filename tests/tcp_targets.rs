@@ -267,3 +267,46 @@ fn a_tcp_address_is_read_in_its_normal_form_and_back() {
         assert_eq!(back, spec);
     }
 }
+
+/// Two waits of one tenant on one port share one connection a poll (counted
+/// at the listener), as two on one URL share a request; each still counts its
+/// own polls.
+#[tokio::test]
+async fn two_tcp_waits_on_one_port_share_its_connections() {
+    let db = TestDb::new().await;
+    let app = App::start(&db).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    // Connected is not what they wait for: both keep polling.
+    let mut s = tcp(&addr);
+    s["want"] = json!(["refused"]);
+    s["poll"] = json!({"initial": "200ms", "max": "200ms", "factor": 1, "jitter": 0});
+    let ids = [
+        created(&app, s.clone()).await,
+        created(&app, s.clone()).await,
+    ];
+    let from = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let made = accepted.load(std::sync::atomic::Ordering::SeqCst) - from;
+    println!("two waits at 200 ms, 3 s: {made} connections");
+    // Alone, two waits at 200 ms connect about 30 times in 3 s; shared, about 15.
+    assert!(
+        (8..=20).contains(&made),
+        "two waits at 200 ms connected {made} times in 3 s"
+    );
+    for id in &ids {
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["state"], "connected", "{w}");
+        assert!(w["polls"].as_i64().unwrap() >= 8, "{w}");
+    }
+    app.stop().await.0.unwrap();
+    db.drop_db().await;
+}

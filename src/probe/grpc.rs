@@ -14,10 +14,11 @@ use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::tcp::{Outcome, host_port, judge_connection, state};
-use super::{Target, refusal};
+use super::connection::{Conn, Probed};
+use super::refusal;
+use super::tcp::{Outcome, host_port, state};
+use crate::engine::Observation;
 use crate::engine::condition::Field;
-use crate::engine::{Observation, Spec};
 
 /// The health checking protocol's method.
 const CHECK: &str = "/grpc.health.v1.Health/Check";
@@ -39,16 +40,12 @@ pub enum Answer {
 }
 
 impl super::Prober {
-    /// One poll of a `grpc://` target.
-    pub(super) async fn probe_grpc(
-        &self,
-        wait: uuid::Uuid,
-        spec: &Spec,
-        target: &Target,
-    ) -> Observation {
-        let (host, port) = host_port(target);
-        let service = target.uri.path().trim_start_matches('/').to_string();
-        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
+    /// One health check of a `grpc://` target, not yet judged by a wait's
+    /// conditions.
+    pub(super) async fn grpc_probed(&self, wait: uuid::Uuid, c: &Conn<'_>) -> Probed {
+        let (host, port) = host_port(c.uri);
+        let service = c.uri.path().trim_start_matches('/').to_string();
+        let _slot = self.inner.hosts.acquire(c.host.clone()).await;
         self.inner
             .shares
             .counts
@@ -56,21 +53,17 @@ impl super::Prober {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = tokio::time::Instant::now();
         let seen = self.connect(&host, port).await;
+        let transient = |error: String| {
+            Probed::bare(Observation::Transient {
+                error,
+                retry_after: None,
+            })
+        };
         let stream = match seen.outcome {
             Outcome::Connected(stream) => stream,
-            Outcome::Refused => {
-                return Observation::Transient {
-                    error: format!("{host}:{port} refused the connection"),
-                    retry_after: None,
-                };
-            }
-            Outcome::Failed(error) => {
-                return Observation::Transient {
-                    error,
-                    retry_after: None,
-                };
-            }
-            Outcome::Forbidden(error) => return refusal(wait, &host, error),
+            Outcome::Refused => return transient(format!("{host}:{port} refused the connection")),
+            Outcome::Failed(error) => return transient(error),
+            Outcome::Forbidden(error) => return Probed::bare(refusal(wait, &host, error)),
         };
         let left = self.inner.timeout.saturating_sub(started.elapsed());
         let answer = match tokio::time::timeout(left, check(stream, &service)).await {
@@ -82,21 +75,12 @@ impl super::Prober {
             )),
         };
         let elapsed = started.elapsed();
-        let base = observation(&answer, &host, port);
-        if spec.success_condition.is_none() && spec.failure_condition.is_none() {
-            return base;
-        }
-        let fields = fields(&answer, seen.address, elapsed);
-        judge_connection(
-            spec,
-            target,
-            base,
-            "grpc",
-            fields,
+        Probed {
+            base: observation(&answer, &host, port),
+            kind: "grpc",
+            fields: Some(fields(&answer, seen.address, elapsed)),
             elapsed,
-            chrono::Utc::now(),
-        )
-        .await
+        }
     }
 }
 

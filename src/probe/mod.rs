@@ -29,6 +29,7 @@
 
 mod auth;
 mod conditional;
+mod connection;
 pub mod dns;
 pub mod grpc;
 mod hosts;
@@ -458,14 +459,9 @@ impl Prober {
         if let Some(refused) = &target.refused {
             return Polled::Observed(refusal(wait, target.log_host(), refused.to_string()), None);
         }
-        match target.uri.scheme_str() {
-            Some("tcp") => return Polled::Observed(self.probe_tcp(wait, spec, target).await, None),
-            Some("tls") => return Polled::Observed(self.probe_tls(wait, spec, target).await, None),
-            Some("grpc") => {
-                return Polled::Observed(self.probe_grpc(wait, spec, target).await, None);
-            }
-            Some("dns") => return Polled::Observed(self.probe_dns(wait, spec, target).await, None),
-            _ => {}
+        if connection::SCHEMES.contains(&target.uri.scheme_str().unwrap_or_default()) {
+            let observed = self.poll_connection(wait, spec, target).await;
+            return Polled::Observed(observed, None);
         }
         if let Some(pause) = self.inner.pauses.paused(&target.pause, SystemTime::now) {
             target.came.set(LastPoll::Paused);

@@ -26,6 +26,8 @@ impl Prober {
         let response = match fetched {
             Fetched::Failed(obs) => return (obs.clone(), None),
             Fetched::NotModified => return (abandoned(), None),
+            // Only connection targets read a probe, and they never come here.
+            Fetched::Probed(p) => return (p.base.clone(), None),
             Fetched::Answered(r) => r,
         };
         let status = response.status;

@@ -1,6 +1,8 @@
 //! Shared polls: the waits of one tenant that send the identical request (method,
 //! URL, every header, over the same TLS settings) read one response rather than
-//! each sending its own.
+//! each sending its own; so do the waits that ask the same probe of a target that
+//! is not an HTTP request (`tcp://`, `tls://`, `grpc://`, `dns://`: the same URL,
+//! and for `tls://` the same authorities and server name).
 //!
 //! A wait's [`Target`](super::Target) holds its request's [`Group`], interned here
 //! by the request's bytes, so every held wait of that request holds the same one.
@@ -40,6 +42,9 @@ pub(super) enum Fetched {
     /// `304 Not Modified` to a conditional request: only between the exchange
     /// and the prober, which hands out the response kept instead.
     NotModified,
+    /// A probe of a target that is not an HTTP request, before each wait's
+    /// conditions judge it ([`super::connection`]).
+    Probed(super::connection::Probed),
 }
 
 /// A response as it reaches the waits that read it: what came back, and how it

@@ -134,18 +134,31 @@ impl Prober {
         let pause: crate::bus::PauseKey =
             Sha256::digest(share::key(&tenant, &host, tls_digest, &sent)).into();
         // A request with another method than GET changes something at the
-        // target, and each carries its own key: it is never shared.
+        // target, and each carries its own key: it is never shared. A probe of a
+        // connection target is its URL, and for a tls:// one the authorities and
+        // the name it asks for.
+        let key = || {
+            if !super::connection::SCHEMES.contains(&url.scheme()) {
+                return share::key(&tenant, &uri.to_string(), tls_digest, &sent);
+            }
+            let own_tls = target
+                .tls
+                .as_ref()
+                .map(|t| serde_json::to_string(t).unwrap_or_default())
+                .unwrap_or_default();
+            share::key(
+                &tenant,
+                &uri.to_string(),
+                None,
+                &[(":tls".into(), &own_tls)],
+            )
+        };
         let group = (shareable
             && own.is_none()
-            && !matches!(url.scheme(), "tcp" | "tls" | "grpc" | "dns")
             && target.share
             && !self.inner.share_window.is_zero()
             && refused.is_none())
-        .then(|| {
-            self.inner
-                .shares
-                .group(share::key(&tenant, &uri.to_string(), tls_digest, &sent))
-        })
+        .then(|| self.inner.shares.group(key()))
         .flatten();
         Ok(Target {
             uri,

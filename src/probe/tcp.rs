@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+use super::connection::{Conn, Probed};
 use super::read::decide;
 use super::{Target, refusal};
 use crate::engine::condition::{Field, Vars};
@@ -35,21 +36,11 @@ pub(super) enum Outcome {
 }
 
 impl super::Prober {
-    /// One poll of a `tcp://` target.
-    pub(super) async fn probe_tcp(
-        &self,
-        wait: uuid::Uuid,
-        spec: &Spec,
-        target: &Target,
-    ) -> Observation {
-        // An IPv6 literal comes in brackets, which the resolver does not take.
-        let host = target.uri.host().unwrap_or_default();
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = target.uri.port_u16().unwrap_or_default();
-        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
+    /// One connection to a `tcp://` target, not yet judged by a wait's
+    /// conditions.
+    pub(super) async fn tcp_probed(&self, wait: uuid::Uuid, c: &Conn<'_>) -> Probed {
+        let (host, port) = host_port(c.uri);
+        let _slot = self.inner.hosts.acquire(c.host.clone()).await;
         self.inner
             .shares
             .counts
@@ -63,12 +54,9 @@ impl super::Prober {
                 error: error.clone(),
                 retry_after: None,
             },
-            Outcome::Forbidden(error) => return refusal(wait, &host, error.clone()),
+            Outcome::Forbidden(error) => return Probed::bare(refusal(wait, &host, error.clone())),
         };
-        if spec.success_condition.is_none() && spec.failure_condition.is_none() {
-            return base;
-        }
-        let fields = [
+        let fields = vec![
             (
                 "connected",
                 Field::Bool(matches!(seen.outcome, Outcome::Connected(_))),
@@ -88,16 +76,12 @@ impl super::Prober {
                 },
             ),
         ];
-        judge_connection(
-            spec,
-            target,
+        Probed {
             base,
-            "tcp",
-            fields.to_vec(),
-            seen.elapsed,
-            chrono::Utc::now(),
-        )
-        .await
+            kind: "tcp",
+            fields: Some(fields),
+            elapsed: seen.elapsed,
+        }
     }
 
     /// Connects to `host:port`: each address the guard lets through in turn,
@@ -148,14 +132,14 @@ impl super::Prober {
 }
 
 /// The host (an IPv6 literal without its brackets, which the resolver does not
-/// take) and the port of a `tcp://` or `tls://` target.
-pub(super) fn host_port(target: &Target) -> (String, u16) {
-    let host = target.uri.host().unwrap_or_default();
+/// take) and the port of a `tcp://`, `tls://` or `grpc://` target's URI.
+pub(super) fn host_port(uri: &http::Uri) -> (String, u16) {
+    let host = uri.host().unwrap_or_default();
     let host = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    (host, target.uri.port_u16().unwrap_or_default())
+    (host, uri.port_u16().unwrap_or_default())
 }
 
 /// The wait's conditions on a connection's observation, the map `kind`, on the
@@ -188,54 +172,6 @@ pub(super) async fn judge_connection(
     judged.unwrap_or_else(|lost| Observation::Permanent {
         error: format!("the conditions could not be evaluated: {lost}"),
     })
-}
-
-/// What one probe of a connection target saw, before a wait's conditions judge
-/// it: what any wait that reads it is given, so that waits asking the same
-/// probe can share one.
-#[derive(Clone, Debug)]
-pub(super) struct Probed {
-    /// The observation without conditions.
-    pub base: Observation,
-    /// The map conditions see it as (`tcp`, `tls`, `grpc`, `dns`).
-    pub kind: &'static str,
-    /// Its fields; `None`: the observation stands whatever the conditions say
-    /// (the guard refused the target, or it could not be asked).
-    pub fields: Option<Vec<(&'static str, Field)>>,
-    pub elapsed: Duration,
-}
-
-impl Probed {
-    /// An observation no condition judges.
-    pub fn bare(base: Observation) -> Probed {
-        Probed {
-            base,
-            kind: "",
-            fields: None,
-            elapsed: Duration::ZERO,
-        }
-    }
-
-    /// The observation a wait makes of it: judged by its conditions, if any.
-    pub async fn judge(self, spec: &Spec, target: &Target) -> Observation {
-        match self.fields {
-            Some(fields)
-                if spec.success_condition.is_some() || spec.failure_condition.is_some() =>
-            {
-                judge_connection(
-                    spec,
-                    target,
-                    self.base,
-                    self.kind,
-                    fields,
-                    self.elapsed,
-                    chrono::Utc::now(),
-                )
-                .await
-            }
-            _ => self.base,
-        }
-    }
 }
 
 pub(super) fn state(s: &str) -> Observation {

@@ -10,10 +10,12 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use super::tcp::{Outcome, host_port, judge_connection, state};
-use super::{Target, refusal};
+use super::connection::{Conn, Probed};
+use super::refusal;
+use super::tcp::{Outcome, host_port, state};
+use crate::engine::Observation;
 use crate::engine::condition::Field;
-use crate::engine::{Observation, Spec};
+use crate::engine::spec::tls::Tls;
 
 /// At most this many names of the certificate are shown to conditions.
 const MAX_NAMES: usize = 64;
@@ -109,9 +111,9 @@ impl ServerCertVerifier for Recording {
 }
 
 /// The verifier of a wait: exactly its authorities, or the platform's.
-fn verifier(spec: &Spec) -> Result<Arc<dyn ServerCertVerifier>, String> {
+fn verifier(own: Option<&Tls>) -> Result<Arc<dyn ServerCertVerifier>, String> {
     let provider = crate::engine::spec::tls::crypto_provider();
-    let roots = match spec.target.as_ref().and_then(|t| t.tls.as_ref()) {
+    let roots = match own {
         Some(own) => own.roots()?,
         None => Vec::new(),
     };
@@ -137,15 +139,11 @@ struct Shaken {
 }
 
 impl super::Prober {
-    /// One poll of a `tls://` target.
-    pub(super) async fn probe_tls(
-        &self,
-        wait: uuid::Uuid,
-        spec: &Spec,
-        target: &Target,
-    ) -> Observation {
-        let (host, port) = host_port(target);
-        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
+    /// One handshake with a `tls://` target, not yet judged by a wait's
+    /// conditions.
+    pub(super) async fn tls_probed(&self, wait: uuid::Uuid, c: &Conn<'_>) -> Probed {
+        let (host, port) = host_port(c.uri);
+        let _slot = self.inner.hosts.acquire(c.host.clone()).await;
         self.inner
             .shares
             .counts
@@ -154,39 +152,27 @@ impl super::Prober {
         let started = tokio::time::Instant::now();
         let deadline = started + self.inner.timeout;
         let connected = self.connect(&host, port).await;
+        let transient = |error: String| {
+            Probed::bare(Observation::Transient {
+                error,
+                retry_after: None,
+            })
+        };
         let stream = match connected.outcome {
             Outcome::Connected(stream) => stream,
-            Outcome::Forbidden(error) => return refusal(wait, &host, error),
-            Outcome::Refused => {
-                return Observation::Transient {
-                    error: format!("{host}:{port} refused the connection"),
-                    retry_after: None,
-                };
-            }
-            Outcome::Failed(error) => {
-                return Observation::Transient {
-                    error,
-                    retry_after: None,
-                };
-            }
+            Outcome::Forbidden(error) => return Probed::bare(refusal(wait, &host, error)),
+            Outcome::Refused => return transient(format!("{host}:{port} refused the connection")),
+            Outcome::Failed(error) => return transient(error),
         };
         let shaken =
-            match tokio::time::timeout_at(deadline, self.handshake(spec, &host, stream)).await {
+            match tokio::time::timeout_at(deadline, self.handshake(c.tls, &host, stream)).await {
                 Ok(Ok(shaken)) => shaken,
-                Ok(Err(error)) => {
-                    return Observation::Transient {
-                        error: error.0,
-                        retry_after: None,
-                    };
-                }
+                Ok(Err(error)) => return transient(error.0),
                 Err(_) => {
-                    return Observation::Transient {
-                        error: format!(
-                            "the TLS handshake with {host}:{port} did not finish within {}s",
-                            self.inner.timeout.as_secs_f64()
-                        ),
-                        retry_after: None,
-                    };
+                    return transient(format!(
+                        "the TLS handshake with {host}:{port} did not finish within {}s",
+                        self.inner.timeout.as_secs_f64()
+                    ));
                 }
             };
         let elapsed = started.elapsed();
@@ -195,12 +181,9 @@ impl super::Prober {
             (Ok(()), Some(_)) => state("verified"),
             _ => state("unverified"),
         };
-        if spec.success_condition.is_none() && spec.failure_condition.is_none() {
-            return base;
-        }
         let leaf = leaf.unwrap_or_default();
         let now = Utc::now();
-        let fields = [
+        let fields = vec![
             ("verified", Field::Bool(shaken.verdict.is_ok())),
             (
                 "error",
@@ -224,7 +207,12 @@ impl super::Prober {
             ("chain", Field::Int(shaken.chain.len() as i64)),
             ("elapsed", Field::Duration(elapsed)),
         ];
-        judge_connection(spec, target, base, "tls", fields.to_vec(), elapsed, now).await
+        Probed {
+            base,
+            kind: "tls",
+            fields: Some(fields),
+            elapsed,
+        }
     }
 
     /// The handshake over a connection made: the chain served, and whether it
@@ -232,13 +220,13 @@ impl super::Prober {
     /// name asked for).
     async fn handshake(
         &self,
-        spec: &Spec,
+        own: Option<&Tls>,
         host: &str,
         stream: tokio::net::TcpStream,
     ) -> Result<Shaken, super::TargetError> {
         let unusable = |why: String| format!("the target's TLS settings cannot be used: {why}");
         let recording = Arc::new(Recording {
-            inner: verifier(spec).map_err(unusable)?,
+            inner: verifier(own).map_err(unusable)?,
             verdict: Mutex::new(None),
         });
         let config = rustls::ClientConfig::builder_with_provider(
@@ -249,10 +237,7 @@ impl super::Prober {
         .dangerous()
         .with_custom_certificate_verifier(recording.clone())
         .with_no_client_auth();
-        let asked = spec
-            .target
-            .as_ref()
-            .and_then(|t| t.tls.as_ref())
+        let asked = own
             .and_then(|t| t.server_name.clone())
             .unwrap_or_else(|| host.to_string());
         let name = ServerName::try_from(asked)

@@ -41,7 +41,7 @@ pub struct Target {
     pub body: Option<Value>,
     /// Whether this wait's polls may be shared with the tenant's other waits that
     /// send the identical request (method, URL, every header, the same `tls`),
-    /// default true;
+    /// or make the same probe of a tcp, tls, grpc or dns target, default true;
     /// `false` sends a request of its own at each poll.
     #[serde(default = "share_default", skip_serializing_if = "is_share_default")]
     #[schema(value_type = Option<bool>)]

@@ -11,11 +11,12 @@ pub mod wire;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::tcp::{Probed, state};
-use super::{Target, refusal};
+use super::connection::{Conn, Probed};
+use super::refusal;
+use super::tcp::state;
+use crate::engine::Observation;
 use crate::engine::condition::Field;
 use crate::engine::spec::dns::{Question, question};
-use crate::engine::{Observation, Spec};
 use crate::outbound::ResolveError;
 pub use wire::{Answer, Failure, read_answer};
 
@@ -56,8 +57,7 @@ pub fn first_nameserver(text: &str) -> Option<SocketAddr> {
 }
 
 /// The question of a `dns://` target's URI.
-fn asked(target: &Target) -> Result<Question, String> {
-    let uri = &target.uri;
+fn asked(uri: &http::Uri) -> Result<Question, String> {
     question(&format!(
         "dns://{}?{}",
         uri.host().unwrap_or_default(),
@@ -66,7 +66,7 @@ fn asked(target: &Target) -> Result<Question, String> {
 }
 
 /// The key of a DNS target's place in the per-host limit: its resolver's.
-pub(super) fn host_key(url: &url::Url) -> String {
+pub(in crate::probe) fn host_key(url: &url::Url) -> String {
     match url.query_pairs().find(|(k, _)| k == "resolver") {
         Some((_, at)) => format!("dns:{at}"),
         None => "dns:".to_string(),
@@ -74,19 +74,9 @@ pub(super) fn host_key(url: &url::Url) -> String {
 }
 
 impl super::Prober {
-    /// One poll of a `dns://` target.
-    pub(super) async fn probe_dns(
-        &self,
-        wait: uuid::Uuid,
-        spec: &Spec,
-        target: &Target,
-    ) -> Observation {
-        self.ask_dns(wait, target).await.judge(spec, target).await
-    }
-
     /// One question of a `dns://` target, not yet judged by a wait's conditions.
-    pub(super) async fn ask_dns(&self, wait: uuid::Uuid, target: &Target) -> Probed {
-        let q = match asked(target) {
+    pub(in crate::probe) async fn dns_probed(&self, wait: uuid::Uuid, c: &Conn<'_>) -> Probed {
+        let q = match asked(c.uri) {
             Ok(q) => q,
             Err(why) => {
                 return Probed::bare(Observation::Permanent {
@@ -99,7 +89,7 @@ impl super::Prober {
             Ok(at) => at,
             Err(obs) => return Probed::bare(obs),
         };
-        let _slot = self.inner.hosts.acquire(target.host.clone()).await;
+        let _slot = self.inner.hosts.acquire(c.host.clone()).await;
         self.inner
             .shares
             .counts
