@@ -25,6 +25,7 @@ mod api;
 mod callback;
 mod prober;
 mod request;
+mod target;
 pub mod wait;
 
 use std::io::Write;
