@@ -84,19 +84,33 @@ impl super::Prober {
                 });
             }
         };
-        let started = tokio::time::Instant::now();
-        let resolver = match self.resolver_of(wait, &q).await {
-            Ok(at) => at,
-            Err(obs) => return Probed::bare(obs),
-        };
         let _slot = self.inner.hosts.acquire(c.host.clone()).await;
         self.inner
             .shares
             .counts
             .sent
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let started = tokio::time::Instant::now();
+        // A resolver the wait names may be a name to look up first: within the
+        // same bound as the question.
+        let resolver =
+            match tokio::time::timeout(self.inner.timeout, self.resolver_of(wait, &q)).await {
+                Ok(Ok(at)) => at,
+                Ok(Err(obs)) => return Probed::bare(obs),
+                Err(_) => {
+                    return Probed::bare(Observation::Transient {
+                        error: format!(
+                            "the resolver {} could not be looked up within {}s",
+                            q.resolver.as_deref().unwrap_or_default(),
+                            self.inner.timeout.as_secs_f64()
+                        ),
+                        retry_after: None,
+                    });
+                }
+            };
         let exchange = wire::exchange(resolver, &q.name, q.record_type);
-        let answer = match tokio::time::timeout(self.inner.timeout, exchange).await {
+        let left = self.inner.timeout.saturating_sub(started.elapsed());
+        let answer = match tokio::time::timeout(left, exchange).await {
             Ok(answer) => answer,
             Err(_) => Err(Failure::Transient(format!(
                 "the resolver {resolver} did not answer within {}s",
