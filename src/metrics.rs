@@ -271,14 +271,14 @@ impl Metrics {
         if let Some(p) = self.probe_requests.get() {
             let _ = writeln!(
                 out,
-                "# HELP waitd_probe_requests_total Polls by how their response came: a request sent, a response shared with another wait of the same request, or a 304 read as the response before.\n# TYPE waitd_probe_requests_total counter\nwaitd_probe_requests_total{{outcome=\"sent\"}} {}\nwaitd_probe_requests_total{{outcome=\"shared\"}} {}\nwaitd_probe_requests_total{{outcome=\"not_modified\"}} {}",
+                "# HELP waitd_probe_requests_total Polls by how their response came: a request (or a probe of a tcp, tls, grpc or dns target) sent, a response shared with another wait of the same request or probe, or a 304 read as the response before.\n# TYPE waitd_probe_requests_total counter\nwaitd_probe_requests_total{{outcome=\"sent\"}} {}\nwaitd_probe_requests_total{{outcome=\"shared\"}} {}\nwaitd_probe_requests_total{{outcome=\"not_modified\"}} {}",
                 p.sent.load(Relaxed),
                 p.shared.load(Relaxed),
                 p.not_modified.load(Relaxed)
             );
             let _ = writeln!(
                 out,
-                "# HELP waitd_probe_distinct_requests Distinct requests (tenant, URL, headers) the waits this replica holds send.\n# TYPE waitd_probe_distinct_requests gauge\nwaitd_probe_distinct_requests {}",
+                "# HELP waitd_probe_distinct_requests Distinct requests (tenant, URL, headers), and distinct probes of tcp, tls, grpc and dns targets, the waits this replica holds send.\n# TYPE waitd_probe_distinct_requests gauge\nwaitd_probe_distinct_requests {}",
                 p.held.load(Relaxed)
             );
             let _ = writeln!(
