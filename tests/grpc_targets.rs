@@ -281,3 +281,32 @@ async fn the_grpc_serving_preset_waits_for_a_service() {
     }
     app.stop().await.0.unwrap();
 }
+
+/// Two waits of one tenant asking one service's health share one check a
+/// poll (counted at the server); each still counts its own polls.
+#[tokio::test]
+async fn two_grpc_waits_on_one_service_share_its_checks() {
+    let dir = TempDir::new("waitd-test");
+    let app = App::start_sqlite(&dir.sqlite_url()).await;
+    let health = Health::default();
+    health.says("shop.Orders", vec![Says::Status(2)]);
+    let addr = health.clone().start().await;
+    let mut s = grpc(&format!("grpc://{addr}/shop.Orders"));
+    s["poll"] = json!({"initial": "200ms", "max": "200ms", "factor": 1, "jitter": 0});
+    let ids = [created(&app, s.clone()).await, created(&app, s).await];
+    let from = health.checks.lock().unwrap().len();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let checked = health.checks.lock().unwrap().len() - from;
+    println!("two waits at 200 ms, 3 s: {checked} checks");
+    // Alone, two waits at 200 ms check about 30 times in 3 s; shared, about 15.
+    assert!(
+        (8..=20).contains(&checked),
+        "two waits at 200 ms checked {checked} times in 3 s"
+    );
+    for id in &ids {
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["state"], "NOT_SERVING", "{w}");
+        assert!(w["polls"].as_i64().unwrap() >= 8, "{w}");
+    }
+    app.stop().await.0.unwrap();
+}
