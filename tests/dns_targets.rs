@@ -473,18 +473,25 @@ async fn two_dns_waits_asking_one_question_share_its_queries() {
         s["poll"] = json!({"initial": "200ms", "max": "200ms", "factor": 1, "jitter": 0});
         s
     };
-    let (a, b) = (
-        created(&app, every("dns://same.test")).await,
-        created(&app, every("dns://same.test")).await,
-    );
     let from = server.queries();
+    let ids = [
+        created(&app, every("dns://same.test")).await,
+        created(&app, every("dns://same.test")).await,
+    ];
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut polls = 0;
+    for id in &ids {
+        let (_, w) = app.get(&format!("/waits/{id}")).await;
+        assert_eq!(w["state"], "NXDOMAIN", "{w}");
+        polls += w["polls"].as_i64().unwrap();
+    }
     let asked = server.queries() - from;
-    println!("two waits at 200 ms, 3 s: {asked} questions");
-    // Alone, two waits at 200 ms ask about 30 times in 3 s; shared, about 15.
+    println!("two waits at 200 ms, 3 s: {asked} questions for {polls} polls");
+    // Alone, every poll asks its own question; shared, two polls ask one.
+    assert!(polls >= 6, "each wait counts its own polls: {polls}");
     assert!(
-        (8..=20).contains(&asked),
-        "two waits at 200 ms asked {asked} times in 3 s"
+        asked as i64 * 3 <= polls * 2 + 6,
+        "{asked} questions for {polls} polls"
     );
     let metrics = app.metrics().await;
     let shared: f64 = metrics
@@ -492,15 +499,7 @@ async fn two_dns_waits_asking_one_question_share_its_queries() {
         .find_map(|l| l.strip_prefix("waitd_probe_requests_total{outcome=\"shared\"}"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
-    assert!(shared >= 5.0, "{metrics}");
-    for id in [&a, &b] {
-        let (_, w) = app.get(&format!("/waits/{id}")).await;
-        assert_eq!(w["state"], "NXDOMAIN", "{w}");
-        assert!(
-            w["polls"].as_i64().unwrap() >= 8,
-            "each wait counts its own polls: {w}"
-        );
-    }
+    assert!(shared >= 3.0, "{metrics}");
     app.stop().await.0.unwrap();
     db.drop_db().await;
 }
