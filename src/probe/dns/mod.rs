@@ -228,3 +228,27 @@ fn fields(
         ("elapsed", Field::Duration(elapsed)),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_nameserver_of_resolv_conf_is_the_operators_resolver() {
+        let conf =
+            "# generated\nsearch example.com\nnameserver fe80::1%eth0\nnameserver 10.0.0.2\n";
+        assert_eq!(
+            first_nameserver(conf),
+            Some("[fe80::1]:53".parse().unwrap())
+        );
+        assert_eq!(
+            first_nameserver("options ndots:5\nnameserver 127.0.0.53\n"),
+            Some("127.0.0.53:53".parse().unwrap())
+        );
+        assert_eq!(
+            first_nameserver("nameserver\nnameserver dns.example\n"),
+            None
+        );
+        assert_eq!(first_nameserver(""), None);
+    }
+}
