@@ -1519,7 +1519,7 @@ export interface components {
             /**
              * @description Whether this wait's polls may be shared with the tenant's other waits that
              *     send the identical request (method, URL, every header, the same `tls`),
-             *     default true;
+             *     or make the same probe of a tcp, tls, grpc or dns target, default true;
              *     `false` sends a request of its own at each poll.
              */
             share?: boolean | null;
@@ -1528,7 +1528,8 @@ export interface components {
              * @description An http or https URL (at most 2048 bytes; no credentials in it), or
              *     `tcp://host:port` or `tls://host:port`: a connection (and its handshake)
              *     is then the whole observation; or `grpc://host:port[/package.Service]`:
-             *     a gRPC health check.
+             *     a gRPC health check; or `dns://name?type=TYPE`: a question to a DNS
+             *     resolver.
              */
             url: components["schemas"]["PollUrl"];
         };
@@ -1547,7 +1548,7 @@ export interface components {
             /**
              * @description Whether this wait's polls may be shared with the tenant's other waits that
              *     send the identical request (method, URL, every header, the same `tls`),
-             *     default true;
+             *     or make the same probe of a tcp, tls, grpc or dns target, default true;
              *     `false` sends a request of its own at each poll.
              */
             share?: boolean | null;
@@ -1556,7 +1557,8 @@ export interface components {
              * @description An http or https URL (at most 2048 bytes; no credentials in it), or
              *     `tcp://host:port` or `tls://host:port`: a connection (and its handshake)
              *     is then the whole observation; or `grpc://host:port[/package.Service]`:
-             *     a gRPC health check.
+             *     a gRPC health check; or `dns://name?type=TYPE`: a question to a DNS
+             *     resolver.
              */
             url?: components["schemas"]["PollUrl"];
         };
