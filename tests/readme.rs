@@ -15,6 +15,7 @@ use std::time::Duration;
 use chrono::{SecondsFormat, Utc};
 use serde_json::{Value, json};
 
+use crate::support::replica::free_port;
 use crate::support::{App, Reply, TempDir, Upstream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_waitd");
@@ -51,14 +52,6 @@ fn section_command(heading: &str) -> String {
         .and_then(|s| s.split("\n```").next())
         .unwrap_or_else(|| panic!("the README's {heading} section has a command"))
         .to_string()
-}
-
-/// A port free on 127.0.0.1 now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 #[test]

@@ -14,6 +14,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use sqlx::Connection;
 use support::in_process::{Call, InProcess};
+use support::replica::free_port;
 use support::*;
 
 const TOKEN_A: &str = "tok-tenant-a-0123456789abcdef";
@@ -242,14 +243,6 @@ impl Proc {
         self.proc.signal("TERM");
         self.exit_within(Duration::from_secs(20)).await
     }
-}
-
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
 }
 
 /// Removes a test's directory of logs, unless `WAITD_TEST_KEEP_LOGS` is set.

@@ -13,8 +13,24 @@ use serde_json::Value;
 
 use super::{client, set_flag, test_args};
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago, for a process told its port before it
+/// starts. It is taken below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`): a port from that range, checked
+/// free, may be handed to another test's outgoing connection or `bind(:0)` before
+/// the process binds it, and the more tests run at once the likelier that is.
+/// Below it only callers of this function take ports, each at random.
 pub fn free_port() -> u16 {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000, ephemeral.max(10_100));
+    for _ in 0..1000 {
+        let port = fastrand::u16(low..high);
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
