@@ -39,6 +39,7 @@ pub(crate) const POSTGRES: &[(&str, &str)] = embed!("postgres":
     "0018_callbacks.sql",
     "0019_output.sql",
     "0020_nudges.sql",
+    "0021_event_sources.sql",
 );
 
 pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
@@ -55,6 +56,7 @@ pub(crate) const SQLITE: &[(&str, &str)] = embed!("sqlite":
     "0011_callbacks.sql",
     "0012_output.sql",
     "0013_nudges.sql",
+    "0014_event_sources.sql",
 );
 
 /// The migrator for one directory's migrations, as sqlx's resolver would build it

@@ -17,6 +17,8 @@
 //! - [`callbacks`] ([`Store::callbacks`]): callback waits' secrets, heartbeats and
 //!   ends.
 //! - [`nudges`] ([`Store::nudges`]): nudge URLs' secrets, and the word to poll now.
+//! - [`sources`] ([`Store::sources`]): event sources, their kept events, and the
+//!   waits listening to them.
 //!
 //! The worker holds the leases handle, the deliverer the outbox's, the group
 //! watcher the groups', the retention sweep its own and the event feed the
@@ -156,6 +158,8 @@ pub mod callbacks;
 pub use callbacks::{Callback, CallbackEnd, Callbacks};
 pub mod nudges;
 pub use nudges::{Nudged, Nudges};
+pub mod sources;
+pub use sources::Sources;
 
 /// Batches of ended ids [`Groups::local_ends`] keeps for a slow receiver.
 const LOCAL_ENDS: usize = 1024;
@@ -188,6 +192,7 @@ pub struct Store {
     nudges: Nudges,
     outbox: Outbox,
     retention: Retention,
+    sources: Sources,
     waits: Waits,
 }
 
@@ -235,6 +240,7 @@ impl Store {
             nudges: Nudges { core: core.clone() },
             outbox: Outbox { core: core.clone() },
             retention: Retention { core: core.clone() },
+            sources: Sources { core: core.clone() },
             waits: Waits { core: core.clone() },
             core,
         }
@@ -273,6 +279,11 @@ impl Store {
     /// What the retention sweep deletes and reads.
     pub fn retention(&self) -> &Retention {
         &self.retention
+    }
+
+    /// Event sources, their kept events, and the waits listening to them.
+    pub fn sources(&self) -> &Sources {
+        &self.sources
     }
 
     /// Waits: creates, reads, lists, cancels.
