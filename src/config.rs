@@ -219,6 +219,21 @@ pub struct Api {
     #[arg(display_order = 32, long, env = "WAITD_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub body_timeout: Duration,
 
+    /// The most events one tenant's event sources keep at once (within their
+    /// lookback windows); an event past it is refused with a 429.
+    #[arg(
+        display_order = 47,
+        long,
+        env = "WAITD_SOURCE_EVENTS",
+        default_value_t = 10_000
+    )]
+    pub source_events: i64,
+
+    /// The most bytes of events (bodies and kept headers) one tenant's event
+    /// sources keep at once; an event past it is refused with a 429.
+    #[arg(display_order = 48, long, env = "WAITD_SOURCE_EVENT_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub source_event_bytes: i64,
+
     /// Most event streams and blocked requests this replica holds open at once
     /// (429 beyond).
     #[arg(

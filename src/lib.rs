@@ -30,6 +30,7 @@ pub mod probe;
 pub mod retention;
 pub mod server;
 pub mod signals;
+pub mod sources;
 pub mod store;
 pub mod tokens;
 pub mod traces;
@@ -264,6 +265,10 @@ impl App {
             signals.clone(),
             stopped(stop_rx.clone()),
         )));
+        tasks.push(tokio::spawn(retention::expire_source_events(
+            store.sources().clone(),
+            stopped(stop_rx.clone()),
+        )));
         let retention = Arc::new(retention::Stats::default());
         tasks.push(tokio::spawn(retention::run(
             store.retention().clone(),
@@ -289,6 +294,15 @@ impl App {
                 api::nudges::BURST,
                 "nudge URLs",
             )),
+            hook_rate: Arc::new(api::callbacks::AddressLimiter::new(
+                api::hooks::PER_SECOND,
+                api::hooks::BURST,
+                "hook URLs",
+            )),
+            event_caps: crate::store::sources::EventCaps {
+                events: config.api.source_events,
+                bytes: config.api.source_event_bytes,
+            },
             stopping: stop_rx,
             feed: events.feed.clone(),
             // A stream holds its connection busy, and a busy connection is never

@@ -72,6 +72,12 @@ pub struct Metrics {
     /// forward for a nudge (many nudges at once are one).
     pub nudges: AtomicU64,
     pub nudged_polls: AtomicU64,
+    /// Events event sources accepted, and refused for their signature; listening
+    /// waits events matched; `match` expressions that failed on an event.
+    pub source_events: AtomicU64,
+    pub source_events_refused: AtomicU64,
+    pub source_matches: AtomicU64,
+    pub source_match_errors: AtomicU64,
     /// Responses a wait's conditions decided by evaluating them, and those decided
     /// as the identical response before them was.
     pub conditions_evaluated: AtomicU64,
@@ -219,6 +225,14 @@ impl Metrics {
             "# HELP waitd_nudges_total Nudges this replica accepted at nudge URLs.\n# TYPE waitd_nudges_total counter\nwaitd_nudges_total {}\n# HELP waitd_nudged_polls_total Polls this replica brought forward for a nudge (nudges that came together are one).\n# TYPE waitd_nudged_polls_total counter\nwaitd_nudged_polls_total {}",
             self.nudges.load(Relaxed),
             self.nudged_polls.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP waitd_source_events_total Events this replica's event sources accepted.\n# TYPE waitd_source_events_total counter\nwaitd_source_events_total {}\n# HELP waitd_source_events_refused_total Events refused for a missing or wrong signature.\n# TYPE waitd_source_events_refused_total counter\nwaitd_source_events_refused_total {}\n# HELP waitd_source_matches_total Listening waits an event matched.\n# TYPE waitd_source_matches_total counter\nwaitd_source_matches_total {}\n# HELP waitd_source_match_errors_total Listening waits whose match failed or ran past its budget on an event.\n# TYPE waitd_source_match_errors_total counter\nwaitd_source_match_errors_total {}",
+            self.source_events.load(Relaxed),
+            self.source_events_refused.load(Relaxed),
+            self.source_matches.load(Relaxed),
+            self.source_match_errors.load(Relaxed)
         );
         let _ = writeln!(
             out,

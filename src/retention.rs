@@ -153,3 +153,32 @@ pub async fn run(
         }
     }
 }
+
+/// How often expired source events are deleted.
+pub const SOURCE_EVENTS_EVERY: Duration = Duration::from_secs(10);
+
+/// Deletes the events event sources keep once their lookback window has passed
+/// (docs/design.md §2.18), until `stopped`, whatever `--retention` says: a
+/// source's window is its own. Reads already leave expired events out; this
+/// gives their room back.
+pub async fn expire_source_events(store: crate::store::Sources, stopped: impl Future<Output = ()>) {
+    let mut stopped = std::pin::pin!(stopped);
+    let mut tick = tokio::time::interval(SOURCE_EVENTS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tick.tick() => {}
+        }
+        loop {
+            match store.sweep(Utc::now(), BATCH).await {
+                Ok(n) if (n as i64) < BATCH => break,
+                Ok(_) => tokio::time::sleep(PAUSE).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "deleting expired source events failed; it tries again next round");
+                    break;
+                }
+            }
+        }
+    }
+}

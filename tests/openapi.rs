@@ -54,6 +54,7 @@ fn every_route_is_there_once_with_its_own_operation_id() {
     assert_eq!(
         got,
         [
+            "DELETE /sources/{name} delete_source",
             "GET /events list_events",
             "GET /healthz healthz",
             "GET /metrics metrics",
@@ -61,6 +62,8 @@ fn every_route_is_there_once_with_its_own_operation_id() {
             "GET /presets list_presets",
             "GET /presets/{name} get_preset",
             "GET /readyz readyz",
+            "GET /sources list_sources",
+            "GET /sources/{name} get_source",
             "GET /waits list_waits",
             "GET /waits/{id} get_wait",
             "GET /waits/{id}/deliveries list_deliveries",
@@ -68,7 +71,9 @@ fn every_route_is_there_once_with_its_own_operation_id() {
             "POST /callbacks/{secret} complete_callback",
             "POST /callbacks/{secret}/fail fail_callback",
             "POST /callbacks/{secret}/heartbeat beat_callback",
+            "POST /hooks/{id} receive_event",
             "POST /nudges/{secret} nudge_wait",
+            "POST /sources create_source",
             "POST /waits create_wait",
             "POST /waits/{id}/cancel cancel_wait",
             "POST /waits/{id}/complete complete_wait",
@@ -113,8 +118,9 @@ fn problems_are_problem_json_and_every_refusal_that_asks_to_wait_says_for_how_lo
                 || path == "/metrics"
                 || path == "/openapi.json"
                 || path.starts_with("/callbacks/")
-                || path.starts_with("/nudges/"),
-            "{method} {path}: only the operational routes, callback and nudge URLs need no token"
+                || path.starts_with("/nudges/")
+                || path.starts_with("/hooks/"),
+            "{method} {path}: only the operational routes, callback, nudge and hook URLs need no token"
         );
         if !open {
             assert!(op["responses"].get("401").is_some(), "{method} {path} 401");

@@ -148,7 +148,7 @@ fn succeeded(reason: String, body: &Value) -> CallbackEnd {
 }
 
 /// What a callback wait's state path and conditions make of a callback's body.
-enum Verdict {
+pub(super) enum Verdict {
     /// It ends the wait `succeeded` or `failed`.
     End(Outcome),
     /// It meets neither: the wait goes on, with the state read from it, if any.
@@ -160,7 +160,7 @@ enum Verdict {
 
 /// The engine's verdict on a callback's body, judged alone: a callback wait takes
 /// neither `consecutive` nor `require_transition`, so no earlier callback counts.
-fn verdict(
+pub(super) fn verdict(
     spec: &Spec,
     body: &Value,
     headers: &std::collections::BTreeMap<String, String>,

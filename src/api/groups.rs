@@ -44,6 +44,15 @@ pub(super) async fn create(
     let callbacks = req.members.iter().any(
         |m| matches!(m, MemberRequest::Spec { spec, .. } if spec.callback.is_some() || spec.nudge),
     );
+    if req
+        .members
+        .iter()
+        .any(|m| matches!(m, MemberRequest::Spec { spec, .. } if spec.on_event.is_some()))
+    {
+        return Err(ApiError::bad_request(
+            "a group's members cannot have on_event: create each listening wait on its own with POST /waits, then make a group of their ids",
+        ));
+    }
     if hold.is_some() && callbacks {
         return Err(ApiError::bad_request(
             "a group with callback members or members with \"nudge\": true cannot be created with ?wait=: the answer would be held until the group ends, and no one would see the members' callback_url or nudge_url; create it without ?wait=, then block on GET /waits/{id}?wait=true",

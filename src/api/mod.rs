@@ -19,11 +19,13 @@ pub mod extract;
 mod groups;
 mod guard;
 mod hold;
+pub mod hooks;
 pub mod nudges;
 pub mod openapi;
 mod ops;
 mod presets;
 mod read;
+mod sources;
 mod sse;
 pub mod streams;
 mod strict;
@@ -80,6 +82,10 @@ pub struct AppState {
     pub callback_rate: Arc<callbacks::AddressLimiter>,
     /// Requests per second per client address to nudge URLs.
     pub nudge_rate: Arc<callbacks::AddressLimiter>,
+    /// Requests per second per client address to event sources' hook URLs.
+    pub hook_rate: Arc<callbacks::AddressLimiter>,
+    /// The most events (and bytes of them) one tenant's sources keep.
+    pub event_caps: crate::store::sources::EventCaps,
     /// Flips to true when the server is stopping: streams and blocked reads end.
     pub stopping: watch::Receiver<bool>,
     /// The replica's feed of new events for the followers of `GET /events`.
@@ -121,6 +127,8 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(deliveries::retry_delivery))
         .routes(routes!(presets::list_presets))
         .routes(routes!(presets::get_preset))
+        .routes(routes!(sources::create_source, sources::list_sources))
+        .routes(routes!(sources::get_source, sources::delete_source))
 }
 
 /// The operational routes: documented, outside authentication.
@@ -132,14 +140,15 @@ pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::openapi))
 }
 
-/// The callback URLs of callback waits and the nudge URLs of nudged waits:
-/// documented, outside authentication (the URL's secret is the credential).
+/// The callback URLs of callback waits, the nudge URLs of nudged waits and the
+/// hook URLs of event sources: documented, outside authentication (the URL's secret is the credential).
 pub(crate) fn callback_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(callbacks::complete_callback))
         .routes(routes!(callbacks::fail_callback))
         .routes(routes!(callbacks::beat_callback))
         .routes(routes!(nudges::nudge_wait))
+        .routes(routes!(hooks::receive_event))
 }
 
 /// The router with every route; tests and `serve` both use it.

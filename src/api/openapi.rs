@@ -34,6 +34,7 @@ use crate::model::{EventBody, Status};
         (name = "presets", description = "Named waiter definitions a create request can start from"),
         (name = "webhooks", description = "A wait's webhook deliveries (its `notify` entries), and redelivery"),
         (name = "callbacks", description = "The URL a callback wait's create answers with: POST to it to end the wait; no token needed"),
+        (name = "sources", description = "Event sources: receivers of signed webhooks whose events poll or end the waits listening for their key; their hook URLs need no token"),
         (name = "nudges", description = "The URL a wait made with \"nudge\": true carries: POST to it to poll the wait now; no token needed"),
         (name = "operations", description = "Liveness, readiness, metrics and this document; no token needed"),
     )
@@ -211,7 +212,10 @@ impl Modify for Security {
             Vec::<String>::new(),
         )]);
         for item in doc.paths.paths.values_mut() {
-            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            for op in [&mut item.get, &mut item.post, &mut item.delete]
+                .into_iter()
+                .flatten()
+            {
                 let open = op.security.as_ref().is_some_and(|s| {
                     s.iter()
                         .all(|r| serde_json::to_value(r).is_ok_and(|v| v == json!({})))

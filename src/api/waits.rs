@@ -104,6 +104,18 @@ pub async fn create_wait(
         ));
     }
     guard(&s, &tenant, &spec, "", true)?;
+    let source = match &spec.on_event {
+        Some(on) => Some(s.store.sources().get(&tenant, &on.source).await?.ok_or_else(|| {
+            ApiError::validation(vec![crate::engine::FieldError {
+                field: "on_event.source".into(),
+                message: format!(
+                    "names \"{}\", which is not one of this tenant's event sources; create it with POST /sources, or see GET /sources",
+                    on.source
+                ),
+            }])
+        })?),
+        None => None,
+    };
     let hash = key.as_ref().map(|_| {
         // serde_json's map keeps keys sorted, so equal requests hash equal.
         hex::encode(Sha256::digest(body.to_string().as_bytes()))
@@ -127,6 +139,9 @@ pub async fn create_wait(
             .created
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(wait_id = %created.wait.id, "wait created");
+    }
+    if let (Some(source), false) = (&source, created.existing) {
+        super::hooks::listen(&s, &tenant, &created.wait, &spec, source).await?;
     }
     let (callback_url, nudge_url) = match (&spec.callback, created.existing) {
         (Some(cb), false) => (
@@ -224,7 +239,7 @@ pub(super) async fn register_callback(
 
 /// A capability URL (a callback or nudge URL) on the address the request came
 /// to: `path` then `secret`.
-fn capability_url(headers: &HeaderMap, path: &str, secret: &str) -> String {
+pub(super) fn capability_url(headers: &HeaderMap, path: &str, secret: &str) -> String {
     let host = headers
         .get(axum::http::header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -280,6 +295,7 @@ fn plain(body: &serde_json::Value) -> bool {
         "success_condition",
         "failure_condition",
         "output",
+        "on_event",
     ]
     .iter()
     .all(|k| body.get(*k).is_none())

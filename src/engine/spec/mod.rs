@@ -22,6 +22,7 @@ mod callback;
 pub mod dns;
 mod method;
 mod notify;
+mod on_event;
 pub mod output;
 mod schedule;
 mod target;
@@ -34,6 +35,8 @@ use callback::parse_callback;
 pub use method::{MAX_BODY, Method, body_bytes, body_content_type};
 use notify::parse_notify;
 pub use notify::{MAX_NOTIFY, NOTIFY_EVENTS, Notify, secret_key};
+use on_event::parse_on_event;
+pub use on_event::{MAX_KEY, OnEvent, SOURCE_NAME_RULE, Then, is_source_name};
 use output::parse_output;
 pub use output::{Output, Pick};
 use schedule::{parse_poll, parse_retry};
@@ -244,6 +247,11 @@ pub struct Spec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(value_type = Option<bool>)]
     pub nudge: bool,
+    /// Listen to an event source (docs/design.md §2.18): an event whose key is
+    /// `key` (and that `match` accepts) polls the wait now, or with `then: end`
+    /// is judged by its conditions as a callback's body is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_event: Option<OnEvent>,
 }
 
 fn one() -> u32 {
@@ -288,7 +296,7 @@ impl Default for Retry {
 pub const REDACTED: &str = "<redacted>";
 
 /// Why a NUL character is refused: one store would keep it and another refuse it.
-const NUL_REFUSED: &str =
+pub(super) const NUL_REFUSED: &str =
     "contains a NUL character (\\u0000), which waitd does not store; remove it";
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -315,6 +323,7 @@ pub const FIELDS: &[&str] = &[
     "notify",
     "output",
     "nudge",
+    "on_event",
 ];
 
 impl Spec {
@@ -491,6 +500,7 @@ impl Spec {
         if nudge && is_callback {
             errs.push("nudge", "is not read on a callback wait, which has nothing to poll: its callback URL ends it; remove it");
         }
+        let on_event = opt(obj, "on_event").and_then(|v| parse_on_event(v, is_callback, &mut errs));
 
         // Contradictions between the sets.
         let fold = |s: &String| {
@@ -540,6 +550,7 @@ impl Spec {
             notify,
             output,
             nudge,
+            on_event,
         })
     }
 
