@@ -36,6 +36,7 @@ mod deploy;
 mod dns_targets;
 mod engine_props;
 mod engine_seeds;
+mod event_sources;
 mod fuzz_spec;
 mod group_deadlines;
 mod group_props;
