@@ -5,7 +5,8 @@
 //! replicas' looks each end a wait exactly once, with one terminal event; the
 //! deadline ends a callback wait `timed_out`, even when the replica that held it
 //! was killed. The same races on SQLite, with one server. A nudge (§2.17) sent
-//! to the replica that does not hold its wait is polled by the one that does.
+//! to the replica that does not hold its wait is polled by the one that does,
+//! and so is an event source's event (§2.18) received by the other replica.
 //!
 //! Each client comes from a loopback address of its own (the server limits
 //! callback requests per client address). `cargo test --test callback_replicas`.
@@ -541,6 +542,72 @@ async fn a_nudge_sent_to_the_other_replica_is_polled_by_the_holder() {
     assert_eq!(w["status"], "succeeded", "{w}");
     let seen = up.headers_seen("/sv");
     assert_eq!(seen.len(), 2, "one poll, then the nudged one");
+    assert_eq!(seen[1]["waitd-replica"], "a", "the holder polled");
+    for r in [&a, &b] {
+        assert!(r.panics().is_empty(), "{}: {:?}", r.name, r.panics());
+    }
+    drop((a, b));
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_received_by_the_other_replica_is_polled_by_the_holder() {
+    use hmac::{KeyInit, Mac};
+    let _serial = SERIAL.lock().await;
+    let dir = TempDir::new("waitd-source-replicas");
+    let db = TestDb::new().await;
+    let up = Upstream::start().await;
+    let target = up.script("/sv", vec![Reply::status("deploying")]);
+    let secret = "replica-secret-0123456789";
+    // A alone holds the wait: B starts after A's first poll of it.
+    let a = Replica::start("a", &dir.path, &db.url, "3s", &[]).await;
+    let made = send(client().post(a.url("/sources")).json(&json!({
+        "name": "gh", "kind": "github", "secret": secret, "key": "/workflow_run/id",
+    })))
+    .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let hook = made.body["hook_url"].as_str().unwrap().to_string();
+    let made = send(client().post(a.url("/waits")).json(&json!({
+        "target": {"url": target},
+        "state": "/data/attributes/status",
+        "want": ["on"],
+        "timeout": "30m",
+        "poll": {"initial": "10m", "max": "10m"},
+        "on_event": {"source": "gh", "key": "31"},
+    })))
+    .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let id = made.body["id"].as_str().unwrap().to_string();
+    assert!(
+        up.hit("/sv", 1, Duration::from_secs(20)).await,
+        "A's first poll"
+    );
+    let b = Replica::start("b", &dir.path, &db.url, "3s", &[]).await;
+    up.script("/sv", vec![Reply::status("on")]);
+    let body = json!({"action": "completed", "workflow_run": {"id": 31}}).to_string();
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let signature = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    let path = &hook[hook.find("/hooks/").expect("a hook URL")..];
+    let received = send(
+        caller()
+            .post(format!("{}{path}", b.base))
+            .header("content-type", "application/json")
+            .header("x-github-delivery", "r-1")
+            .header("x-hub-signature-256", signature)
+            .body(body),
+    )
+    .await;
+    assert_eq!(received.status, 202, "{}", received.body);
+    assert_eq!(received.body["matched"], 1, "{}", received.body);
+    let w = ended(&b.base, &id).await;
+    assert_eq!(w["status"], "succeeded", "{w}");
+    let seen = up.headers_seen("/sv");
+    assert_eq!(
+        seen.len(),
+        2,
+        "one poll, then the one the event brought forward"
+    );
     assert_eq!(seen[1]["waitd-replica"], "a", "the holder polled");
     for r in [&a, &b] {
         assert!(r.panics().is_empty(), "{}: {:?}", r.name, r.panics());
