@@ -126,6 +126,10 @@ pub enum ParamKind {
     Address,
     /// A whole number from 0 to 1,000,000, inserted as digits (into a condition).
     Count,
+    /// The name of one of the tenant's event sources, or empty for none: a
+    /// template object holding the parameter as a whole value (`"{source}"`) is
+    /// left out when it is empty, so that the wait listens only when asked.
+    Source,
 }
 
 /// One parameter of a preset.

@@ -75,6 +75,15 @@ pub(super) fn check_value(kind: ParamKind, value: &str) -> Result<(), ParamError
                 .into());
             }
         }
+        ParamKind::Source => {
+            if !value.is_empty() && !crate::engine::spec::is_source_name(value) {
+                return Err(format!(
+                    "must be the name of an event source ({}), or empty for none, not \"{value}\"",
+                    crate::engine::spec::SOURCE_NAME_RULE
+                )
+                .into());
+            }
+        }
         ParamKind::Count => {
             if value.is_empty()
                 || value.len() > 7
@@ -195,6 +204,10 @@ pub(super) fn value_schema(kind: ParamKind) -> Value {
             "type": "string",
             "maxLength": 2048,
             "pattern": "^[^/?#@\\\\ \\u0000-\\u001F\\u007F-\\u009F]+:[0-9]+$"
+        }),
+        ParamKind::Source => json!({
+            "type": "string",
+            "pattern": "^([a-z0-9][a-z0-9._-]{0,63})?$"
         }),
         ParamKind::Count => json!({
             "type": ["string", "integer"],
@@ -374,6 +387,7 @@ pub(super) fn fill(
         }
         Value::Object(m) => Value::Object(
             m.iter()
+                .filter(|(_, i)| !unasked(i, params, values))
                 .map(|(k, i)| {
                     let here = if at.is_empty() {
                         k.clone()
@@ -386,6 +400,26 @@ pub(super) fn fill(
         ),
         other => other.clone(),
     }
+}
+
+/// Whether `v` is an object a `source` parameter left empty takes out: one of its
+/// members is that parameter's placeholder, whole.
+fn unasked(v: &Value, params: &BTreeMap<String, Param>, values: &HashMap<String, String>) -> bool {
+    let Value::Object(m) = v else {
+        return false;
+    };
+    m.values().any(|member| {
+        let Some(name) = member
+            .as_str()
+            .and_then(|s| s.strip_prefix('{')?.strip_suffix('}'))
+        else {
+            return false;
+        };
+        params
+            .get(name)
+            .is_some_and(|p| p.kind == ParamKind::Source)
+            && values.get(name).is_none_or(String::is_empty)
+    })
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters, so the value is
