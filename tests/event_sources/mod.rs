@@ -6,21 +6,23 @@
 
 use crate::support;
 
+mod preset;
+mod refusals;
+
 use std::time::Duration;
 
 use base64::Engine;
 use hmac::{KeyInit, Mac};
-use proptest::prelude::*;
 use serde_json::{Value, json};
 use support::*;
 
-const GITHUB_SECRET: &str = "gh-secret-0123456789-abcdef";
-const BEARER_SECRET: &str = "bearer-secret-0123456789-xyz";
+pub(super) const GITHUB_SECRET: &str = "gh-secret-0123456789-abcdef";
+pub(super) const BEARER_SECRET: &str = "bearer-secret-0123456789-xyz";
 /// `whsec_` and base64 of 24 bytes.
-const WHSEC: &str = "whsec_c2VjcmV0LWtleS1ieXRlcy0wMTIzNDU2Nzg5";
+pub(super) const WHSEC: &str = "whsec_c2VjcmV0LWtleS1ieXRlcy0wMTIzNDU2Nzg5";
 
 /// A running app on each store, and what keeps its database alive.
-async fn each_store(floor: &str) -> Vec<(App, Option<TestDb>, Option<TempDir>)> {
+pub(super) async fn each_store(floor: &str) -> Vec<(App, Option<TestDb>, Option<TempDir>)> {
     let args = |url: &str| set_flag(test_args(url), "--min-poll-interval", floor);
     let db = TestDb::new().await;
     let pg = App::start_args(args(&db.url)).await;
@@ -29,7 +31,7 @@ async fn each_store(floor: &str) -> Vec<(App, Option<TestDb>, Option<TempDir>)> 
     vec![(pg, Some(db), None), (lite, None, Some(dir))]
 }
 
-async fn finish(app: App, db: Option<TestDb>) {
+pub(super) async fn finish(app: App, db: Option<TestDb>) {
     let (stopped, _) = app.stop().await;
     assert!(stopped.is_ok());
     if let Some(db) = db {
@@ -37,7 +39,7 @@ async fn finish(app: App, db: Option<TestDb>) {
     }
 }
 
-async fn answered(req: reqwest::RequestBuilder) -> (u16, Value, String) {
+pub(super) async fn answered(req: reqwest::RequestBuilder) -> (u16, Value, String) {
     let r = req.send().await.unwrap();
     let status = r.status().as_u16();
     let text = r.text().await.unwrap();
@@ -49,7 +51,7 @@ async fn answered(req: reqwest::RequestBuilder) -> (u16, Value, String) {
 }
 
 /// Creates a source; its hook URL.
-async fn source(app: &App, name: &str, kind: &str, key: &str, lookback: &str) -> String {
+pub(super) async fn source(app: &App, name: &str, kind: &str, key: &str, lookback: &str) -> String {
     let secret = match kind {
         "github" => GITHUB_SECRET,
         "bearer" => BEARER_SECRET,
@@ -66,7 +68,7 @@ async fn source(app: &App, name: &str, kind: &str, key: &str, lookback: &str) ->
     hook
 }
 
-fn github_signature(secret: &str, body: &[u8]) -> String {
+pub(super) fn github_signature(secret: &str, body: &[u8]) -> String {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
@@ -74,7 +76,7 @@ fn github_signature(secret: &str, body: &[u8]) -> String {
 
 /// A request carrying `body` to `hook`, signed as `kind` signs with `secret`,
 /// with delivery id `delivery`.
-fn signed(
+pub(super) fn signed(
     hook: &str,
     kind: &str,
     secret: &str,
@@ -107,12 +109,12 @@ fn signed(
     req.body(bytes)
 }
 
-fn run_event(id: u64, conclusion: &str) -> Value {
+pub(super) fn run_event(id: u64, conclusion: &str) -> Value {
     json!({"action": "completed", "workflow_run": {"id": id, "status": "completed", "conclusion": conclusion}})
 }
 
 /// A wait on `url` polled every ten minutes, listening to `src` for `key`.
-async fn listening(app: &App, url: &str, on_event: Value) -> String {
+pub(super) async fn listening(app: &App, url: &str, on_event: Value) -> String {
     let (status, w) = app
         .create(json!({
             "target": {"url": url},
@@ -129,7 +131,7 @@ async fn listening(app: &App, url: &str, on_event: Value) -> String {
 }
 
 /// A wait whose events are judged by a state at the event's `/workflow_run/conclusion`.
-async fn ended_by_event(app: &App, url: &str, src: &str, key: &str) -> (u16, Value) {
+pub(super) async fn ended_by_event(app: &App, url: &str, src: &str, key: &str) -> (u16, Value) {
     app.create(json!({
         "target": {"url": url},
         "state": "/workflow_run/conclusion",
@@ -461,274 +463,6 @@ async fn a_storm_of_events_is_paced_and_costs_bounded_work() {
         assert_eq!(up.hits("/sv"), 2, "{accepted} events, one poll");
         let (_, w) = app.get(&format!("/waits/{id}")).await;
         assert_eq!(w["status"], "running", "{w}");
-        finish(app, db).await;
-    }
-}
-
-#[tokio::test]
-async fn sources_refuse_bad_input_with_sentences_and_never_show_their_secret() {
-    for (app, db, _dir) in each_store("1ms").await {
-        let mut answers = Vec::new();
-        let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
-        for (body, field) in [
-            (
-                json!({"name": "Bad Name", "kind": "github", "secret": GITHUB_SECRET, "key": "/a"}),
-                "name",
-            ),
-            (
-                json!({"name": "x", "kind": "gitlab", "secret": GITHUB_SECRET, "key": "/a"}),
-                "kind",
-            ),
-            (
-                json!({"name": "x", "kind": "github", "secret": "short", "key": "/a"}),
-                "secret",
-            ),
-            (
-                json!({"name": "x", "kind": "standard-webhooks", "secret": GITHUB_SECRET, "key": "/a"}),
-                "secret",
-            ),
-            (
-                json!({"name": "x", "kind": "github", "secret": GITHUB_SECRET, "key": "body.(("}),
-                "key",
-            ),
-            (
-                json!({"name": "x", "kind": "github", "secret": GITHUB_SECRET, "key": "/a", "lookback": "2h"}),
-                "lookback",
-            ),
-        ] {
-            let (status, p, text) = answered(client().post(app.url("/sources")).json(&body)).await;
-            assert_eq!(status, 400, "{p}");
-            assert_eq!(p["errors"][0]["field"], field, "{p}");
-            answers.push(text);
-        }
-        let (status, p, text) = answered(client().post(app.url("/sources")).json(&json!({
-            "name": "gh", "kind": "github", "secret": GITHUB_SECRET, "key": "/a"})))
-        .await;
-        assert_eq!(status, 409, "{p}");
-        answers.push(text);
-        // Waits that name no source, or name it badly.
-        for (on_event, field) in [
-            (json!({"source": "nope", "key": "1"}), "on_event.source"),
-            (json!({"source": "gh"}), "on_event.key"),
-            (
-                json!({"source": "gh", "key": "1", "then": "stop"}),
-                "on_event.then",
-            ),
-            (
-                json!({"source": "gh", "key": "1", "match": "body.(("}),
-                "on_event.match",
-            ),
-        ] {
-            let (status, p) = app.create(json!({"target": {"url": "http://127.0.0.1:9/x"}, "state": "/s", "want": ["on"], "on_event": on_event})).await;
-            assert_eq!(status, 400, "{p}");
-            assert_eq!(p["errors"][0]["field"], field, "{p}");
-        }
-        // Events: too large, not JSON (signed), over the caps is elsewhere.
-        let big = vec![b'1'; 1024 * 1024 + 1];
-        let (status, p, text) = answered(
-            client()
-                .post(&hook)
-                .header("x-hub-signature-256", github_signature(GITHUB_SECRET, &big))
-                .body(big),
-        )
-        .await;
-        assert_eq!(status, 413, "{p}");
-        answers.push(text);
-        let junk = b"{not json".to_vec();
-        let (status, p, text) = answered(
-            client()
-                .post(&hook)
-                .header(
-                    "x-hub-signature-256",
-                    github_signature(GITHUB_SECRET, &junk),
-                )
-                .body(junk),
-        )
-        .await;
-        assert_eq!(status, 400, "{p}");
-        answers.push(text);
-        let (status, p, text) = answered(
-            client()
-                .post(app.url("/hooks/0123456789abcdef0123456789abcdef"))
-                .json(&json!({})),
-        )
-        .await;
-        assert_eq!(status, 404, "{p}");
-        answers.push(text);
-        let (status, a, text) = answered(signed(
-            &hook,
-            "github",
-            GITHUB_SECRET,
-            "ok",
-            &run_event(1, "x"),
-        ))
-        .await;
-        assert_eq!(status, 202, "{a}");
-        answers.push(text);
-        for path in ["/sources", "/sources/gh", "/events", "/waits"] {
-            let (status, _, text) = answered(client().get(app.url(path))).await;
-            assert_eq!(status, 200, "{path}");
-            answers.push(text);
-        }
-        answers.push(app.metrics().await);
-        for text in &answers {
-            assert!(!text.contains(GITHUB_SECRET), "the secret is shown: {text}");
-        }
-        let (status, _, _) = answered(client().delete(app.url("/sources/gh"))).await;
-        assert_eq!(status, 204);
-        let (status, _, _) = answered(signed(
-            &hook,
-            "github",
-            GITHUB_SECRET,
-            "gone",
-            &run_event(1, "x"),
-        ))
-        .await;
-        assert_eq!(status, 404);
-        finish(app, db).await;
-    }
-}
-
-#[tokio::test]
-async fn an_event_over_the_tenants_caps_is_refused_and_not_kept() {
-    let dir = TempDir::new("waitd-sources-caps");
-    let args = set_flag(test_args(&dir.sqlite_url()), "--source-events", "3");
-    let app = App::start_args(args).await;
-    let hook = source(&app, "b", "bearer", "/workflow_run/id", "5m").await;
-    for n in 0..3 {
-        let (status, a, _) = answered(signed(
-            &hook,
-            "bearer",
-            BEARER_SECRET,
-            &format!("c{n}"),
-            &run_event(n, "x"),
-        ))
-        .await;
-        assert_eq!(status, 202, "{a}");
-    }
-    let (status, p, _) = answered(signed(
-        &hook,
-        "bearer",
-        BEARER_SECRET,
-        "c3",
-        &run_event(3, "x"),
-    ))
-    .await;
-    assert_eq!(status, 429, "{p}");
-    assert!(
-        p["detail"].as_str().unwrap().contains("nothing was kept"),
-        "{p}"
-    );
-    // A replay of a kept delivery is still a replay, not a refusal.
-    let (status, a, _) = answered(signed(
-        &hook,
-        "bearer",
-        BEARER_SECRET,
-        "c0",
-        &run_event(0, "x"),
-    ))
-    .await;
-    assert_eq!((status, a["replayed"].as_bool()), (200, Some(true)), "{a}");
-    let _ = app.stop().await;
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    #[test]
-    fn signature_headers_of_any_text_are_parsed_in_bounds(text in ".{0,300}", long in 0usize..20_000) {
-        let _ = waitd::sources::parse_github_signature(&text);
-        let sigs = waitd::sources::parse_webhook_signatures(&text);
-        prop_assert!(sigs.len() <= waitd::sources::MAX_SIGNATURES);
-        let many = format!("v1,{} ", "A".repeat(43) + "=").repeat(long / 45 + 1);
-        prop_assert!(waitd::sources::parse_webhook_signatures(&many).len() <= waitd::sources::MAX_SIGNATURES);
-        let padded = format!("sha256={}", "a".repeat(long));
-        prop_assert_eq!(waitd::sources::parse_github_signature(&padded).is_some(), long == 64);
-    }
-
-    #[test]
-    fn a_key_past_its_limit_is_no_key(len in 0usize..2000, number in any::<i64>()) {
-        let from = waitd::sources::KeyFrom::parse("/k").unwrap();
-        let headers = Default::default();
-        let key = from.extract(&json!({"k": "x".repeat(len)}), &headers);
-        prop_assert_eq!(key.is_some(), (1..=waitd::engine::spec::MAX_KEY).contains(&len));
-        prop_assert_eq!(from.extract(&json!({"k": number}), &headers), Some(number.to_string()));
-        prop_assert_eq!(from.extract(&json!({"k": {"deep": [1]}}), &headers), None);
-    }
-}
-
-#[test]
-fn a_cel_key_reads_body_and_headers_within_its_budget() {
-    let headers = [("x-run".to_string(), "r-1".to_string())]
-        .into_iter()
-        .collect();
-    let from = waitd::sources::KeyFrom::parse("headers['x-run'] + ':' + string(body.n)").unwrap();
-    assert_eq!(
-        from.extract(&json!({"n": 4}), &headers),
-        Some("r-1:4".into())
-    );
-    let burn = waitd::sources::KeyFrom::parse(
-        "string(body.l.map(a, body.l.map(b, body.l.map(c, 1))).size())",
-    )
-    .unwrap();
-    assert_eq!(
-        burn.extract(&json!({"l": (0..300).collect::<Vec<_>>()}), &headers),
-        None
-    );
-}
-
-#[tokio::test]
-async fn the_github_run_preset_listens_to_a_source_when_given_one() {
-    for (app, db, _dir) in each_store("1ms").await {
-        let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
-        let up = Upstream::start().await;
-        let run = |status: &str, conclusion: Value| {
-            Reply::json(
-                200,
-                json!({"status": status, "conclusion": conclusion, "html_url": "https://github.test/run"}),
-            )
-        };
-        up.script(
-            "/repos/o/r/actions/runs/555",
-            vec![run("in_progress", Value::Null)],
-        );
-        let request = |source: Option<&str>| {
-            let mut params =
-                json!({"base_url": up.base, "owner": "o", "repo": "r", "run_id": "555"});
-            if let Some(s) = source {
-                params["source"] = json!(s);
-            }
-            json!({"preset": "github.workflow_run", "params": params, "poll": {"initial": "10m", "max": "10m"}})
-        };
-        // Without a source, the wait only polls.
-        let (status, w) = app.create(request(None)).await;
-        assert_eq!(status, 201, "{w}");
-        assert!(w["spec"].get("on_event").is_none(), "{w}");
-        let (status, p) = app.create(request(Some("nope"))).await;
-        assert_eq!(status, 400, "{p}");
-        assert_eq!(p["errors"][0]["field"], "on_event.source", "{p}");
-        let (status, w) = app.create(request(Some("gh"))).await;
-        assert_eq!(status, 201, "{w}");
-        assert_eq!(w["spec"]["on_event"]["key"], "555", "{w}");
-        let id = w["id"].as_str().unwrap().to_string();
-        assert!(
-            up.hit("/repos/o/r/actions/runs/555", 2, Duration::from_secs(10))
-                .await
-        );
-        up.script(
-            "/repos/o/r/actions/runs/555",
-            vec![run("completed", json!("success"))],
-        );
-        // A push event for the run is not a workflow_run event: it matches nothing.
-        let body = json!({"workflow_run": {"id": 555}});
-        let push =
-            signed(&hook, "github", GITHUB_SECRET, "p1", &body).header("x-github-event", "push");
-        let (status, a, _) = answered(push).await;
-        assert_eq!((status, a["matched"].as_u64()), (202, Some(0)), "{a}");
-        let (status, a, _) = answered(signed(&hook, "github", GITHUB_SECRET, "w1", &body)).await;
-        assert_eq!((status, a["matched"].as_u64()), (202, Some(1)), "{a}");
-        let w = app.wait_end(&id).await;
-        assert_eq!(w["status"], "succeeded", "{w}");
         finish(app, db).await;
     }
 }
