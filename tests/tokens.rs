@@ -70,9 +70,20 @@ async fn a_read_only_token_reads_every_reading_route_and_gets_a_403_on_every_oth
         .unwrap_or_else(|| panic!("no preset name in {presets}"))
         .to_string();
 
+    // An event source named as the preset is, so that {name} names one of each.
+    let source = serde_json::json!({
+        "name": preset, "kind": "bearer", "secret": "a-source-secret-0123456789", "key": "/id",
+    });
     let routes = api_routes();
     let (mut reads, mut writes) = (0, 0);
     for (method, template) in &routes {
+        // A write through the full token below may have deleted it.
+        let _ = app
+            .post("/sources")
+            .bearer_auth(FULL)
+            .json(&source)
+            .send()
+            .await;
         let path = template
             .replace("{id}", &id)
             .replace("{delivery}", &uuid::Uuid::now_v7().to_string())

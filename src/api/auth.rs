@@ -89,7 +89,7 @@ fn read_only() -> ApiError {
         StatusCode::FORBIDDEN,
         "Read-only token",
         "this API token is read-only: it may read, list and follow waits, but not create, \
-         cancel, complete, fail or redeliver; use a token configured without \":read\" for that",
+         cancel, complete, fail, redeliver or change event sources; use a token configured without \":read\" for that",
     )
 }
 
