@@ -173,11 +173,8 @@ pub async fn receive_event(
             .await?;
         let (body, headers) = (Arc::new(body), Arc::new(kept_headers));
         for l in listeners {
-            let Ok(spec) = serde_json::from_str::<Spec>(&l.spec) else {
-                tracing::error!(wait = %l.wait_id, "a listening wait's spec does not read back");
-                continue;
-            };
-            if apply(&s, &l.tenant, l.wait_id, &spec, &body, &headers).await? {
+            let spec = SpecOf::Stored(l.spec);
+            if apply(&s, &l.tenant, l.wait_id, spec, &body, &headers).await? {
                 matched += 1;
             }
         }
@@ -238,6 +235,13 @@ async fn read_bounded(s: &AppState, headers: &HeaderMap, body: Body) -> ApiResul
     }
 }
 
+/// A listening wait's spec: as its create read it, or as stored (read on the
+/// CPU pool, as reading it compiles its expressions).
+pub(super) enum SpecOf {
+    Parsed(Box<Spec>),
+    Stored(String),
+}
+
 /// What an event does to one listening wait: nothing when its `match` refuses
 /// it (or fails: logged and counted, the wait unharmed), else a poll now or a
 /// judgement of its body. True when it matched.
@@ -245,18 +249,23 @@ pub(super) async fn apply(
     s: &AppState,
     tenant: &str,
     wait_id: uuid::Uuid,
-    spec: &Spec,
+    spec: SpecOf,
     body: &Arc<Value>,
     headers: &Arc<BTreeMap<String, String>>,
 ) -> ApiResult<bool> {
-    let Some(on) = spec.on_event.clone() else {
-        return Ok(false);
-    };
     let judged = {
-        let (spec, body, headers) = (spec.clone(), Arc::clone(body), Arc::clone(headers));
+        let (body, headers) = (Arc::clone(body), Arc::clone(headers));
         crate::cpu::pool()
             .run(crate::cpu::Lane::Long, tenant, move || {
-                judge(&on, &spec, &body, &headers)
+                let spec = match spec {
+                    SpecOf::Parsed(spec) => *spec,
+                    SpecOf::Stored(text) => serde_json::from_str::<Spec>(&text)
+                        .map_err(|e| format!("its stored spec does not read back: {e}"))?,
+                };
+                match &spec.on_event {
+                    Some(on) => judge(on, &spec, &body, &headers),
+                    None => Ok(None),
+                }
             })
             .await
     };
@@ -330,7 +339,7 @@ fn judge(
     headers: &BTreeMap<String, String>,
 ) -> Result<Option<Judged>, String> {
     if let Some(m) = &on.matches {
-        let vars = Vars::for_conditions(&[m], Some(body), 200, headers, None);
+        let vars = Vars::for_conditions(&[m], Some(body), 200, headers, None).at(Utc::now());
         if !m
             .evaluate(&vars, &mut Budget::default())
             .map_err(|f| f.to_string())?
@@ -348,7 +357,9 @@ fn judge(
 /// indexed, then the events kept for its key within their window are applied
 /// to it, oldest first, until one ends it. Indexing first means an event that
 /// arrives meanwhile is seen by its receipt, or by this look back, or by both
-/// (a second application is harmless: a poll paced, an end once).
+/// (a second application is harmless: a poll paced, an end once). A wait whose
+/// listener cannot be kept is canceled, and the answer is the error; a look
+/// back that fails is logged, and the wait listens on.
 pub(super) async fn listen(
     s: &AppState,
     tenant: &str,
@@ -363,6 +374,20 @@ pub(super) async fn listen(
         let _ = s.store.waits().cancel(tenant, wait.id, Utc::now()).await;
         return Err(e.into());
     }
+    if let Err(e) = look_back(s, tenant, wait, spec, on, source).await {
+        tracing::warn!(wait = %wait.id, error = %e.detail, "a listening wait's look back at kept events failed; it listens on");
+    }
+    Ok(())
+}
+
+async fn look_back(
+    s: &AppState,
+    tenant: &str,
+    wait: &Wait,
+    spec: &Spec,
+    on: &OnEvent,
+    source: &Source,
+) -> ApiResult<()> {
     let kept = s
         .store
         .sources()
@@ -376,6 +401,7 @@ pub(super) async fn listen(
             continue;
         };
         let (body, headers) = (Arc::new(body), Arc::new(headers));
+        let spec = SpecOf::Parsed(Box::new(spec.clone()));
         apply(s, tenant, wait.id, spec, &body, &headers).await?;
         if on.then == Then::End {
             let now = s.store.waits().get(tenant, wait.id).await?;

@@ -122,7 +122,7 @@ pub async fn create_wait(
     });
     let idem = key.as_deref().zip(hash.as_deref());
     let slot = hold.map(|_| s.streams.acquire(&tenant)).transpose()?;
-    let created = s
+    let mut created = s
         .store
         .waits()
         .create_within(
@@ -142,6 +142,10 @@ pub async fn create_wait(
     }
     if let (Some(source), false) = (&source, created.existing) {
         super::hooks::listen(&s, &tenant, &created.wait, &spec, source).await?;
+        // A kept event may have ended it: answer it as it now stands.
+        if let Some(now) = s.store.waits().get(&tenant, created.wait.id).await? {
+            created.wait = now;
+        }
     }
     let (callback_url, nudge_url) = match (&spec.callback, created.existing) {
         (Some(cb), false) => (
