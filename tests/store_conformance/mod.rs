@@ -99,4 +99,5 @@ mod leases;
 mod open;
 mod outbox;
 mod progress;
+mod sources;
 mod waits;
