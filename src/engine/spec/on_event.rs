@@ -30,9 +30,11 @@ pub enum Then {
 #[serde(deny_unknown_fields)]
 pub struct OnEvent {
     /// The name of one of the tenant's event sources.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
     pub source: String,
     /// The value the source's key extraction must yield for an event to be this
-    /// wait's (at most 256 bytes).
+    /// wait's (at most 256 bytes; a number is taken as its text).
+    #[schema(min_length = 1, max_length = 256)]
     pub key: String,
     /// A CEL expression over the event's `body` and `headers`: an event with
     /// this key is the wait's only when it is true.
