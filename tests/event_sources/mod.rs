@@ -467,3 +467,33 @@ async fn a_storm_of_events_is_paced_and_costs_bounded_work() {
         finish(app, db).await;
     }
 }
+
+#[tokio::test]
+async fn a_callback_wait_listens_with_then_end() {
+    for (app, db, _dir) in each_store("1ms").await {
+        let hook = source(&app, "sw", "standard-webhooks", "/workflow_run/id", "5m").await;
+        let (status, w) = app
+            .create(json!({
+                "callback": {},
+                "success_condition": "body.workflow_run.conclusion == 'success'",
+                "failure_condition": "body.workflow_run.conclusion == 'failure'",
+                "on_event": {"source": "sw", "key": "12", "then": "end"},
+            }))
+            .await;
+        assert_eq!(status, 201, "{w}");
+        assert!(w["callback_url"].is_string(), "{w}");
+        let id = w["id"].as_str().unwrap().to_string();
+        let (status, _, _) = answered(signed(
+            &hook,
+            "standard-webhooks",
+            WHSEC,
+            "cb",
+            &run_event(12, "failure"),
+        ))
+        .await;
+        assert_eq!(status, 202);
+        let w = app.wait_end(&id).await;
+        assert_eq!(w["status"], "failed", "{w}");
+        finish(app, db).await;
+    }
+}

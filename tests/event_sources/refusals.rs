@@ -68,6 +68,24 @@ async fn sources_refuse_bad_input_with_sentences_and_never_show_their_secret() {
             assert_eq!(status, 400, "{p}");
             assert_eq!(p["errors"][0]["field"], field, "{p}");
         }
+        // An event is judged alone: what counts across polls cannot be met by one.
+        let (status, p) = app
+            .create(
+                json!({"target": {"url": "http://127.0.0.1:9/x"}, "state": "/s", "want": ["on"],
+            "consecutive": 2, "on_event": {"source": "gh", "key": "1", "then": "end"}}),
+            )
+            .await;
+        assert_eq!(status, 400, "{p}");
+        assert_eq!(p["errors"][0]["field"], "on_event.then", "{p}");
+        assert!(
+            p["detail"].as_str().unwrap().contains("consecutive (2)"),
+            "{p}"
+        );
+        let (status, p) = app
+            .create(json!({"callback": {}, "on_event": {"source": "gh", "key": "1"}}))
+            .await;
+        assert_eq!(status, 400, "{p}");
+        assert_eq!(p["errors"][0]["field"], "on_event.then", "{p}");
         // Events: too large, not JSON (signed), over the caps is elsewhere.
         let big = vec![b'1'; 1024 * 1024 + 1];
         let (status, p, text) = answered(

@@ -50,7 +50,9 @@ fn event<'a>(
 #[tokio::test]
 async fn a_source_keeps_its_secret_sealed_and_its_name_once_per_tenant() {
     for_each_store!(|store, backend| {
-        let store = store.clone().with_cipher(Cipher::new(Some(KEY), None).unwrap());
+        let store = store
+            .clone()
+            .with_cipher(Cipher::new(Some(KEY), None).unwrap());
         let s = made(&store, Duration::from_secs(300)).await;
         assert_eq!(s.id.len(), 32, "{}", backend.name());
         let listed = store.sources().list("t1").await.unwrap();

@@ -501,6 +501,15 @@ impl Spec {
             errs.push("nudge", "is not read on a callback wait, which has nothing to poll: its callback URL ends it; remove it");
         }
         let on_event = opt(obj, "on_event").and_then(|v| parse_on_event(v, is_callback, &mut errs));
+        // An event's body is judged alone, as a callback's is: nothing counts across.
+        if on_event.as_ref().is_some_and(|o| o.then == Then::End) {
+            if consecutive != 1 {
+                errs.push("on_event.then", format!("is \"end\", which judges each event's body alone, so consecutive ({consecutive}) could never be reached by an event; use \"poll\", or leave consecutive out"));
+            }
+            if require_transition {
+                errs.push("on_event.then", "is \"end\", which judges each event's body alone, so require_transition could never be met by an event; use \"poll\", or leave require_transition out");
+            }
+        }
 
         // Contradictions between the sets.
         let fold = |s: &String| {
