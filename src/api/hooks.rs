@@ -164,21 +164,19 @@ pub async fn receive_event(
         Kept::New => {}
     }
     s.metrics.source_events.fetch_add(1, Relaxed);
-    let mut matched = 0;
-    if let Some(key) = &key {
-        let listeners = s
-            .store
-            .sources()
-            .listeners(&source.id, key, MAX_LISTENERS)
-            .await?;
-        let (body, headers) = (Arc::new(body), Arc::new(kept_headers));
-        for l in listeners {
-            let spec = SpecOf::Stored(l.spec);
-            if apply(&s, &l.tenant, l.wait_id, spec, &body, &headers).await? {
-                matched += 1;
-            }
-        }
-    }
+    // The event is kept, and a redelivery of it would be a replay: its effects
+    // run to their end even if the sender hangs up meanwhile.
+    let effects = tokio::spawn(reach_listeners(
+        s.clone(),
+        source.id.clone(),
+        key.clone(),
+        Arc::new(body),
+        Arc::new(kept_headers),
+    ));
+    let matched = effects.await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "an event's effects were lost");
+        0
+    });
     let answer = EventAccepted {
         delivery,
         key,
@@ -186,6 +184,45 @@ pub async fn receive_event(
         matched,
     };
     Ok(json_response(StatusCode::ACCEPTED, &answer))
+}
+
+/// Applies a kept event to the running waits listening for its key; how many
+/// it matched. A wait it cannot be applied to (the store away) is logged and
+/// left to its polls, which remain the backstop.
+async fn reach_listeners(
+    s: AppState,
+    source_id: String,
+    key: Option<String>,
+    body: Arc<Value>,
+    headers: Arc<BTreeMap<String, String>>,
+) -> u64 {
+    let Some(key) = key else {
+        return 0;
+    };
+    let listeners = match s
+        .store
+        .sources()
+        .listeners(&source_id, &key, MAX_LISTENERS)
+        .await
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "an event's listeners could not be read; their polls go on");
+            return 0;
+        }
+    };
+    let mut matched = 0;
+    for l in listeners {
+        let spec = SpecOf::Stored(l.spec);
+        match apply(&s, &l.tenant, l.wait_id, spec, &body, &headers).await {
+            Ok(true) => matched += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(wait = %l.wait_id, error = %e.detail, "an event could not be applied to a listening wait; its polls go on");
+            }
+        }
+    }
+    matched
 }
 
 /// The body's bytes, refused with a `413` as soon as they pass 1 MiB.
