@@ -14,6 +14,7 @@ use std::time::Duration;
 use base64::Engine;
 use hmac::{KeyInit, Mac};
 use serde_json::{Value, json};
+pub(super) use support::stores::{Backend, each_store_with, finish};
 use support::*;
 
 pub(super) const GITHUB_SECRET: &str = "gh-secret-0123456789-abcdef";
@@ -21,22 +22,9 @@ pub(super) const BEARER_SECRET: &str = "bearer-secret-0123456789-xyz";
 /// `whsec_` and base64 of 24 bytes.
 pub(super) const WHSEC: &str = "whsec_c2VjcmV0LWtleS1ieXRlcy0wMTIzNDU2Nzg5";
 
-/// A running app on each store, and what keeps its database alive.
-pub(super) async fn each_store(floor: &str) -> Vec<(App, Option<TestDb>, Option<TempDir>)> {
-    let args = |url: &str| set_flag(test_args(url), "--min-poll-interval", floor);
-    let db = TestDb::new().await;
-    let pg = App::start_args(args(&db.url)).await;
-    let dir = TempDir::new("waitd-sources");
-    let lite = App::start_args(args(&dir.sqlite_url())).await;
-    vec![(pg, Some(db), None), (lite, None, Some(dir))]
-}
-
-pub(super) async fn finish(app: App, db: Option<TestDb>) {
-    let (stopped, _) = app.stop().await;
-    assert!(stopped.is_ok());
-    if let Some(db) = db {
-        db.drop_db().await;
-    }
+/// A running app on each store with this minimum poll interval.
+pub(super) async fn each_store(floor: &str) -> Vec<(App, Backend)> {
+    each_store_with(|url| set_flag(test_args(url), "--min-poll-interval", floor)).await
 }
 
 pub(super) async fn answered(req: reqwest::RequestBuilder) -> (u16, Value, String) {
@@ -146,7 +134,7 @@ pub(super) async fn ended_by_event(app: &App, url: &str, src: &str, key: &str) -
 
 #[tokio::test]
 async fn a_forged_signature_is_refused_for_every_kind_and_nothing_is_kept() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         for (kind, secret) in [
             ("github", GITHUB_SECRET),
             ("standard-webhooks", WHSEC),
@@ -183,7 +171,7 @@ async fn a_forged_signature_is_refused_for_every_kind_and_nothing_is_kept() {
 
 #[tokio::test]
 async fn a_replayed_delivery_is_one_effect() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
@@ -213,7 +201,7 @@ async fn a_replayed_delivery_is_one_effect() {
 
 #[tokio::test]
 async fn then_poll_nudges_the_wait_and_the_poll_decides() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
@@ -267,7 +255,7 @@ async fn then_poll_nudges_the_wait_and_the_poll_decides() {
 
 #[tokio::test]
 async fn then_end_ends_the_wait_through_its_conditions() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let up = Upstream::start().await;
         let url = up.script(
@@ -322,7 +310,7 @@ async fn then_end_ends_the_wait_through_its_conditions() {
 
 #[tokio::test]
 async fn an_event_before_its_wait_is_seen_within_the_window_and_not_after() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let brief = source(&app, "brief", "bearer", "/workflow_run/id", "1s").await;
         let up = Upstream::start().await;
@@ -371,7 +359,7 @@ async fn an_event_before_its_wait_is_seen_within_the_window_and_not_after() {
 
 #[tokio::test]
 async fn a_match_that_fails_or_runs_past_its_budget_harms_neither_event_nor_wait() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(
             &app,
             "sw",
@@ -414,7 +402,7 @@ async fn a_match_that_fails_or_runs_past_its_budget_harms_neither_event_nor_wait
 
 #[tokio::test]
 async fn a_storm_of_events_is_paced_and_costs_bounded_work() {
-    for (app, db, _dir) in each_store("1m").await {
+    for (app, db) in each_store("1m").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let up = Upstream::start().await;
         let url = up.script("/sv", vec![Reply::status("deploying")]);
@@ -470,7 +458,7 @@ async fn a_storm_of_events_is_paced_and_costs_bounded_work() {
 
 #[tokio::test]
 async fn a_callback_wait_listens_with_then_end() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(&app, "sw", "standard-webhooks", "/workflow_run/id", "5m").await;
         let (status, w) = app
             .create(json!({

@@ -9,7 +9,7 @@ use crate::support::*;
 
 #[tokio::test]
 async fn the_github_run_preset_listens_to_a_source_when_given_one() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let up = Upstream::start().await;
         let run = |status: &str, conclusion: Value| {

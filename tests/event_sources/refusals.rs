@@ -12,7 +12,7 @@ use crate::support::*;
 
 #[tokio::test]
 async fn sources_refuse_bad_input_with_sentences_and_never_show_their_secret() {
-    for (app, db, _dir) in each_store("1ms").await {
+    for (app, db) in each_store("1ms").await {
         let mut answers = Vec::new();
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         for (body, field) in [
