@@ -3,16 +3,150 @@
 //! identical requests it shares polls with, its own TLS client and its token.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::Ordering::Relaxed;
 
 use http::Uri;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use super::{Came, Prober, Target, TargetError, share, target_url};
+use super::{Prober, conditional, method, share};
 use crate::engine::Spec;
 use crate::engine::spec::Auth;
-use crate::outbound::TlsSettings;
+use crate::model::LastPoll;
 use crate::outbound::credentials::Bearer;
+use crate::outbound::{TlsClient, TlsSettings};
+
+/// A wait's target as every poll of it needs it, made once ([`Prober::target`]):
+/// the request URI, the key of its host's place in the per-host limit, the
+/// request's headers, and the SSRF guard's verdict on the URL (the guard does not
+/// change while the process runs). A million held waits keep a million of these,
+/// so it is kept small: RSS a wait grew by about 0.1 KiB over the parsed URL alone.
+#[derive(Debug)]
+pub struct Target {
+    pub(super) uri: Uri,
+    /// "host:port".
+    pub(super) host: Arc<str>,
+    /// Whose requests it sends, as pauses and the host rate's turns know them:
+    /// its tenant's, to its host, with its headers, credential and TLS settings.
+    pub(super) pause: crate::bus::PauseKey,
+    /// The request's headers when the target has headers of its own (the prober's
+    /// defaults beneath them); `None`: the prober's defaults alone, shared rather
+    /// than kept a wait (a header map is about a kilobyte, as much as the rest of
+    /// a held wait).
+    pub(super) headers: Option<Box<HeaderMap>>,
+    /// The guard refuses the URL itself (an address literal, `localhost`): why.
+    pub(super) refused: Option<Box<str>>,
+    /// The wait's tenant: reading its answers takes that tenant's turns on the
+    /// CPU pool.
+    pub(super) tenant: Arc<str>,
+    /// The request's group, when its polls may be shared.
+    pub(super) group: Option<Arc<share::Group>>,
+    /// The client of the target's own TLS settings; `None`: the prober's.
+    pub(super) tls: Option<Arc<TlsClient>>,
+    /// When the wait last polled (or was taken up): it never reads a response
+    /// begun before.
+    pub(super) last: share::LastPoll,
+    /// The last response of an unshared request, kept for a `304`.
+    pub(super) kept: conditional::Slot,
+    /// How the last poll's response came ([`Came`]).
+    pub(super) came: Came,
+    /// A poll of it is waiting for its credential's token endpoint.
+    pub(super) minting: std::sync::atomic::AtomicBool,
+    /// Where the token that goes with each request comes from, when the spec has
+    /// `auth`.
+    pub(super) auth: Option<Bearer>,
+    /// The method and body of a request that is not a GET.
+    pub(super) sent: Option<Box<method::Sent>>,
+}
+
+/// How a target's last poll got its response, in one byte: 0 before the first.
+#[derive(Debug, Default)]
+pub(super) struct Came(AtomicU8);
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            share::Group::release(group);
+        }
+    }
+}
+
+impl Came {
+    pub(super) fn set(&self, how: LastPoll) {
+        let b = match how {
+            LastPoll::Sent => 1,
+            LastPoll::Shared => 2,
+            LastPoll::NotModified => 3,
+            LastPoll::Paused => 4,
+        };
+        self.0.store(b, Relaxed);
+    }
+
+    fn get(&self) -> Option<LastPoll> {
+        match self.0.load(Relaxed) {
+            1 => Some(LastPoll::Sent),
+            2 => Some(LastPoll::Shared),
+            3 => Some(LastPoll::NotModified),
+            4 => Some(LastPoll::Paused),
+            _ => None,
+        }
+    }
+}
+
+/// Whose a request is, for the host rate's turns and the pauses: its host, its
+/// tenant, and the key of its tenant's requests with its headers, credential and
+/// TLS settings to that host.
+#[derive(Clone, Debug)]
+pub(crate) struct Whose {
+    pub host: Arc<str>,
+    pub tenant: Arc<str>,
+    pub key: crate::bus::PauseKey,
+}
+
+impl Target {
+    /// Whose its requests are.
+    pub(super) fn whose(&self) -> Whose {
+        Whose {
+            host: self.host.clone(),
+            tenant: self.tenant.clone(),
+            key: self.pause,
+        }
+    }
+
+    /// The host, for the log (never the path or query).
+    pub(super) fn log_host(&self) -> &str {
+        self.uri.host().unwrap_or_default()
+    }
+
+    /// How the last poll's response came: sent, shared, a `304` or paused; `None`
+    /// before the first poll (and for a target the guard refuses).
+    pub fn last_poll(&self) -> Option<LastPoll> {
+        self.came.get()
+    }
+
+    /// Whether a poll of it is waiting for its credential's token endpoint now
+    /// (then the deadline's sentence names the token endpoint, not the target).
+    pub fn minting(&self) -> bool {
+        self.minting.load(Relaxed) || self.group.as_ref().is_some_and(|g| g.minting.load(Relaxed))
+    }
+}
+
+sentence_error! {
+    /// Why a wait's target cannot be polled (a URL that does not parse, a header
+    /// that is not a valid header, TLS settings rustls refuses): the observation
+    /// every probe of it makes.
+    pub struct TargetError;
+}
+
+/// The spec's target URL, parsed; the error is the observation a probe of it makes.
+pub fn target_url(spec: &Spec) -> Result<url::Url, TargetError> {
+    let Some(target) = &spec.target else {
+        return Err("a callback wait has no target to poll".to_string().into());
+    };
+    url::Url::parse(&target.url)
+        .map_err(|e| format!("the target URL is not a valid absolute URL ({e})").into())
+}
 
 impl Prober {
     pub(super) fn make_target(
