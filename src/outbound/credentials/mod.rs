@@ -37,22 +37,25 @@
 //! Every file is read off the runtime's threads and within a time
 //! ([`crate::files`]): a file that blocks fails the polls that need it, and
 //! nothing else.
+//!
+//! This file is the credentials held and which tenant may send which where.
+//! Reading the file is [`document`]'s, an entry of `hosts` is [`place`]'s, and
+//! the token a credential sends is [`bearer`]'s.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use http::HeaderValue;
-use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 use super::TlsSettings;
-use super::token::{Credential, MAX_TOKEN, Secret, TokenError, read_small};
 use crate::config::SettingError;
-use crate::engine::spec::tls::Tls;
-use crate::engine::spec::{ClientAuth, OAuth2, is_credential_name};
-use crate::files::Stamp;
+
+mod bearer;
+mod document;
+mod place;
+
+pub use bearer::{Bearer, FileBearer, LOOK_EVERY};
+use document::{Document, MAX_DOCUMENT};
+use place::Place;
 
 /// The `client_assertion_type` of a JWT bearer assertion (RFC 7523 §2.2).
 pub const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
@@ -76,103 +79,6 @@ struct Held {
     hosts: Vec<Place>,
     bearer: Bearer,
     tls: Option<Arc<TlsSettings>>,
-}
-
-/// One entry of a credential's `hosts`.
-#[derive(Debug)]
-enum Place {
-    /// A host, on the port given or any.
-    Host { host: String, port: Option<u16> },
-    /// A URL prefix: that scheme, host and port, and a path under its path.
-    Prefix {
-        scheme: String,
-        host: String,
-        port: Option<u16>,
-        path: String,
-    },
-}
-
-sentence_error! {
-    /// Why one credential of the file is refused; the sentence follows its name.
-    struct EntryError;
-}
-
-impl Place {
-    /// Reads one entry of `hosts`.
-    fn parse(entry: &str) -> Result<Place, EntryError> {
-        let shape = "is a host (api.example.com), a host and port (api.example.com:8443) or a URL prefix (https://api.example.com/v1/)";
-        if entry.is_empty() || entry.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(format!("{shape}, with no whitespace").into());
-        }
-        if entry.contains("://") {
-            let url = url::Url::parse(entry).map_err(|e| format!("{shape} ({e})"))?;
-            if !matches!(url.scheme(), "http" | "https")
-                || url.host_str().is_none_or(str::is_empty)
-                || !url.username().is_empty()
-                || url.password().is_some()
-                || url.query().is_some()
-                || url.fragment().is_some()
-            {
-                return Err(format!(
-                    "{shape}: an http or https URL with a host, and no credentials, query or fragment"
-                ).into());
-            }
-            return Ok(Place::Prefix {
-                scheme: url.scheme().to_string(),
-                host: url.host_str().unwrap_or_default().to_string(),
-                port: url.port_or_known_default(),
-                path: url.path().to_string(),
-            });
-        }
-        if entry.contains(['/', '@', '?', '#', '\\']) {
-            return Err(shape.into());
-        }
-        // The port as given (a URL forgets its scheme's own).
-        let (host, port) = match entry.rsplit_once(':') {
-            Some((host, port)) if !entry.ends_with(']') => (
-                host,
-                Some(port.parse::<u16>().map_err(|_| shape.to_string())?),
-            ),
-            _ => (entry, None),
-        };
-        let url =
-            url::Url::parse(&format!("https://{host}/")).map_err(|e| format!("{shape} ({e})"))?;
-        let host = url.host_str().unwrap_or_default();
-        if host.is_empty() || url.port().is_some() {
-            return Err(shape.into());
-        }
-        Ok(Place::Host {
-            host: host.to_string(),
-            port,
-        })
-    }
-
-    /// Whether a request to `url` may carry the credential.
-    fn admits(&self, url: &url::Url) -> bool {
-        let host = url.host_str().unwrap_or_default();
-        match self {
-            Place::Host { host: h, port } => {
-                h.eq_ignore_ascii_case(host)
-                    && port.is_none_or(|p| Some(p) == url.port_or_known_default())
-            }
-            Place::Prefix {
-                scheme,
-                host: h,
-                port,
-                path,
-            } => {
-                scheme == url.scheme()
-                    && h.eq_ignore_ascii_case(host)
-                    && *port == url.port_or_known_default()
-                    && match url.path().strip_prefix(path.as_str()) {
-                        Some(rest) => {
-                            path.ends_with('/') || rest.is_empty() || rest.starts_with('/')
-                        }
-                        None => false,
-                    }
-            }
-        }
-    }
 }
 
 /// Why a tenant may not send a credential where a wait asks.
@@ -200,126 +106,6 @@ pub struct Granted {
     pub bearer: Bearer,
     pub tls: Option<Arc<TlsSettings>>,
 }
-
-/// Where a request's `Authorization: Bearer` comes from.
-#[derive(Clone, Debug)]
-pub enum Bearer {
-    /// Minted at a token endpoint.
-    Minted(Arc<Credential>),
-    /// Read from a file.
-    File(Arc<FileBearer>),
-}
-
-impl Bearer {
-    /// Names the credential without revealing it: requests with the same one
-    /// send the same token.
-    pub fn key(&self) -> [u8; 32] {
-        match self {
-            Bearer::Minted(c) => *c.key(),
-            Bearer::File(f) => f.key,
-        }
-    }
-}
-
-/// How long a token read from a file is sent before the file is looked at again.
-pub const LOOK_EVERY: Duration = Duration::from_secs(1);
-
-/// A token read from a file, and read again when the file changes.
-pub struct FileBearer {
-    path: PathBuf,
-    key: [u8; 32],
-    /// The token, the file's stamp when it was read, and when the file was
-    /// last looked at.
-    read: Mutex<Option<(HeaderValue, Stamp, tokio::time::Instant)>>,
-}
-
-impl std::fmt::Debug for FileBearer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileBearer")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-impl FileBearer {
-    /// The `Authorization` value: the file's token, read again when the file's
-    /// modification time or length changed since it was read. The file is
-    /// looked at at most once every [`LOOK_EVERY`], off the runtime's threads.
-    pub async fn value(&self) -> Result<HeaderValue, TokenError> {
-        let now = tokio::time::Instant::now();
-        let known = {
-            let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
-            match &*read {
-                Some((value, _, looked)) if now.duration_since(*looked) < LOOK_EVERY => {
-                    return Ok(value.clone());
-                }
-                Some((_, stamp, _)) => Some(*stamp),
-                None => None,
-            }
-        };
-        let what = "the credential's token file";
-        let stamp = crate::files::stamp(&self.path)
-            .await
-            .map_err(|e| TokenError::Transient(format!("{what} {e}")))?;
-        if known == Some(stamp) {
-            let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((value, s, looked)) = &mut *read
-                && *s == stamp
-            {
-                *looked = now;
-                return Ok(value.clone());
-            }
-        }
-        let token = read_small(&self.path, "credential's token file").await?;
-        if token.len() > MAX_TOKEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(TokenError::Refused(format!(
-                "{what} does not hold one token of at most {} printable characters",
-                MAX_TOKEN
-            )));
-        }
-        let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-            TokenError::Refused("the credential's token cannot be a header value".into())
-        })?;
-        value.set_sensitive(true);
-        *self.read.lock().unwrap_or_else(|e| e.into_inner()) = Some((value.clone(), stamp, now));
-        Ok(value)
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Document {
-    credentials: BTreeMap<String, Entry>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Entry {
-    kind: String,
-    tenants: Vec<String>,
-    hosts: Vec<String>,
-    path: Option<PathBuf>,
-    token_url: Option<String>,
-    client_id: Option<String>,
-    client_secret_file: Option<PathBuf>,
-    client_assertion_file: Option<PathBuf>,
-    client_assertion_type: Option<String>,
-    scope: Option<String>,
-    audience: Option<String>,
-    #[serde(default)]
-    params: BTreeMap<String, String>,
-    #[serde(default)]
-    client_auth: ClientAuth,
-    ca_file: Option<PathBuf>,
-    client_cert_file: Option<PathBuf>,
-    client_key_file: Option<PathBuf>,
-}
-
-/// The largest credentials file read, and the largest file it names for TLS.
-const MAX_DOCUMENT: usize = 1024 * 1024;
-
-/// The most entries of a credential's `hosts`.
-const MAX_HOSTS: usize = 64;
 
 impl Credentials {
     /// Reads `--credentials-file` (off the runtime's threads, within
@@ -390,166 +176,6 @@ impl Credentials {
             tls: held.tls.clone(),
         })
     }
-}
-
-impl Held {
-    async fn of(name: &str, e: Entry) -> Result<Held, EntryError> {
-        if !is_credential_name(name) {
-            return Err("a name is 1 to 64 of letters, digits, '_', '.' and '-'".into());
-        }
-        if e.tenants.is_empty() {
-            return Err(
-                "\"tenants\" lists no tenant; name them, or [\"*\"] for every tenant".into(),
-            );
-        }
-        if let Some(i) = e
-            .tenants
-            .iter()
-            .position(|t| t != "*" && !crate::tokens::is_tenant_name(t))
-        {
-            return Err(format!(
-                "tenants[{i}] is not a tenant name (1 to {} of letters, digits, '.', '_' and '-') nor \"*\"",
-                crate::tokens::MAX_TENANT
-            ).into());
-        }
-        let tenants = (!e.tenants.iter().any(|t| t == "*")).then_some(e.tenants);
-        if e.hosts.is_empty() || e.hosts.len() > MAX_HOSTS {
-            return Err(format!(
-                "\"hosts\" names the hosts (or URL prefixes) its token may be sent to: 1 to {MAX_HOSTS} of them"
-            ).into());
-        }
-        let hosts = e
-            .hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| Place::parse(h).map_err(|why| format!("hosts[{i}] {why}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let tls = tls_of(e.ca_file, e.client_cert_file, e.client_key_file).await?;
-        let key: [u8; 32] = Sha256::digest(format!("\0operator\0{name}")).into();
-        let oauth_fields = e.token_url.is_some()
-            || e.client_id.is_some()
-            || e.client_secret_file.is_some()
-            || e.client_assertion_file.is_some()
-            || e.client_assertion_type.is_some()
-            || e.scope.is_some()
-            || e.audience.is_some()
-            || !e.params.is_empty();
-        let bearer = match e.kind.as_str() {
-            "bearer_file" => {
-                let path = e
-                    .path
-                    .ok_or("\"path\" is required: the file that holds the token")?;
-                if oauth_fields {
-                    return Err(
-                        "a bearer_file credential has only \"path\", \"tenants\", \"hosts\" and the TLS files"
-                            .into(),
-                    );
-                }
-                Bearer::File(Arc::new(FileBearer {
-                    path,
-                    key,
-                    read: Mutex::new(None),
-                }))
-            }
-            "oauth2" => {
-                if e.path.is_some() {
-                    return Err("\"path\" belongs to a bearer_file credential; an oauth2 one reads client_secret_file or client_assertion_file".into());
-                }
-                let token_url = e.token_url.ok_or("\"token_url\" is required")?;
-                let url = url::Url::parse(&token_url)
-                    .map_err(|err| format!("\"token_url\" is not a valid URL ({err})"))?;
-                if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-                    return Err("\"token_url\" must be an http or https URL with a host".into());
-                }
-                let client_id = e.client_id.ok_or("\"client_id\" is required")?;
-                let secret = match (e.client_secret_file, e.client_assertion_file) {
-                    (Some(path), None) => {
-                        if e.client_assertion_type.is_some() {
-                            return Err(
-                                "\"client_assertion_type\" goes with client_assertion_file".into(),
-                            );
-                        }
-                        Secret::File(path)
-                    }
-                    (None, Some(path)) => Secret::Assertion {
-                        path,
-                        kind: e.client_assertion_type.unwrap_or_else(|| JWT_BEARER.into()),
-                    },
-                    _ => {
-                        return Err(
-                            "give exactly one of \"client_secret_file\" and \"client_assertion_file\""
-                                .into(),
-                        );
-                    }
-                };
-                let spec = OAuth2 {
-                    token_url,
-                    client_id,
-                    client_secret: String::new(),
-                    scope: e.scope,
-                    audience: e.audience,
-                    params: e.params,
-                    client_auth: e.client_auth,
-                };
-                Bearer::Minted(Arc::new(
-                    Credential::new(key, &spec, secret).map_err(|err| err.to_string())?,
-                ))
-            }
-            other => {
-                return Err(format!(
-                    "\"kind\" is \"{}\"; it is \"bearer_file\" or \"oauth2\"",
-                    other.escape_debug()
-                )
-                .into());
-            }
-        };
-        Ok(Held {
-            tenants,
-            hosts,
-            bearer,
-            tls,
-        })
-    }
-}
-
-/// The TLS settings of a credential's files, read and checked at start-up as a
-/// wait's `target.tls` is at creation.
-async fn tls_of(
-    ca: Option<PathBuf>,
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-) -> Result<Option<Arc<TlsSettings>>, String> {
-    if ca.is_none() && cert.is_none() && key.is_none() {
-        return Ok(None);
-    }
-    if cert.is_some() != key.is_some() {
-        return Err("\"client_cert_file\" and \"client_key_file\" go together".into());
-    }
-    async fn read(p: &Option<PathBuf>, field: &str) -> Result<Option<String>, String> {
-        match p {
-            None => Ok(None),
-            Some(p) => crate::files::read_text(p, MAX_DOCUMENT)
-                .await
-                .map(Some)
-                .map_err(|e| format!("\"{field}\" {} {e}", p.display())),
-        }
-    }
-    let tls = Tls {
-        ca: read(&ca, "ca_file").await?,
-        client_cert: read(&cert, "client_cert_file").await?,
-        client_key: read(&key, "client_key_file").await?,
-        server_name: None,
-    };
-    // The sentences name the spec's fields; here they are the files.
-    let named = |why: String| {
-        why.replace("target.tls.ca", "ca_file")
-            .replace("target.tls.client_cert", "client_cert_file")
-            .replace("target.tls.client_key", "client_key_file")
-    };
-    Ok(Some(Arc::new(TlsSettings {
-        roots: tls.roots().map_err(named)?,
-        identity: tls.identity().map_err(named)?,
-    })))
 }
 
 #[cfg(test)]
