@@ -460,3 +460,21 @@ proptest! {
         }
     }
 }
+
+/// The smallest specs whose normal form names an empty `fail`: read back, they
+/// mean what they meant.
+#[test]
+fn a_callback_wait_and_a_wait_decided_by_a_condition_alone_read_back_the_same() {
+    let limits = Limits::default();
+    for request in [
+        json!({"callback": {}}),
+        json!({"target": {"url": "https://api.example.com/x"}, "success_condition": "status == 200"}),
+    ] {
+        let spec = Spec::from_request(&request, &limits).expect("a valid request");
+        let text = serde_json::to_value(&spec).expect("a spec serialises");
+        assert_eq!(text["fail"], json!([]), "{text}");
+        let again = Spec::from_request(&text, &limits)
+            .unwrap_or_else(|e| panic!("{text} (from {request}) is refused: {e:?}"));
+        assert_eq!(again, spec);
+    }
+}

@@ -374,9 +374,15 @@ impl Spec {
             None | Some(Value::Null) if tcp => None,
             None | Some(Value::Null) => {
                 // Only a wait decided by its success_condition alone needs no state.
+                // An empty `fail` names no state: it is the default, and how a
+                // spec without one reads back.
                 let needs: Vec<&str> = ["want", "fail", "pending", "error"]
                     .into_iter()
-                    .filter(|k| opt(obj, k).is_some())
+                    .filter(|k| {
+                        opt(obj, k).is_some_and(|v| {
+                            *k != "fail" || v.as_array().is_none_or(|a| !a.is_empty())
+                        })
+                    })
                     .collect();
                 if !needs.is_empty() || (opt(obj, "success_condition").is_none() && !is_callback) {
                     let why = if needs.is_empty() {
