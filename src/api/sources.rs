@@ -53,23 +53,40 @@ pub struct SourceList {
     pub sources: Vec<SourceView>,
 }
 
+/// How a source's events are signed.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum SourceKindText {
+    #[schema(rename = "github")]
+    Github,
+    #[schema(rename = "standard-webhooks")]
+    StandardWebhooks,
+    #[schema(rename = "bearer")]
+    Bearer,
+}
+
 /// A create request for an event source.
 #[derive(Debug, serde::Deserialize, ToSchema)]
 #[allow(dead_code)]
 pub struct CreateSource {
     /// 1 to 64 lowercase letters, digits, '.', '_' or '-': what waits name in
     /// `on_event.source`.
+    #[schema(pattern = r"^[a-z0-9][a-z0-9._-]{0,63}$")]
     pub name: String,
     /// `github`, `standard-webhooks` or `bearer`.
+    #[schema(value_type = SourceKindText)]
     pub kind: String,
     /// The signing secret (write-only): GitHub's webhook secret, a Standard
     /// Webhooks `whsec_…` secret, or the bearer token.
+    #[schema(min_length = 16, max_length = 512)]
     pub secret: String,
     /// A JSON Pointer into an event's body (`/workflow_run/id`) or a CEL
     /// expression over `body` and `headers` (`body.workflow_run.head_sha`).
+    #[schema(min_length = 1, max_length = 1024)]
     pub key: String,
     /// How long events are kept for waits created after them: `1s` to `1h`,
     /// default `5m`.
+    #[schema(value_type = Option<crate::engine::schema::DurationText>)]
     pub lookback: Option<String>,
 }
 

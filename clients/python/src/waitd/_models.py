@@ -304,7 +304,7 @@ DeliveryPage = TypedDict(
 
 
 # How a parameter's value is checked, and written into `target.url`.
-ParamKind: TypeAlias = Literal["segment", "path", "base_url", "url", "status", "duration", "address", "count"]
+ParamKind: TypeAlias = Literal["segment", "path", "base_url", "url", "status", "duration", "address", "count", "source"]
 
 
 # One parameter of a preset.

@@ -112,6 +112,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/hooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Receive an event
+         * @description An event for an event source: its signature is checked by the source's kind,
+         *     it is kept for the source's lookback window, and the running waits whose
+         *     `on_event` names the source and the event's key (and whose `match` accepts
+         *     it) are polled now (`then: poll`) or have it judged by their conditions
+         *     (`then: end`). A delivery received before is one effect.
+         */
+        post: operations["receive_event"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -235,6 +259,54 @@ export interface paths {
         put?: never;
         post?: never;
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sources": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List event sources
+         * @description The tenant's event sources, by name; never their secrets.
+         */
+        get: operations["list_sources"];
+        put?: never;
+        /**
+         * Create an event source
+         * @description Declares a receiver of signed webhooks: its events are POSTed to the
+         *     `hook_url` of the answer, checked by its kind's signature, kept for its
+         *     lookback window, and matched by key to the waits whose `on_event` names it.
+         */
+        post: operations["create_source"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sources/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Read an event source */
+        get: operations["get_source"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete an event source
+         * @description Deletes the source, its kept events and its listeners: its hook URL answers
+         *     `404` from now on, and the waits that listened to it go on polling.
+         */
+        delete: operations["delete_source"];
         options?: never;
         head?: never;
         patch?: never;
@@ -607,6 +679,7 @@ export interface components {
              *     decides nothing: the poll does. Default false; not on a callback wait.
              */
             nudge?: boolean | null;
+            on_event?: null | components["schemas"]["OnEvent"];
             /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
@@ -650,6 +723,27 @@ export interface components {
              *     `success_condition` or both (then both must hold).
              */
             want?: components["schemas"]["StateValue"][] | null;
+        };
+        /** @description A create request for an event source. */
+        CreateSource: {
+            /**
+             * @description A JSON Pointer into an event's body (`/workflow_run/id`) or a CEL
+             *     expression over `body` and `headers` (`body.workflow_run.head_sha`).
+             */
+            key: string;
+            /** @description `github`, `standard-webhooks` or `bearer`. */
+            kind: components["schemas"]["SourceKindText"];
+            lookback?: null | components["schemas"]["Duration"];
+            /**
+             * @description 1 to 64 lowercase letters, digits, '.', '_' or '-': what waits name in
+             *     `on_event.source`.
+             */
+            name: string;
+            /**
+             * @description The signing secret (write-only): GitHub's webhook secret, a Standard
+             *     Webhooks `whsec_…` secret, or the bearer token.
+             */
+            secret: string;
         };
         /**
          * @description A wait to create: name a `preset`; or give `target` and either `state` and `want` or a `success_condition`; or give `callback` in the target's place (and whatever else differs from the defaults). Unknown fields are refused.
@@ -701,6 +795,7 @@ export interface components {
              *     decides nothing: the poll does. Default false; not on a callback wait.
              */
             nudge?: boolean | null;
+            on_event?: null | components["schemas"]["OnEvent"];
             /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
@@ -825,6 +920,23 @@ export interface components {
         Duration: string;
         /** @description One entry of a wait's history. */
         Event: components["schemas"]["EventCreated"] | components["schemas"]["EventState"] | components["schemas"]["EventRetry"] | components["schemas"]["EventSucceeded"] | components["schemas"]["EventFailed"] | components["schemas"]["EventTimedOut"] | components["schemas"]["EventCanceled"] | components["schemas"]["EventError"];
+        /** @description The answer to an event. */
+        EventAccepted: {
+            /** @description The event's delivery id (its replays are one effect). */
+            delivery: string;
+            /**
+             * @description The key the source read from it; `null` when it has none (it then
+             *     reaches no wait).
+             */
+            key?: string | null;
+            /**
+             * Format: int64
+             * @description The listening waits the event matched (0 for a replay).
+             */
+            matched: number;
+            /** @description True when this delivery was received before: nothing more was done. */
+            replayed: boolean;
+        };
         /** @description The wait ended `canceled` by a client. */
         EventCanceled: {
             /** Format: date-time */
@@ -1130,6 +1242,7 @@ export interface components {
              *     decides nothing: the poll does. Default false; not on a callback wait.
              */
             nudge?: boolean | null;
+            on_event?: null | components["schemas"]["OnEvent"];
             /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
@@ -1307,6 +1420,22 @@ export interface components {
              */
             token_url: components["schemas"]["TargetUrl"];
         };
+        /** @description The events a wait listens for. */
+        OnEvent: {
+            /**
+             * @description The value the source's key extraction must yield for an event to be this
+             *     wait's (at most 256 bytes; a number is taken as its text).
+             */
+            key: string;
+            match?: null | components["schemas"]["Condition"];
+            /** @description The name of one of the tenant's event sources. */
+            source: string;
+            /**
+             * @description `poll` (default): poll the wait now. `end`: judge the event's body by the
+             *     wait's conditions, as a callback's body is.
+             */
+            then?: components["schemas"]["Then"];
+        };
         /** @description One parameter of a preset. */
         Param: {
             /**
@@ -1326,7 +1455,7 @@ export interface components {
          * @description How a parameter's value is checked, and written into `target.url`.
          * @enum {string}
          */
-        ParamKind: "segment" | "path" | "base_url" | "url" | "status" | "duration" | "address" | "count";
+        ParamKind: "segment" | "path" | "base_url" | "url" | "status" | "duration" | "address" | "count" | "source";
         /** @description A pause that holds a wait's polls back (`paused` of a wait). */
         Paused: {
             /** @description Why, as a sentence. */
@@ -1434,6 +1563,34 @@ export interface components {
             max_retries?: number | null;
         };
         /**
+         * @description How a source's events are signed.
+         * @enum {string}
+         */
+        SourceKindText: "github" | "standard-webhooks" | "bearer";
+        /** @description A tenant's event sources. */
+        SourceList: {
+            sources: components["schemas"]["SourceView"][];
+        };
+        /** @description An event source as every answer shows it (never its secret). */
+        SourceView: {
+            /** Format: date-time */
+            created_at: string;
+            /** @description Where its events are POSTed: no API token, the signature is checked. */
+            hook_url: string;
+            /** @description The random id in its hook URL. */
+            id: string;
+            /**
+             * @description How an event's key is read: a JSON Pointer into its body, or a CEL
+             *     expression over its `body` and `headers`.
+             */
+            key: string;
+            /** @description `github`, `standard-webhooks` or `bearer`: how its events are signed. */
+            kind: string;
+            /** @description How long its events are kept for waits created after them. */
+            lookback: string;
+            name: string;
+        };
+        /**
          * @description A validated wait request, normalised: every default filled in. Its serialised form
          *     is a valid request that means the same thing, and its schema (derived here) is
          *     the request's: `POST /waits` takes these fields (plus `preset` and `params`).
@@ -1464,6 +1621,7 @@ export interface components {
              *     decides nothing: the poll does. Default false; not on a callback wait.
              */
             nudge?: boolean | null;
+            on_event?: null | components["schemas"]["OnEvent"];
             /**
              * @description What the wait ends with, by name (at most 16): each a JSON Pointer or
              *     JSONPath into the body of the response it ended on, or a CEL expression
@@ -1564,6 +1722,11 @@ export interface components {
         };
         /** @example https://api.example.com/servers/1 */
         TargetUrl: string;
+        /**
+         * @description What a listening wait does with an event that matches it.
+         * @enum {string}
+         */
+        Then: "poll" | "end";
         /**
          * @description The target's own TLS settings. `ca` replaces the platform's roots for this
          *     wait; `client_cert` and `client_key` come together.
@@ -2132,6 +2295,127 @@ export interface operations {
             };
         };
     };
+    receive_event: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's id, from its hook_url */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": unknown;
+            };
+        };
+        responses: {
+            /** @description A replay of a delivery already received: nothing more was done */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventAccepted"];
+                };
+            };
+            /** @description Kept, and applied to the waits it matched */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventAccepted"];
+                };
+            };
+            /** @description The body is not JSON, or the delivery id is malformed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The signature is missing or wrong: nothing was kept */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A read-only API token (tenant:token:read), which may only read */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No event source has this hook URL */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within the server's body timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Body over 1 MiB: nothing was kept */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request URI is over 16 KiB */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many requests from this address, or the tenant keeps as many events as it may: nothing was kept */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store is unreachable: repeat it after Retry-After */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     metrics: {
         parameters: {
             query?: never;
@@ -2413,6 +2697,317 @@ export interface operations {
             503: {
                 headers: {
                     /** @description Seconds to wait before asking again */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_sources: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tenant's sources */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceList"];
+                };
+            };
+            /** @description Missing or invalid API token (when tokens are configured) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request URI is over 16 KiB */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Over this token's request rate, or too many open streams and held requests: repeat after Retry-After */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store is unreachable: repeat it after Retry-After */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    create_source: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSource"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceView"];
+                };
+            };
+            /** @description Invalid request (see `errors`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or invalid API token (when tokens are configured) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A read-only API token, which may only read */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The tenant has a source of this name, or 100 sources already */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Body over 64 KiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request URI is over 16 KiB */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Over this token's request rate, or too many open streams and held requests: repeat after Retry-After */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store is unreachable: repeat it after Retry-After */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_source: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The source */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceView"];
+                };
+            };
+            /** @description Missing or invalid API token (when tokens are configured) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No source of this name */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request URI is over 16 KiB */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Over this token's request rate, or too many open streams and held requests: repeat after Retry-After */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store is unreachable: repeat it after Retry-After */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    delete_source: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Missing or invalid API token (when tokens are configured) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A read-only API token, which may only read */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No source of this name */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request URI is over 16 KiB */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Over this token's request rate, or too many open streams and held requests: repeat after Retry-After */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The store is unreachable: repeat it after Retry-After */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before repeating */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
