@@ -69,6 +69,36 @@ pub enum StartError {
     Listen(#[from] std::io::Error),
 }
 
+/// Makes the stored operator's sources those of `--credentials-file`: each
+/// replica does so at start-up, with the same file.
+async fn declare_operator_sources(
+    store: &store::Store,
+    credentials: &outbound::credentials::Credentials,
+) -> Result<(), StartError> {
+    let declared: Vec<_> = credentials
+        .sources()
+        .iter()
+        .map(|(name, o)| {
+            (
+                o.hook_id.as_str(),
+                store::sources::NewSource {
+                    tenant: store::sources::OPERATOR,
+                    name,
+                    kind: o.kind,
+                    key_from: &o.key_from,
+                    lookback: o.lookback,
+                    secret: &o.secret,
+                },
+            )
+        })
+        .collect();
+    store
+        .sources()
+        .declare_operator(&declared, chrono::Utc::now())
+        .await?;
+    Ok(())
+}
+
 /// `host=ip` pairs of `--resolve`.
 fn parse_resolve(entries: &[String]) -> Result<Vec<(String, SocketAddr)>, SettingError> {
     entries
@@ -146,6 +176,7 @@ impl App {
         };
         let bus = bus::Bus::new();
         let (store, sealed) = open_store(&config.database, bus.clone()).await?;
+        declare_operator_sources(&store, &credentials).await?;
         let prober = probe::Prober::new(probe::ProbeConfig {
             timeout: config.outbound.probe_timeout,
             max_body: config.outbound.max_body,

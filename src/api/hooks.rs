@@ -30,7 +30,7 @@ use crate::engine::{End, Spec};
 use crate::model::{Status, Wait};
 use crate::sources::{KeyFrom, MAX_EVENT_BODY};
 use crate::store::CallbackEnd;
-use crate::store::sources::{Kept, NewEvent, Source};
+use crate::store::sources::{Kept, NewEvent, OPERATOR, Source};
 
 /// The most listening waits one event reaches.
 pub const MAX_LISTENERS: i64 = 1000;
@@ -145,7 +145,12 @@ pub async fn receive_event(
                     StatusCode::TOO_MANY_REQUESTS,
                     "Too many kept events",
                     format!(
-                        "this tenant keeps {} events or {} MiB of events already, the most allowed; nothing was kept: send it again once older events expire (each source's lookback), or shorten the sources' lookback",
+                        "{} {} events or {} MiB of events already, the most allowed; nothing was kept: send it again once older events expire (each source's lookback), or shorten the sources' lookback",
+                        if source.tenant == OPERATOR {
+                            "the operator's sources keep"
+                        } else {
+                            "this tenant keeps"
+                        },
                         s.event_caps.events,
                         s.event_caps.bytes / (1024 * 1024)
                     ),
@@ -168,7 +173,7 @@ pub async fn receive_event(
     // run to their end even if the sender hangs up meanwhile.
     let effects = tokio::spawn(reach_listeners(
         s.clone(),
-        source.id.clone(),
+        source.clone(),
         key.clone(),
         Arc::new(body),
         Arc::new(kept_headers),
@@ -191,7 +196,7 @@ pub async fn receive_event(
 /// left to its polls, which remain the backstop.
 async fn reach_listeners(
     s: AppState,
-    source_id: String,
+    source: Source,
     key: Option<String>,
     body: Arc<Value>,
     headers: Arc<BTreeMap<String, String>>,
@@ -202,7 +207,7 @@ async fn reach_listeners(
     let listeners = match s
         .store
         .sources()
-        .listeners(&source_id, &key, MAX_LISTENERS)
+        .listeners(&source.id, &key, MAX_LISTENERS)
         .await
     {
         Ok(l) => l,
@@ -213,6 +218,12 @@ async fn reach_listeners(
     };
     let mut matched = 0;
     for l in listeners {
+        // A tenant the operator no longer lists for its source (the file
+        // changed since the wait began to listen) hears nothing of it.
+        if source.tenant == OPERATOR && s.credentials.source_for(&l.tenant, &source.name).is_none()
+        {
+            continue;
+        }
         let spec = SpecOf::Stored(l.spec);
         match apply(&s, &l.tenant, l.wait_id, spec, &body, &headers).await {
             Ok(true) => matched += 1,

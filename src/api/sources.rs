@@ -19,21 +19,22 @@ use super::{AppState, json_response};
 use crate::engine::FieldError;
 use crate::engine::spec::{SOURCE_NAME_RULE, is_source_name};
 use crate::sources::{KeyFrom, Kind, check_secret};
-use crate::store::sources::{NewSource, Source};
+use crate::store::sources::{NewSource, OPERATOR, Source};
 
 /// The path of a source's hook URL, before its id.
 pub const HOOK_PATH: &str = "/hooks/";
 /// The most sources one tenant may have.
 pub const MAX_SOURCES: i64 = 100;
-/// A source's lookback window when its create names none, and the longest one.
-pub const DEFAULT_LOOKBACK: Duration = Duration::from_secs(300);
-pub const MAX_LOOKBACK: Duration = Duration::from_secs(3600);
+pub use crate::sources::DEFAULT_LOOKBACK;
 
-/// An event source as every answer shows it (never its secret).
+/// An event source as every answer shows it (never its secret). One the
+/// operator declares shows neither its hook id nor its hook URL: the sender is
+/// the operator's to configure.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SourceView {
-    /// The random id in its hook URL.
-    pub id: String,
+    /// The random id in its hook URL; absent on the operator's sources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     pub name: String,
     /// `github`, `standard-webhooks` or `bearer`: how its events are signed.
     pub kind: String,
@@ -43,7 +44,12 @@ pub struct SourceView {
     /// How long its events are kept for waits created after them.
     pub lookback: String,
     /// Where its events are POSTed: no API token, the signature is checked.
-    pub hook_url: String,
+    /// Absent on the operator's sources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hook_url: Option<String>,
+    /// True for a source the operator declares (`--credentials-file`): the
+    /// tenant's waits may name it, and only the operator may change it.
+    pub operator: bool,
     pub created_at: DateTime<Utc>,
 }
 
@@ -91,15 +97,29 @@ pub struct CreateSource {
 }
 
 pub(super) fn view(s: &Source, headers: &HeaderMap) -> SourceView {
+    let operator = s.tenant == OPERATOR;
     SourceView {
-        id: s.id.clone(),
+        id: (!operator).then(|| s.id.clone()),
         name: s.name.clone(),
         kind: s.kind.as_str().to_string(),
         key: s.key_from.clone(),
         lookback: crate::engine::duration::format(s.lookback),
-        hook_url: super::waits::capability_url(headers, HOOK_PATH, &s.id),
+        hook_url: (!operator).then(|| super::waits::capability_url(headers, HOOK_PATH, &s.id)),
+        operator,
         created_at: s.created_at,
     }
+}
+
+/// The source `tenant`'s waits mean by `name`: its own of that name, else the
+/// operator's, if the operator lists the tenant for it.
+pub(super) async fn usable(s: &AppState, tenant: &str, name: &str) -> ApiResult<Option<Source>> {
+    if let Some(own) = s.store.sources().get(tenant, name).await? {
+        return Ok(Some(own));
+    }
+    if s.credentials.source_for(tenant, name).is_none() {
+        return Ok(None);
+    }
+    Ok(s.store.sources().get(OPERATOR, name).await?)
 }
 
 fn invalid(errors: Vec<FieldError>) -> ApiError {
@@ -252,14 +272,10 @@ fn parse(body: &Value) -> Result<Parsed, Vec<FieldError>> {
     };
     let lookback = match obj.get("lookback") {
         None | Some(Value::Null) => Some(DEFAULT_LOOKBACK),
-        Some(Value::String(t)) => match crate::engine::duration::parse(t) {
-            Ok(d) if d >= Duration::from_secs(1) && d <= MAX_LOOKBACK => Some(d),
-            Ok(_) => {
-                push("lookback", "must be from 1s to 1h".into());
-                None
-            }
-            Err(e) => {
-                push("lookback", e.to_string());
+        Some(Value::String(t)) => match crate::sources::lookback(t) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                push("lookback", why);
                 None
             }
         },
@@ -279,7 +295,8 @@ fn parse(body: &Value) -> Result<Parsed, Vec<FieldError>> {
 
 /// List event sources
 ///
-/// The tenant's event sources, by name; never their secrets.
+/// The tenant's event sources and the operator's it may use, by name; never
+/// their secrets.
 #[utoipa::path(
     get, path = "/sources", tag = "sources", operation_id = "list_sources",
     responses(
@@ -294,7 +311,26 @@ pub async fn list_sources(
     ApiQuery(NoQuery {}): ApiQuery<NoQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let sources = s.store.sources().list(&tenant).await?;
+    let mut sources = s.store.sources().list(&tenant).await?;
+    if s.credentials
+        .sources()
+        .keys()
+        .any(|n| s.credentials.source_for(&tenant, n).is_some())
+    {
+        let operators: Vec<Source> = s
+            .store
+            .sources()
+            .list(OPERATOR)
+            .await?
+            .into_iter()
+            .filter(|o| {
+                s.credentials.source_for(&tenant, &o.name).is_some()
+                    && !sources.iter().any(|own| own.name == o.name)
+            })
+            .collect();
+        sources.extend(operators);
+        sources.sort_by(|a, b| a.name.cmp(&b.name));
+    }
     let sources = sources.iter().map(|x| view(x, &headers)).collect();
     Ok(json_response(StatusCode::OK, &SourceList { sources }))
 }
@@ -324,7 +360,7 @@ pub async fn get_source(
     ApiQuery(NoQuery {}): ApiQuery<NoQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let found = s.store.sources().get(&tenant, &name).await?;
+    let found = usable(&s, &tenant, &name).await?;
     let found = found.ok_or_else(|| no_such_source(&name))?;
     Ok(json_response(StatusCode::OK, view(&found, &headers)))
 }
@@ -338,7 +374,7 @@ pub async fn get_source(
     params(("name" = String, Path, description = "The source's name")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 403, description = "A read-only API token, which may only read", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A read-only API token, which may only read, or a source the operator declares", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No source of this name", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unreachable: repeat it after Retry-After", body = Problem, content_type = "application/problem+json",
          headers(("Retry-After" = u32, description = "Seconds to wait before repeating"))),
@@ -351,6 +387,15 @@ pub async fn delete_source(
     ApiQuery(NoQuery {}): ApiQuery<NoQuery>,
 ) -> ApiResult<Response> {
     if !s.store.sources().delete(&tenant, &name).await? {
+        if s.credentials.source_for(&tenant, &name).is_some() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "Operator's source",
+                format!(
+                    "the event source \"{name}\" is the operator's (--credentials-file): this tenant's waits may name it, and only the operator may change or remove it"
+                ),
+            ));
+        }
         return Err(no_such_source(&name));
     }
     Ok(axum::response::IntoResponse::into_response(

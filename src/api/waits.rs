@@ -105,11 +105,11 @@ pub async fn create_wait(
     }
     guard(&s, &tenant, &spec, "", true)?;
     let source = match &spec.on_event {
-        Some(on) => Some(s.store.sources().get(&tenant, &on.source).await?.ok_or_else(|| {
+        Some(on) => Some(super::sources::usable(&s, &tenant, &on.source).await?.ok_or_else(|| {
             ApiError::validation(vec![crate::engine::FieldError {
                 field: "on_event.source".into(),
                 message: format!(
-                    "names \"{}\", which is not one of this tenant's event sources; create it with POST /sources, or see GET /sources",
+                    "names \"{}\", which is neither one of this tenant's event sources nor one of the operator's it may use; create it with POST /sources, or see GET /sources",
                     on.source
                 ),
             }])

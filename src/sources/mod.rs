@@ -42,6 +42,32 @@ const UNKEPT: &[&str] = &[
     "webhook-signature",
 ];
 
+/// A source's lookback window when none is named, and the longest one.
+pub const DEFAULT_LOOKBACK: std::time::Duration = std::time::Duration::from_secs(300);
+pub const MAX_LOOKBACK: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A source's `lookback` (`1s` to `1h`), or the end of a sentence saying why not.
+pub fn lookback(text: &str) -> Result<std::time::Duration, String> {
+    match crate::engine::duration::parse(text) {
+        Ok(d) if d >= std::time::Duration::from_secs(1) && d <= MAX_LOOKBACK => Ok(d),
+        Ok(_) => Err("must be from 1s to 1h".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The shortest and longest hook id an operator may choose: at least 22
+/// characters of `A-Z a-z 0-9 _ -` are 128 bits and more.
+pub const MIN_HOOK_ID: usize = 22;
+pub const MAX_HOOK_ID: usize = 64;
+
+/// Whether `id` is a hook id an operator may choose for a source of theirs.
+pub fn is_hook_id(id: &str) -> bool {
+    (MIN_HOOK_ID..=MAX_HOOK_ID).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Why an event is refused: the sentence of its `401`.
 pub type Refusal = String;
 

@@ -6,6 +6,7 @@
 
 use crate::support;
 
+mod operator;
 mod preset;
 mod refusals;
 
@@ -101,26 +102,31 @@ pub(super) fn run_event(id: u64, conclusion: &str) -> Value {
     json!({"action": "completed", "workflow_run": {"id": id, "status": "completed", "conclusion": conclusion}})
 }
 
+/// The spec of a wait on `url` polled every ten minutes, listening as
+/// `on_event` says.
+pub(super) fn listening_spec(url: &str, on_event: Value) -> Value {
+    json!({
+        "target": {"url": url},
+        "state": "/data/attributes/status",
+        "want": ["on", "success"],
+        "fail": ["failed", "failure"],
+        "timeout": "30m",
+        "poll": {"initial": "10m", "max": "10m"},
+        "on_event": on_event,
+    })
+}
+
 /// A wait on `url` polled every ten minutes, listening to `src` for `key`.
 pub(super) async fn listening(app: &App, url: &str, on_event: Value) -> String {
-    let (status, w) = app
-        .create(json!({
-            "target": {"url": url},
-            "state": "/data/attributes/status",
-            "want": ["on", "success"],
-            "fail": ["failed", "failure"],
-            "timeout": "30m",
-            "poll": {"initial": "10m", "max": "10m"},
-            "on_event": on_event,
-        }))
-        .await;
+    let (status, w) = app.create(listening_spec(url, on_event)).await;
     assert_eq!(status, 201, "{w}");
     w["id"].as_str().unwrap().to_string()
 }
 
-/// A wait whose events are judged by a state at the event's `/workflow_run/conclusion`.
-pub(super) async fn ended_by_event(app: &App, url: &str, src: &str, key: &str) -> (u16, Value) {
-    app.create(json!({
+/// The spec of a wait whose events are judged by a state at the event's
+/// `/workflow_run/conclusion`.
+pub(super) fn ended_by_event_spec(url: &str, src: &str, key: &str) -> Value {
+    json!({
         "target": {"url": url},
         "state": "/workflow_run/conclusion",
         "want": ["success"],
@@ -128,8 +134,12 @@ pub(super) async fn ended_by_event(app: &App, url: &str, src: &str, key: &str) -
         "timeout": "30m",
         "poll": {"initial": "10m", "max": "10m"},
         "on_event": {"source": src, "key": key, "then": "end"},
-    }))
-    .await
+    })
+}
+
+/// A wait whose events are judged by a state at the event's `/workflow_run/conclusion`.
+pub(super) async fn ended_by_event(app: &App, url: &str, src: &str, key: &str) -> (u16, Value) {
+    app.create(ended_by_event_spec(url, src, key)).await
 }
 
 #[tokio::test]
@@ -308,28 +318,35 @@ async fn then_end_ends_the_wait_through_its_conditions() {
     }
 }
 
+/// Sends the GitHub source at `hook` run 77's success (delivery "early"), and
+/// starts a target on which the run has no conclusion yet: it and its URL.
+pub(super) async fn run_77_kept(hook: &str) -> (Upstream, String) {
+    let (status, a, _) = answered(signed(
+        hook,
+        "github",
+        GITHUB_SECRET,
+        "early",
+        &run_event(77, "success"),
+    ))
+    .await;
+    assert_eq!(status, 202, "{a}");
+    let up = Upstream::start().await;
+    let url = up.script(
+        "/sv",
+        vec![Reply::json(
+            200,
+            json!({"workflow_run": {"conclusion": null}}),
+        )],
+    );
+    (up, url)
+}
+
 #[tokio::test]
 async fn an_event_before_its_wait_is_seen_within_the_window_and_not_after() {
     for (app, db) in each_store("1ms").await {
         let hook = source(&app, "gh", "github", "/workflow_run/id", "5m").await;
         let brief = source(&app, "brief", "bearer", "/workflow_run/id", "1s").await;
-        let up = Upstream::start().await;
-        let url = up.script(
-            "/sv",
-            vec![Reply::json(
-                200,
-                json!({"workflow_run": {"conclusion": null}}),
-            )],
-        );
-        let (status, _, _) = answered(signed(
-            &hook,
-            "github",
-            GITHUB_SECRET,
-            "early",
-            &run_event(77, "success"),
-        ))
-        .await;
-        assert_eq!(status, 202);
+        let (up, url) = run_77_kept(&hook).await;
         let (status, w) = ended_by_event(&app, &url, "gh", "77").await;
         assert_eq!(status, 201, "{w}");
         // The create's answer shows the wait as the kept event left it.

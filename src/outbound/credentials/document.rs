@@ -24,6 +24,10 @@ sentence_error! {
 #[serde(deny_unknown_fields)]
 pub(super) struct Document {
     pub credentials: BTreeMap<String, Entry>,
+    /// The operator's event sources (docs/design.md §2.18).
+    #[serde(default)]
+    /// Each read by itself, so that a mistake in one names it.
+    pub sources: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -60,22 +64,7 @@ impl Held {
         if !is_credential_name(name) {
             return Err("a name is 1 to 64 of letters, digits, '_', '.' and '-'".into());
         }
-        if e.tenants.is_empty() {
-            return Err(
-                "\"tenants\" lists no tenant; name them, or [\"*\"] for every tenant".into(),
-            );
-        }
-        if let Some(i) = e
-            .tenants
-            .iter()
-            .position(|t| t != "*" && !crate::tokens::is_tenant_name(t))
-        {
-            return Err(format!(
-                "tenants[{i}] is not a tenant name (1 to {} of letters, digits, '.', '_' and '-') nor \"*\"",
-                crate::tokens::MAX_TENANT
-            ).into());
-        }
-        let tenants = (!e.tenants.iter().any(|t| t == "*")).then_some(e.tenants);
+        let tenants = tenants_of(e.tenants)?;
         if e.hosts.is_empty() || e.hosts.len() > MAX_HOSTS {
             return Err(format!(
                 "\"hosts\" names the hosts (or URL prefixes) its token may be sent to: 1 to {MAX_HOSTS} of them"
@@ -173,6 +162,24 @@ impl Held {
             tls,
         })
     }
+}
+
+/// An entry's `tenants`: `None` for `["*"]`, every tenant with a token.
+pub(super) fn tenants_of(tenants: Vec<String>) -> Result<Option<Vec<String>>, EntryError> {
+    if tenants.is_empty() {
+        return Err("\"tenants\" lists no tenant; name them, or [\"*\"] for every tenant".into());
+    }
+    if let Some(i) = tenants
+        .iter()
+        .position(|t| t != "*" && !crate::tokens::is_tenant_name(t))
+    {
+        return Err(format!(
+            "tenants[{i}] is not a tenant name (1 to {} of letters, digits, '.', '_' and '-') nor \"*\"",
+            crate::tokens::MAX_TENANT
+        )
+        .into());
+    }
+    Ok((!tenants.iter().any(|t| t == "*")).then_some(tenants))
 }
 
 /// The TLS settings of a credential's files, read and checked at start-up as a

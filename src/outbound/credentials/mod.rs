@@ -40,9 +40,10 @@
 //!
 //! This file is the credentials held and which tenant may send which where.
 //! Reading the file is [`document`]'s, an entry of `hosts` is [`place`]'s, and
-//! the token a credential sends is [`bearer`]'s.
+//! the token a credential sends is [`bearer`]'s. The file's optional `sources`
+//! are the operator's event sources, read by [`sources`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -52,10 +53,12 @@ use crate::config::SettingError;
 mod bearer;
 mod document;
 mod place;
+mod sources;
 
 pub use bearer::{Bearer, FileBearer, LOOK_EVERY};
 use document::{Document, MAX_DOCUMENT};
 use place::Place;
+pub use sources::OperatorSource;
 
 /// The `client_assertion_type` of a JWT bearer assertion (RFC 7523 §2.2).
 pub const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
@@ -64,6 +67,8 @@ pub const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-be
 #[derive(Default)]
 pub struct Credentials {
     by_name: HashMap<String, Held>,
+    /// The operator's event sources, by name ([`sources`]).
+    sources: BTreeMap<String, OperatorSource>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -129,7 +134,33 @@ impl Credentials {
                 .map_err(|why| fail(format!("credential \"{}\": {why}", name.escape_debug())))?;
             by_name.insert(name, held);
         }
-        Ok(Credentials { by_name })
+        let mut sources = BTreeMap::new();
+        for (name, entry) in doc.sources {
+            let source = OperatorSource::of(&name, entry)
+                .await
+                .map_err(|why| fail(format!("source \"{}\": {why}", name.escape_debug())))?;
+            if let Some((other, _)) = sources
+                .iter()
+                .find(|(_, s): &(&String, &OperatorSource)| s.hook_id == source.hook_id)
+            {
+                return Err(fail(format!(
+                    "source \"{}\": \"hook_id\" is the hook_id of source \"{other}\" too; give each its own",
+                    name.escape_debug()
+                )));
+            }
+            sources.insert(name, source);
+        }
+        Ok(Credentials { by_name, sources })
+    }
+
+    /// The operator's event sources, by name.
+    pub fn sources(&self) -> &BTreeMap<String, OperatorSource> {
+        &self.sources
+    }
+
+    /// The operator's event source `name`, if `tenant` may name it.
+    pub fn source_for(&self, tenant: &str, name: &str) -> Option<&OperatorSource> {
+        self.sources.get(name).filter(|s| s.is_for(tenant))
     }
 
     /// How many credentials the operator holds.
@@ -300,6 +331,39 @@ mod tests {
             assert!(err.contains(says), "{doc}: {err}");
             assert!(err.starts_with("--credentials-file"), "{err}");
         }
+    }
+
+    #[tokio::test]
+    async fn an_operator_source_is_for_the_tenants_it_lists_and_its_hook_id_is_its_own() {
+        let dir =
+            std::env::temp_dir().join(format!("waitd-opsrc-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("s");
+        std::fs::write(&secret, "a-github-secret-0123456789\n").unwrap();
+        let entry = |tenants: &[&str], hook_id: &str| {
+            json!({"kind": "github", "secret_file": secret, "key": "/id",
+                   "tenants": tenants, "hook_id": hook_id})
+        };
+        let c = load(json!({"credentials": {}, "sources": {
+            "mine": entry(&["a"], "hook-of-mine-0123456789ab"),
+            "all": entry(&["*"], "hook-of-all-0123456789abc"),
+        }}))
+        .await
+        .unwrap();
+        assert!(c.source_for("a", "mine").is_some());
+        assert!(c.source_for("b", "mine").is_none());
+        assert!(c.source_for("b", "all").is_some());
+        assert!(c.source_for("", "all").is_none(), "never the anonymous");
+        assert_eq!(c.sources()["all"].secret, "a-github-secret-0123456789");
+        assert!(!format!("{:?}", c.sources()["all"]).contains("a-github-secret"));
+        let twice = load(json!({"credentials": {}, "sources": {
+            "one": entry(&["a"], "the-same-hook-0123456789ab"),
+            "two": entry(&["a"], "the-same-hook-0123456789ab"),
+        }}))
+        .await
+        .unwrap_err();
+        assert!(twice.contains("source \"two\": \"hook_id\""), "{twice}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

@@ -25,6 +25,11 @@ use uuid::Uuid;
 
 use super::{Core, StoreError};
 
+/// The owner of the operator's sources (docs/design.md §2.18): not a tenant
+/// name, so no tenant's list, read or delete reaches them by their owner, and
+/// their kept events are counted under caps of their own.
+pub const OPERATOR: &str = "*";
+
 /// A source's kind: how its events are signed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -67,6 +72,7 @@ pub struct Source {
 }
 
 /// A source to create.
+#[derive(Clone, Copy)]
 pub struct NewSource<'a> {
     pub tenant: &'a str,
     pub name: &'a str,
@@ -124,6 +130,14 @@ pub struct Listener {
 /// The stored row of a source, as both databases read it.
 pub(in crate::store) type SourceRow = (String, String, String, String, String, i64, String, i64);
 
+/// How a tenant's new source meets one of its name: it is not made.
+const NEW_NAME: &str = "ON CONFLICT (tenant, name) DO NOTHING";
+/// How an operator's source meets its row of an earlier start: it is updated in
+/// place (its events and listeners stay), unless a tenant's source has its id.
+const SAME_ID: &str = "ON CONFLICT (id) DO UPDATE SET name = excluded.name, kind = excluded.kind,
+     key_from = excluded.key_from, lookback_ms = excluded.lookback_ms, secret = excluded.secret
+     WHERE event_sources.tenant = excluded.tenant";
+
 /// Event sources, their kept events and their listeners. Cloning is shallow.
 #[derive(Clone, Debug)]
 pub struct Sources {
@@ -169,6 +183,22 @@ impl Sources {
         new: &NewSource<'_>,
         now: DateTime<Utc>,
     ) -> Result<Option<Source>, StoreError> {
+        let id = crate::store::callbacks::Secret::generate().expose()[..32].to_string();
+        let row = self.row(&id, new, now)?;
+        let made = sql!(self.insert_source(&row, NEW_NAME))?;
+        if !made {
+            return Ok(None);
+        }
+        Ok(Some(source_of(row)?.0))
+    }
+
+    /// The stored row of `new` with the hook id `id`, its secret sealed.
+    fn row(
+        &self,
+        id: &str,
+        new: &NewSource<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<SourceRow, StoreError> {
         let sealed = self
             .core
             .cipher
@@ -178,9 +208,8 @@ impl Sources {
             )]))
             .map_err(|e| StoreError::Config(e.to_string()))?
             .to_string();
-        let id = crate::store::callbacks::Secret::generate().expose()[..32].to_string();
-        let row: SourceRow = (
-            id,
+        Ok((
+            id.to_string(),
             new.tenant.to_string(),
             new.name.to_string(),
             new.kind.as_str().to_string(),
@@ -188,12 +217,44 @@ impl Sources {
             millis(new.lookback),
             sealed,
             ms(now),
-        );
-        let made = sql!(self.insert_source(&row))?;
-        if !made {
-            return Ok(None);
+        ))
+    }
+
+    /// Makes the operator's sources, owned by [`OPERATOR`], those declared
+    /// (each a hook id and the source): each is kept or updated in place, so its
+    /// kept events and listeners stay; a name given a new hook id loses the old
+    /// one's; and a source no longer declared is deleted with its events and
+    /// listeners. Every replica does this at start-up with the same file, so any
+    /// order of them comes to the same rows. An error names the hook id of a
+    /// tenant's source, which it does not take.
+    pub async fn declare_operator(
+        &self,
+        declared: &[(&str, NewSource<'_>)],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        for (id, new) in declared {
+            let row = self.row(
+                id,
+                &NewSource {
+                    tenant: OPERATOR,
+                    ..*new
+                },
+                now,
+            )?;
+            sql!(self.retire_renamed_source(&row))?;
+            if !sql!(self.insert_source(&row, SAME_ID))? {
+                return Err(StoreError::Config(format!(
+                    "the operator's source \"{}\" cannot have its hook_id: a tenant's source has it; choose another",
+                    new.name
+                )));
+            }
         }
-        Ok(Some(source_of(row)?.0))
+        for gone in self.list(OPERATOR).await? {
+            if !declared.iter().any(|(_, d)| d.name == gone.name) {
+                sql!(self.delete_source(OPERATOR, &gone.name))?;
+            }
+        }
+        Ok(())
     }
 
     /// How many sources `tenant` has.

@@ -9,11 +9,15 @@ use crate::store::sqlite::SqliteDialect;
 const COLUMNS: &str = "id, tenant, name, kind, key_from, lookback_ms, secret, created_ms";
 
 impl SqliteDialect {
-    pub(in crate::store) async fn insert_source(&self, r: &SourceRow) -> Result<bool, StoreError> {
-        let n = sqlx::query(
+    pub(in crate::store) async fn insert_source(
+        &self,
+        r: &SourceRow,
+        on_conflict: &str,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO event_sources (id, tenant, name, kind, key_from, lookback_ms, secret, created_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (tenant, name) DO NOTHING",
-        )
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) {on_conflict}"
+        )))
         .bind(&r.0)
         .bind(&r.1)
         .bind(&r.2)
@@ -26,6 +30,19 @@ impl SqliteDialect {
         .await?
         .rows_affected();
         Ok(n == 1)
+    }
+
+    pub(in crate::store) async fn retire_renamed_source(
+        &self,
+        r: &SourceRow,
+    ) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM event_sources WHERE tenant = ?1 AND name = ?2 AND id <> ?3")
+            .bind(&r.1)
+            .bind(&r.2)
+            .bind(&r.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     pub(in crate::store) async fn count_sources(&self, tenant: &str) -> Result<i64, StoreError> {
