@@ -206,6 +206,40 @@ async fn a_wait_made_after_an_operator_sources_event_sees_it() {
     }
 }
 
+/// Two replicas on one Postgres, started together from one file: the hook URL
+/// is the same on each, and an event at either reaches a wait made at the other.
+#[tokio::test]
+async fn two_replicas_on_one_postgres_share_an_operator_source() {
+    let dir = TempDir::new("waitd-opsrc");
+    let creds = file(&dir.path, json!({}));
+    let db = TestDb::new().await;
+    let (one, two) = tokio::join!(
+        App::start_args(args(&db.url, &creds)),
+        App::start_args(args(&db.url, &creds)),
+    );
+    let up = Upstream::start().await;
+    let url = up.script("/a", vec![Reply::status("deploying")]);
+    let id = listening_as(&two, TOKEN_A, &url, "ops", "8").await;
+    assert!(up.hit("/a", 1, std::time::Duration::from_secs(10)).await);
+    let (_, list) = one.get_as(TOKEN_A, "/sources").await;
+    assert_eq!(list["sources"].as_array().map(Vec::len), Some(1), "{list}");
+    let body = run_event(8, "success");
+    let hook = one.url(&format!("/hooks/{HOOK_ID}"));
+    let (status, a, _) = answered(signed(&hook, "github", GITHUB_SECRET, "r1", &body)).await;
+    assert_eq!((status, a["matched"].as_u64()), (202, Some(1)), "{a}");
+    assert!(
+        up.hit("/a", 2, std::time::Duration::from_secs(10)).await,
+        "the nudged poll"
+    );
+    let hook = two.url(&format!("/hooks/{HOOK_ID}"));
+    let (status, a, _) = answered(signed(&hook, "github", GITHUB_SECRET, "r1", &body)).await;
+    assert_eq!((status, a["replayed"].as_bool()), (200, Some(true)), "{a}");
+    let (_, w) = two.get_as(TOKEN_A, &format!("/waits/{id}")).await;
+    assert_eq!(w["status"], "running", "{w}");
+    let _ = two.stop().await;
+    finish(one, Backend::Postgres(db)).await;
+}
+
 /// The database URL of a backend, to start another app on it.
 fn url_of(db: &Backend) -> String {
     match db {

@@ -241,7 +241,11 @@ impl Sources {
                 },
                 now,
             )?;
-            sql!(self.retire_renamed_source(&row))?;
+            if let Some(old) = self.get(OPERATOR, new.name).await?
+                && old.id != *id
+            {
+                sql!(self.delete_source(OPERATOR, new.name))?;
+            }
             if !sql!(self.insert_source(&row, SAME_ID))? {
                 return Err(StoreError::Config(format!(
                     "the operator's source \"{}\" cannot have its hook_id: a tenant's source has it; choose another",

@@ -32,19 +32,6 @@ impl SqliteDialect {
         Ok(n == 1)
     }
 
-    pub(in crate::store) async fn retire_renamed_source(
-        &self,
-        r: &SourceRow,
-    ) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM event_sources WHERE tenant = ?1 AND name = ?2 AND id <> ?3")
-            .bind(&r.1)
-            .bind(&r.2)
-            .bind(&r.0)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
     pub(in crate::store) async fn count_sources(&self, tenant: &str) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM event_sources WHERE tenant = ?1")
             .bind(tenant)
