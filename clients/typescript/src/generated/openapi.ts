@@ -273,7 +273,8 @@ export interface paths {
         };
         /**
          * List event sources
-         * @description The tenant's event sources, by name; never their secrets.
+         * @description The tenant's event sources and the operator's it may use, by name; never
+         *     their secrets.
          */
         get: operations["list_sources"];
         put?: never;
@@ -1571,14 +1572,21 @@ export interface components {
         SourceList: {
             sources: components["schemas"]["SourceView"][];
         };
-        /** @description An event source as every answer shows it (never its secret). */
+        /**
+         * @description An event source as every answer shows it (never its secret). One the
+         *     operator declares shows neither its hook id nor its hook URL: the sender is
+         *     the operator's to configure.
+         */
         SourceView: {
             /** Format: date-time */
             created_at: string;
-            /** @description Where its events are POSTed: no API token, the signature is checked. */
-            hook_url: string;
-            /** @description The random id in its hook URL. */
-            id: string;
+            /**
+             * @description Where its events are POSTed: no API token, the signature is checked.
+             *     Absent on the operator's sources.
+             */
+            hook_url?: string | null;
+            /** @description The random id in its hook URL; absent on the operator's sources. */
+            id?: string | null;
             /**
              * @description How an event's key is read: a JSON Pointer into its body, or a CEL
              *     expression over its `body` and `headers`.
@@ -1589,6 +1597,11 @@ export interface components {
             /** @description How long its events are kept for waits created after them. */
             lookback: string;
             name: string;
+            /**
+             * @description True for a source the operator declares (`--credentials-file`): the
+             *     tenant's waits may name it, and only the operator may change it.
+             */
+            operator: boolean;
         };
         /**
          * @description A validated wait request, normalised: every default filled in. Its serialised form
@@ -2966,7 +2979,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description A read-only API token, which may only read */
+            /** @description A read-only API token, which may only read, or a source the operator declares */
             403: {
                 headers: {
                     [name: string]: unknown;
