@@ -42,8 +42,9 @@ pub struct OnEvent {
     #[schema(value_type = Option<schema::ConditionText>)]
     pub matches: Option<Condition>,
     /// `poll` (default): poll the wait now. `end`: judge the event's body by the
-    /// wait's conditions, as a callback's body is.
+    /// wait's conditions, as a callback's body is. `null` reads as the default.
     #[serde(default)]
+    #[schema(nullable)]
     pub then: Then,
 }
 

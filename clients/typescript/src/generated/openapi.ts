@@ -1431,11 +1431,7 @@ export interface components {
             match?: null | components["schemas"]["Condition"];
             /** @description The name of one of the tenant's event sources. */
             source: string;
-            /**
-             * @description `poll` (default): poll the wait now. `end`: judge the event's body by the
-             *     wait's conditions, as a callback's body is.
-             */
-            then?: components["schemas"]["Then"];
+            then?: null | components["schemas"]["Then"];
         };
         /** @description One parameter of a preset. */
         Param: {
