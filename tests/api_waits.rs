@@ -1080,11 +1080,12 @@ async fn a_wait_leased_by_a_dead_replica_is_taken_over_once_its_lease_expires() 
     let api = App::start_with(&db, &["--no-worker"]).await;
     let (_, w) = api.create(spec(&url)).await;
     let id = id_of(&w);
-    // A replica that claimed the wait and died: its lease runs for 600 ms more.
+    // A replica that claimed the wait and died: its lease runs for 3 s more, long
+    // enough for a claim sweep of the worker started below on a busy machine.
     let n = db_exec(
         &db,
         "INSERT INTO replicas (id, lease_until)
-         VALUES ('00000000-0000-7000-8000-000000000001', now() + interval '600 milliseconds')",
+         VALUES ('00000000-0000-7000-8000-000000000001', now() + interval '3 seconds')",
     )
     .await;
     assert_eq!(n, 1);
