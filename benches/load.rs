@@ -3,6 +3,7 @@
 //! throughput — in one run, printed as a table.
 //!
 //!     cargo bench --bench load -- [--waits 10000] [--seconds 10] [--runs 3] [--smoke]
+//!         [--only events --events-waits 100000 --events-window 2s]
 //!
 //! Needs Postgres (WAITD_TEST_DATABASE_URL, default the local server); it creates and
 //! drops its own databases. Everything runs on 127.0.0.1.
@@ -39,6 +40,10 @@ mod scale_kill;
 #[path = "load/callbacks.rs"]
 mod callbacks;
 
+// (18), event sources: a phase in a file of its own.
+#[path = "load/events.rs"]
+mod events;
+
 /// The allocator the waitd binary ships with, so that the in-process phases measure
 /// what runs (the limit loop gets it too).
 #[global_allocator]
@@ -74,7 +79,7 @@ struct Args {
     /// SSE followers in the flip-to-terminal latency phase.
     followers: usize,
     /// The phases to run (all by default): limit, steady, lag, create, rss, flip,
-    /// takeover, fanout, cel, webhooks, scale, noisy, shared, callbacks.
+    /// takeover, fanout, cel, webhooks, scale, noisy, shared, callbacks, events.
     only: Vec<String>,
     /// Waits and their poll interval in the scale phase.
     scale_waits: usize,
@@ -97,6 +102,10 @@ struct Args {
     noisy_inputs: Vec<String>,
     /// The window the callback phase's POSTs are spread over.
     callbacks_window: Duration,
+    /// Waits listening in the event-source phase.
+    events_waits: usize,
+    /// The window the event-source phase's sampled events are spread over.
+    events_window: Duration,
     smoke: bool,
 }
 
@@ -125,6 +134,8 @@ fn args() -> Args {
         noisy_sqlite: false,
         noisy_inputs: noisy::INPUTS.map(String::from).to_vec(),
         callbacks_window: Duration::from_secs(1),
+        events_waits: 100_000,
+        events_window: Duration::from_secs(2),
         smoke: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -176,6 +187,11 @@ fn args() -> Args {
                 a.callbacks_window =
                     waitd::engine::duration::parse(&v).expect("--callbacks-window DURATION")
             }
+            "--events-waits" => a.events_waits = v.parse().expect("--events-waits N"),
+            "--events-window" => {
+                a.events_window =
+                    waitd::engine::duration::parse(&v).expect("--events-window DURATION")
+            }
             "--noisy-inputs" => {
                 a.noisy_inputs = v.split(',').map(str::to_string).collect();
                 for i in &a.noisy_inputs {
@@ -204,6 +220,7 @@ fn args() -> Args {
                 a.followers = 20;
                 a.scale_waits = 2_000;
                 a.scale_interval = Duration::from_secs(2);
+                a.events_waits = 300;
                 a.smoke = true;
                 i += 1;
                 continue;
@@ -224,7 +241,7 @@ fn args() -> Args {
     a
 }
 
-const PHASES: [&str; 14] = [
+const PHASES: [&str; 15] = [
     "limit",
     "steady",
     "lag",
@@ -239,6 +256,7 @@ const PHASES: [&str; 14] = [
     "noisy",
     "shared",
     "callbacks",
+    "events",
 ];
 
 /// What the database has written so far: rows (inserted + updated + deleted, from
@@ -832,6 +850,8 @@ struct Run {
     shared: shared::Shared,
     /// (17) callback waits ended by their POSTs.
     callbacks: callbacks::Callbacks,
+    /// (18) waits listening to an event source.
+    events: events::Events,
 }
 
 /// (12) The scale phase's figures.
@@ -968,6 +988,7 @@ async fn one_run(a: &Args) -> Run {
         noisy: noisy::Noisy::NONE,
         shared: shared::Shared::NONE,
         callbacks: callbacks::Callbacks::NONE,
+        events: events::Events::NONE,
     };
     if a.runs("cel") {
         run.cel_micro = cel_micro();
@@ -1131,6 +1152,15 @@ async fn one_run(a: &Args) -> Run {
     }
     if a.runs("callbacks") {
         run.callbacks = callbacks::run(a.followers, a.callbacks_window).await;
+    }
+    if a.runs("events") {
+        run.events = events::run(&events::Config {
+            waits: a.events_waits,
+            sampled: if a.smoke { 50 } else { 200 },
+            window: a.events_window,
+            burst: if a.smoke { 200 } else { 2000 },
+        })
+        .await;
     }
     if a.runs("noisy") {
         run.noisy = noisy::run(&noisy::Config {
@@ -2414,6 +2444,14 @@ fn main() {
             println!("| 17 | {} callback waits, one replica, each followed over SSE and blocked on (`?wait=true`), completed by POSTs spread over {} ms: POST sent → terminal event, p50 / p99; → blocked read released, p50 / p99 | {:.1} / {:.1} ms; {:.1} / {:.1} ms | p99 ≤ 50 ms |", a.followers, a.callbacks_window.as_millis(), c(&|x| x.one.event_p50), c(&|x| x.one.event_p99), c(&|x| x.one.held_p50), c(&|x| x.one.held_p99));
             println!("| 17b | the same on two replicas: waits created, followed and blocked on at A, POSTs sent to B | {:.1} / {:.1} ms; {:.1} / {:.1} ms | p99 ≤ 50 ms |", c(&|x| x.two.event_p50), c(&|x| x.two.event_p99), c(&|x| x.two.held_p50), c(&|x| x.two.held_p99));
             println!("| 17c | POST sent → its own 200 (the end committed), p50 / p99: one replica; two | {:.1} / {:.1} ms; {:.1} / {:.1} ms | |", c(&|x| x.one.post_p50), c(&|x| x.one.post_p99), c(&|x| x.two.post_p50), c(&|x| x.two.post_p99));
+        }
+        if a.runs("events") {
+            let e = |f: &dyn Fn(&events::Events) -> f64| m(&|r| f(&r.events));
+            let (few, burst, sampled) = runs.first().map_or((0, 0, 0), |r| (r.events.few, r.events.burst, r.events.sampled));
+            println!("| 18 | {} waits listening to a `bearer` source, each polled every 10 min; {sampled} of them each sent an event for its key as its upstream flips, evenly over {} ms: the nudged poll's answer → terminal event at the wait's SSE follower, p50 / p99; hook POST sent → terminal event, p50 / p99 | {:.1} / {:.1} ms; {:.1} / {:.1} ms | p99 ≤ 50 ms after the answer |", a.events_waits, a.events_window.as_millis(), e(&|x| x.end_p50), e(&|x| x.end_p99), e(&|x| x.total_p50), e(&|x| x.total_p99));
+            println!("| 18b | hook POST sent → its `202` (kept, listener found, poll announced); → the nudged poll's answer, p50 / p99 | {:.1} / {:.1} ms; {:.1} / {:.1} ms | |", e(&|x| x.post_p50), e(&|x| x.post_p99), e(&|x| x.poll_p50), e(&|x| x.poll_p99));
+            println!("| 18c | CPU an ingested event matching no wait ({burst} events, 32 senders; the process, waitd and senders, + Postgres, idle subtracted): {few} waits listening / {} | {:.1} + {:.1} µs / {:.1} + {:.1} µs ({:.2}×; {:.0} / {:.0} events/s) | flat in the waits listening |", a.events_waits, e(&|x| x.cpu_few.0), e(&|x| x.cpu_few.1), e(&|x| x.cpu_all.0), e(&|x| x.cpu_all.1), e(&|x| (x.cpu_all.0 + x.cpu_all.1) / (x.cpu_few.0 + x.cpu_few.1)), e(&|x| x.rate_few), e(&|x| x.rate_all));
+            println!("| 18d | the same as 18c's second burst begun with its events still kept (each keep counts the tenant's kept events, for its caps): {:.0} kept | {:.1} + {:.1} µs | |", e(&|x| x.kept as f64), e(&|x| x.cpu_kept.0), e(&|x| x.cpu_kept.1));
         }
         if a.runs("noisy") {
             let runs: Vec<&noisy::Noisy> = runs.iter().map(|r| &r.noisy).collect();
