@@ -45,9 +45,10 @@ async fn tcp_waits_for_a_port_to_accept() {
 
     // Closed: refused at every poll, until the deadline.
     drop(listener);
+    let closed = crate::support::replica::closed_addr().to_string();
     let run = waitd(
         NO_SERVER,
-        &wait_json(&timings, &["--tcp", &addr, "--timeout", "300ms"]),
+        &wait_json(&timings, &["--tcp", &closed, "--timeout", "300ms"]),
     )
     .await;
     assert_eq!(run.code, 2, "{run:?}");

@@ -715,9 +715,7 @@ async fn http_ok_succeeds_once_the_url_answers_2xx() {
 async fn tcp_open_succeeds_once_the_port_accepts() {
     let db = TestDb::new().await;
     let app = App::start(&db).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = support::replica::closed_addr();
     let mut heard = app.heard();
     let id = created_id(
         &app,

@@ -437,9 +437,7 @@ async fn a_hanging_target_times_out_as_transient() {
 
 #[tokio::test]
 async fn a_refused_connection_is_transient() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = crate::support::replica::closed_addr();
     let (error, _) = transient(
         prober(config())
             .probe(&spec(&format!("http://{addr}/?token=t0ken"), json!({})))

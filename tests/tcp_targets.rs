@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use crate::support::replica::closed_addr;
 use crate::support::*;
 
 fn tcp(addr: &str) -> Value {
@@ -24,12 +25,9 @@ async fn created(app: &App, spec: Value) -> String {
     w["id"].as_str().unwrap().to_string()
 }
 
-/// A port nothing listens on (bound, then let go).
+/// A port nothing listens on.
 async fn closed_port() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    drop(l);
-    addr
+    closed_addr().to_string()
 }
 
 async fn a_port_that_opens_is_waited_for(app: &App) {
@@ -43,6 +41,7 @@ async fn a_port_that_opens_is_waited_for(app: &App) {
 
     // Refused while nothing listens: polled, never ended, until it opens.
     drop(listener);
+    let addr = closed_addr();
     let mut heard = app.heard();
     let id = created(app, tcp(&addr.to_string())).await;
     heard.recorded(&id).await;

@@ -37,6 +37,13 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// An address on this machine where nothing listens, so a connection to it is
+/// refused: a [`free_port`], which no other test's `bind(:0)` or outgoing
+/// connection takes meanwhile (a port freed in the ephemeral range may be).
+pub fn closed_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
 /// One `waitd serve` process on its own port, sending its name with every probe
 /// (`--probe-identity`). Killed (SIGKILL) on drop.
 pub struct Replica {
