@@ -112,6 +112,19 @@ schema_type!(
         ))
 );
 
+schema_type!(
+    /// The key a listening wait names: a string, or a number taken as its text.
+    EventKeyText,
+    "EventKey",
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Number]))
+        .min_length(Some(1))
+        .max_length(Some(super::spec::MAX_KEY))
+        .description(Some(
+            "The key an event must carry to be this wait's: a string of 1 to 256 bytes, or a number, taken as its JSON text"
+        ))
+);
+
 /// An object of at most `most` string values (of at most `value_len` bytes) whose
 /// names match `names`.
 fn string_map(most: usize, names: &str, value_len: usize) -> ObjectBuilder {

@@ -34,7 +34,7 @@ pub struct OnEvent {
     pub source: String,
     /// The value the source's key extraction must yield for an event to be this
     /// wait's (at most 256 bytes; a number is taken as its text).
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(value_type = schema::EventKeyText)]
     pub key: String,
     /// A CEL expression over the event's `body` and `headers`: an event with
     /// this key is the wait's only when it is true.

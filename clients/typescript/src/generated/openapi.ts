@@ -1065,6 +1065,8 @@ export interface components {
             /** Format: uuid */
             wait_id: string;
         };
+        /** @description The key an event must carry to be this wait's: a string of 1 to 256 bytes, or a number, taken as its JSON text */
+        EventKey: string | number;
         /** @description A page of events, oldest first. */
         EventPage: {
             items: components["schemas"]["Event"][];
@@ -1427,7 +1429,7 @@ export interface components {
              * @description The value the source's key extraction must yield for an event to be this
              *     wait's (at most 256 bytes; a number is taken as its text).
              */
-            key: string;
+            key: components["schemas"]["EventKey"];
             match?: null | components["schemas"]["Condition"];
             /** @description The name of one of the tenant's event sources. */
             source: string;
