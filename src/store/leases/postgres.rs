@@ -235,7 +235,12 @@ impl PgDialect {
         let retries: Vec<Option<i32>> = chunk.iter().map(|c| c.retries).collect();
         let nexts: Vec<Option<DateTime<Utc>>> = chunk.iter().map(|c| c.next_poll_at).collect();
         let n = sqlx::query(
-            concat!(fence!("$2"), "UPDATE waits w SET owner = CASE WHEN $8 THEN NULL ELSE w.owner END,
+            concat!(fence!(
+                "unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[],
+                        array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
+                 AS u(id, epoch, engine, polls, retries, next_poll_at, running)",
+                "$2"
+            ), "UPDATE waits w SET owner = CASE WHEN $8 THEN NULL ELSE w.owner END,
                     engine = CASE WHEN u.polls > w.polls THEN u.engine::jsonb ELSE w.engine END,
                     polls = GREATEST(w.polls, COALESCE(u.polls, w.polls)),
                     retries = CASE WHEN u.polls > w.polls THEN u.retries ELSE w.retries END,
@@ -244,9 +249,7 @@ impl PgDialect {
                                     WHEN u.polls > w.polls THEN u.next_poll_at ELSE w.next_poll_at END,
                     updated_at = CASE WHEN u.polls > w.polls THEN now() ELSE w.updated_at END,
                     claims = CASE WHEN u.polls > w.polls THEN 0 ELSE w.claims END
-             FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::int[], $7::timestamptz[],
-                         array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
-                  AS u(id, epoch, engine, polls, retries, next_poll_at, running), cur c, fence f
+             FROM cur u, fence f
              WHERE w.id = u.id AND w.status = u.running AND ", fenced!()),
         )
         .bind(owner)
@@ -257,6 +260,7 @@ impl PgDialect {
         .bind(retries)
         .bind(nexts)
         .bind(release)
+        .persistent(false)
         .execute(&self.lease_pool)
         .await?
         .rows_affected();

@@ -24,11 +24,14 @@ impl PgDialect {
     ) -> Result<Vec<Uuid>, StoreError> {
         let (id, epoch): (Vec<Uuid>, Vec<i64>) = ids.iter().map(|w| (w.id, w.epoch)).unzip();
         let rows: Vec<(Uuid,)> = sqlx::query_as(concat!(
-            fence!("$2"),
+            fence!(
+                "unnest($2::uuid[], $3::bigint[],
+                        array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
+                 AS u(id, epoch, running)",
+                "$2"
+            ),
             "UPDATE waits w SET claims = CASE WHEN $4 THEN w.claims + 1 ELSE 0 END
-             FROM unnest($2::uuid[], $3::bigint[],
-                         array_fill('running'::text, ARRAY[cardinality($2::uuid[])]))
-                  AS u(id, epoch, running), cur c, fence f
+             FROM cur u, fence f
              WHERE w.id = u.id AND w.status = u.running AND ",
             fenced!(),
             "
@@ -38,6 +41,7 @@ impl PgDialect {
         .bind(id)
         .bind(epoch)
         .bind(begun)
+        .persistent(false)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
@@ -81,7 +85,14 @@ impl PgDialect {
         let e = EventColumns::of(batch);
         let mut tx = self.pool.begin().await?;
         let rows: Vec<(Uuid, bool, bool)> = sqlx::query_as(
-            concat!(fence!("$3"), ",
+            concat!(fence!(
+                "unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+                        $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
+                        array_fill('running'::text, ARRAY[cardinality($3::uuid[])]), $20::text[])
+                 AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
+                      next_poll_at, n_events, running, output)",
+                "$3"
+            ), ",
              written AS (
                 UPDATE waits w SET status = u.status, state = COALESCE(u.state, w.state), reason = u.reason,
                     error_detail = u.detail::jsonb, output = u.output::jsonb, last_error = u.last_error, polls = u.polls,
@@ -90,11 +101,7 @@ impl PgDialect {
                     finished_at = CASE WHEN u.status = 'running' THEN NULL ELSE $2 END,
                     owner = CASE WHEN u.status = 'running' THEN w.owner ELSE NULL END,
                     seq = w.seq + u.n_events, claims = 0
-                FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
-                            $9::text[], $10::int[], $11::int[], $12::text[], $13::timestamptz[], $14::int[],
-                            array_fill('running'::text, ARRAY[cardinality($3::uuid[])]), $20::text[])
-                     AS u(id, epoch, status, state, reason, detail, last_error, polls, retries, engine,
-                          next_poll_at, n_events, running, output), cur c, fence f
+                FROM cur u, fence f
                 WHERE w.id = u.id AND w.status = u.running AND ", fenced!(), "
                 RETURNING w.id, w.seq, w.tenant),
              added AS (
@@ -132,6 +139,7 @@ impl PgDialect {
         .bind(&e.data)
         .bind(SEQUENCER_LOCK)
         .bind(&c.output)
+        .persistent(false)
         .fetch_all(&mut *tx)
         .await?;
         let any_events = rows.first().is_some_and(|(_, tried, _)| *tried);
