@@ -230,10 +230,11 @@ async fn execute(api: &Api, cmd: Command, current: Arc<Mutex<Option<String>>>) -
     }
 }
 
-/// Creates the wait and prints it: one line, then a callback wait's URL on a line
-/// of its own (or the server's answer as JSON, which carries it as callback_url);
-/// with `--wait`, the URL comes before the wait is followed, on stderr when stdout
-/// is for the JSON of the ended wait.
+/// Creates the wait and prints it: one line, then a callback wait's URL and a
+/// nudge URL, each on a line of its own (or the server's answer as JSON, which
+/// carries them as callback_url and nudge_url); with `--wait`, the URLs come
+/// before the wait is followed, on stderr when stdout is for the JSON of the
+/// ended wait.
 async fn create(api: &Api, a: CreateArgs, current: Arc<Mutex<Option<String>>>) -> Outcome {
     let req = create_request(&a)?;
     let json = wants_json(a.json, a.output);
@@ -245,22 +246,25 @@ async fn create(api: &Api, a: CreateArgs, current: Arc<Mutex<Option<String>>>) -
             "waitd: the server's answer carries no callback_url: it was a replay of an earlier create with this --idempotency-key, and only the first answer shows the URL; create the wait with a new key for a new URL",
         );
     }
+    let nudge_url = answer["nudge_url"].as_str();
+    if req.get("nudge") == Some(&Value::Bool(true)) && nudge_url.is_none() {
+        note(
+            "waitd: the server's answer carries no nudge_url: it was a replay of an earlier create with this --idempotency-key, and only the first answer shows the URL; create the wait with a new key for a new URL",
+        );
+    }
+    let urls = callback_url.into_iter().chain(nudge_url);
     if !a.wait {
         if json {
             print_json(&answer);
         } else {
             say(&short_line(&wait));
-            if let Some(url) = callback_url {
-                say(url);
-            }
+            urls.for_each(say);
         }
         return Ok(EXIT_SUCCEEDED);
     }
     *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
     progress(json, &short_line(&wait));
-    if let Some(url) = callback_url {
-        progress(json, url);
-    }
+    urls.for_each(|url| progress(json, url));
     let end = api
         .follow(&id, |e, _| {
             if matches!(e.body, EventBody::Created { .. }) {

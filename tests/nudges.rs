@@ -238,3 +238,107 @@ async fn an_idempotent_replay_and_a_group_member_answer_as_they_should() {
         finish(app, backend).await;
     }
 }
+
+/// `waitd create --nudge` prints the nudge URL on its own line after the wait's,
+/// and a POST to it polls the wait now; `--on-event SOURCE:KEY` makes the wait
+/// listen, and an event with its key polls it too; a malformed `--on-event` is
+/// refused before anything is sent.
+#[tokio::test]
+async fn the_command_line_makes_nudged_and_listening_waits() {
+    use crate::client::waitd;
+    use crate::event_sources::{BEARER_SECRET, answered, signed, source};
+
+    let dir = TempDir::new("waitd-cli-nudge");
+    let app = App::start_args(set_flag(
+        test_args(&dir.sqlite_url()),
+        "--min-poll-interval",
+        "1ms",
+    ))
+    .await;
+    let up = Upstream::start().await;
+    let flags = |url: &str| -> Vec<String> {
+        [
+            "create",
+            "--url",
+            url,
+            "--state",
+            "/data/attributes/status",
+            "--want",
+            "on",
+            "--poll",
+            "10m,1,10m",
+            "--timeout",
+            "30m",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+
+    let url = up.script("/n", vec![Reply::status("deploying")]);
+    let mut args = flags(&url);
+    args.push("--nudge".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = waitd(&app.base, &args).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{run:?}");
+    let (id, rest) = lines[0].split_once(' ').unwrap();
+    assert_eq!(rest, "running", "{run:?}");
+    assert!(lines[1].starts_with(&app.url("/nudges/")), "{run:?}");
+    assert!(
+        up.hit("/n", 1, Duration::from_secs(10)).await,
+        "the first poll"
+    );
+    up.script("/n", vec![Reply::status("on")]);
+    let (status, answer) = nudge(lines[1]).await;
+    assert_eq!((status, answer["id"].as_str()), (202, Some(id)), "{answer}");
+    assert_eq!(app.wait_end(id).await["status"], "succeeded");
+
+    let hook = source(&app, "ci", "bearer", "/key", "5m").await;
+    let url = up.script("/e", vec![Reply::status("deploying")]);
+    let mut args = flags(&url);
+    args.extend(
+        [
+            "--on-event",
+            "ci:run-42",
+            "--on-event-match",
+            "body.ok",
+            "--output",
+            "json",
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = waitd(&app.base, &args).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let w: Value = serde_json::from_str(&run.stdout).expect("one JSON object");
+    assert_eq!(
+        w["spec"]["on_event"],
+        json!({"source": "ci", "key": "run-42", "match": "body.ok", "then": "poll"}),
+        "{w}"
+    );
+    let id = w["id"].as_str().unwrap();
+    assert!(
+        up.hit("/e", 1, Duration::from_secs(10)).await,
+        "the first poll"
+    );
+    up.script("/e", vec![Reply::status("on")]);
+    let event = json!({"key": "run-42", "ok": true});
+    let (status, answer, _) = answered(signed(&hook, "bearer", BEARER_SECRET, "d1", &event)).await;
+    assert_eq!((status, &answer["matched"]), (202, &json!(1)), "{answer}");
+    assert_eq!(app.wait_end(id).await["status"], "succeeded");
+
+    for bad in ["ci", ":run-42", "ci:"] {
+        let mut args = flags(&url);
+        args.extend(["--on-event", bad].map(String::from));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = waitd(&app.base, &args).await;
+        assert_eq!(run.code, 5, "{bad}: {run:?}");
+        assert!(
+            run.stderr.contains("--on-event takes SOURCE:KEY"),
+            "{bad}: {run:?}"
+        );
+    }
+    let (r, _) = app.stop().await;
+    r.unwrap();
+}

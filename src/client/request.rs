@@ -170,6 +170,23 @@ pub struct CreateArgs {
     /// (target.auth.credential; the server's --credentials-file names them).
     #[arg(long, value_name = "NAME", conflicts_with_all = ["all", "any", "callback", "heartbeat"])]
     pub auth_credential: Option<String>,
+    /// Give the wait a nudge URL, printed on its own line after the wait's (with
+    /// --output json, the answer's nudge_url): a POST to it polls the wait now,
+    /// at most once a minimum poll interval; the poll still decides.
+    #[arg(long, conflicts_with_all = ["all", "any", "callback", "heartbeat"])]
+    pub nudge: bool,
+    /// Listen to the tenant's event source SOURCE for events whose key is KEY
+    /// (on_event): each one polls the wait now, as a nudge does.
+    #[arg(long, value_name = "SOURCE:KEY", conflicts_with_all = ["all", "any"])]
+    pub on_event: Option<String>,
+    /// With --on-event: a CEL expression over the event's body and headers; an
+    /// event with the key is the wait's only when it is true (on_event.match).
+    #[arg(long, value_name = "EXPR", requires = "on_event")]
+    pub on_event_match: Option<String>,
+    /// With --on-event: poll (the default) polls the wait now; end judges the
+    /// event's body by the wait's conditions, as a callback's is (on_event.then).
+    #[arg(long, value_name = "poll|end", requires = "on_event", value_parser = ["poll", "end"])]
+    pub on_event_then: Option<String>,
     /// Make a retried create return the first wait (the Idempotency-Key header).
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
@@ -504,6 +521,29 @@ pub(super) fn create_request(a: &CreateArgs) -> Result<Value, Problem> {
         (false, _) => group_request("all", &a.all, &a.spec)?,
         (true, false) => group_request("any", &a.any, &a.spec)?,
     };
+    if a.nudge {
+        req.insert("nudge".into(), json!(true));
+    }
+    if let Some(on) = &a.on_event {
+        let (source, key) = on
+            .split_once(':')
+            .filter(|(s, k)| !s.is_empty() && !k.is_empty())
+            .ok_or_else(|| {
+                Problem(format!(
+                    "--on-event takes SOURCE:KEY, an event source's name and the key its events must carry, e.g. --on-event ci:run-42; \"{on}\" has no source or no key"
+                ))
+            })?;
+        let mut listen = take_object(&mut req, "on_event");
+        listen.insert("source".into(), json!(source));
+        listen.insert("key".into(), json!(key));
+        if let Some(m) = &a.on_event_match {
+            listen.insert("match".into(), json!(m));
+        }
+        if let Some(t) = &a.on_event_then {
+            listen.insert("then".into(), json!(t));
+        }
+        req.insert("on_event".into(), Value::Object(listen));
+    }
     if let Some(name) = &a.auth_credential {
         let mut target = take_object(&mut req, "target");
         target.insert("auth".into(), json!({ "credential": name }));
