@@ -151,6 +151,34 @@ async fn a_storm_of_nudges_is_one_poll() {
     }
 }
 
+/// A nudge that comes while a poll is in flight is kept for the poll after it
+/// (the poll in flight may have been sent before what the nudge announces):
+/// that poll comes at once when the first one is answered, not ten minutes on.
+#[tokio::test]
+async fn a_nudge_during_a_poll_brings_the_next_poll_forward() {
+    for (app, backend) in each_store("1ms").await {
+        let up = Upstream::start().await;
+        // The first poll is answered three seconds after it comes; every later
+        // one at once.
+        let mut slow = Reply::status("deploying");
+        slow.delay = Duration::from_secs(3);
+        let url = up.script("/sv", vec![slow, Reply::status("on")]);
+        let (id, nudge_url) = nudged_wait(&app, &url).await;
+        assert!(
+            up.hit("/sv", 1, Duration::from_secs(10)).await,
+            "the first poll"
+        );
+        let (status, answer) = nudge(&nudge_url).await;
+        assert_eq!(status, 202, "{answer}");
+        let w = app.wait_end(&id).await;
+        assert_eq!(w["status"], "succeeded", "{w}");
+        assert_eq!(up.hits("/sv"), 2, "the slow poll, then the nudged one");
+        let metrics = app.metrics().await;
+        assert!(metrics.contains("waitd_nudged_polls_total 1"), "{metrics}");
+        finish(app, backend).await;
+    }
+}
+
 #[tokio::test]
 async fn wrong_secrets_ended_waits_and_bad_requests_are_refused() {
     for (app, backend) in each_store("1ms").await {
