@@ -227,7 +227,30 @@ impl Sources {
     /// listeners. Every replica does this at start-up with the same file, so any
     /// order of them comes to the same rows. An error names the hook id of a
     /// tenant's source, which it does not take.
+    ///
+    /// Replicas started at once race to insert the same rows: the one that
+    /// loses the race on a name meets the other's row as a unique violation
+    /// (its insert's conflict target is the id), and declares again, now
+    /// finding the row to keep.
     pub async fn declare_operator(
+        &self,
+        declared: &[(&str, NewSource<'_>)],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.declare_operator_once(declared, now).await {
+                Err(StoreError::Database(sqlx::Error::Database(e)))
+                    if e.is_unique_violation() && tries < 3 =>
+                {
+                    tries += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn declare_operator_once(
         &self,
         declared: &[(&str, NewSource<'_>)],
         now: DateTime<Utc>,
