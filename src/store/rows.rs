@@ -152,6 +152,9 @@ pub(crate) struct ClaimRow {
     // for a wait claimed on its own.
     slot: Option<Uuid>,
     slot_claims: i32,
+    // Its first poll counted by the claim itself (Postgres: a wait claimed on
+    // its own due within [`super::MARK_AHEAD`]).
+    counted: bool,
 }
 }
 

@@ -99,6 +99,10 @@ pub struct Worker {
 /// falls due, and a held wait costs memory only.
 const CLAIM_AHEAD: Duration = Duration::from_secs(60);
 
+/// Waits a claim asks for; twice this while the claim before came back full (a
+/// backlog), which the store may split over two statements at once.
+const CLAIM_BATCH: usize = 1000;
+
 /// Where a held wait is in its life on this replica. A wait has at most one probe
 /// or write in flight: every phase but [`Phase::Claimed`], [`Phase::Counted`] and
 /// [`Phase::Idle`].
@@ -259,6 +263,8 @@ struct Loop {
     generation: u64,
     claiming: bool,
     claim_again: bool,
+    /// The last claim came back full: there is a backlog to take in.
+    backlog: bool,
     renewing: bool,
     /// A lease-only renewal is on its way, sent while a renewal was still
     /// writing its checkpoints.
@@ -398,6 +404,7 @@ impl Loop {
             generation: 0,
             claiming: false,
             claim_again: true,
+            backlog: false,
             renewing: false,
             leasing: false,
         }
@@ -460,8 +467,9 @@ impl Loop {
         let w = self.w.clone();
         let tx = self.tx.clone();
         let lookahead = CLAIM_AHEAD;
+        let backlog = self.backlog;
         tokio::spawn(async move {
-            let limit = free.min(1000) as i64;
+            let limit = free.min(CLAIM_BATCH * if backlog { 2 } else { 1 }) as i64;
             let started = Instant::now();
             let r = w
                 .leases
@@ -482,7 +490,8 @@ impl Loop {
         self.claiming = false;
         match result {
             Ok(claimed) => {
-                if claimed.len() >= 1000 {
+                self.backlog = claimed.len() >= CLAIM_BATCH;
+                if self.backlog {
                     self.claim_again = true;
                 }
                 if !claimed.is_empty() {
@@ -534,7 +543,9 @@ impl Loop {
             epoch: c.epoch,
             next: c.next_poll_at,
             generation: 0,
-            phase: if c.count_first_poll {
+            phase: if c.counted {
+                Phase::Counted
+            } else if c.count_first_poll {
                 Phase::Claimed
             } else {
                 Phase::Idle

@@ -45,6 +45,10 @@ pub struct Claimed {
     /// a wait claimed on its own, one whose poll began and never completed, or
     /// one taken over in a slot whose holders kept dying ([`SLOT_CLAIMS`]).
     pub count_first_poll: bool,
+    /// Its first poll is counted already, by the claim itself (a wait claimed on
+    /// its own on Postgres and due within [`super::MARK_AHEAD`]): it starts when
+    /// due, and only its completion is recorded.
+    pub counted: bool,
     /// Taken over in a slot whose holder died: once every wait taken with it has
     /// been polled, the slot is settled ([`Leases::settle`]).
     pub settles: Option<SlotToken>,
@@ -165,6 +169,7 @@ impl Leases {
             count_first_poll: row.slot.is_none()
                 || row.claims > 0
                 || row.slot_claims >= SLOT_CLAIMS,
+            counted: row.counted,
             settles: row
                 .slot
                 .filter(|_| row.slot_claims > 0)

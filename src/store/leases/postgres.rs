@@ -8,11 +8,16 @@ use uuid::Uuid;
 
 use super::slots::{fence, fenced};
 use crate::store::postgres::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
-use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
+use crate::store::{CheckpointRow, ClaimRow, MARK_AHEAD, StoreError, WaitEpoch};
 
 /// How long past its due time a wait waits for the replica its placement gives
 /// it before any replica claims it.
 const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
+
+/// Unowned waits one claim statement takes at most: a claim of more (a backlog)
+/// runs two statements at once, one on the lease pool and one on the main pool,
+/// since a statement is one backend's work and Postgres has more cores.
+const CLAIM_STATEMENT: i64 = 1000;
 
 impl PgDialect {
     /// Claims up to `limit` running waits (more when a slot taken holds more):
@@ -37,14 +42,34 @@ impl PgDialect {
         lookahead: Duration,
         limit: i64,
     ) -> Result<Vec<ClaimRow>, StoreError> {
-        let mut rows = self
-            .claim_unowned(owner, ttl, lookahead, limit, false)
-            .await?;
+        let mut rows = if limit > CLAIM_STATEMENT {
+            let half = limit / 2;
+            let (a, b) = tokio::join!(
+                self.claim_unowned(&self.lease_pool, owner, ttl, lookahead, half, false),
+                self.claim_unowned(&self.pool, owner, ttl, lookahead, limit - half, false)
+            );
+            // What one of them took is held even when the other failed.
+            match (a, b) {
+                (Ok(mut a), Ok(b)) => {
+                    a.extend(b);
+                    a
+                }
+                (Ok(rows), Err(e)) | (Err(e), Ok(rows)) if !rows.is_empty() => {
+                    tracing::debug!(error = %e, "one of two claims failed");
+                    rows
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(e),
+            }
+        } else {
+            self.claim_unowned(&self.lease_pool, owner, ttl, lookahead, limit, false)
+                .await?
+        };
         // A replica that holds no slot (its first claim) makes its own, and claims
         // the waits it could not put anywhere then, as a first claim does (any).
         if self.enlist(owner).await? {
+            let first = limit.min(CLAIM_STATEMENT);
             rows = self
-                .claim_unowned(owner, ttl, lookahead, limit, true)
+                .claim_unowned(&self.lease_pool, owner, ttl, lookahead, first, true)
                 .await?;
         }
         // Two slots at once: reading a slot's waits is most of a takeover's
@@ -83,6 +108,7 @@ impl PgDialect {
     /// not among the alive).
     async fn claim_unowned(
         &self,
+        pool: &sqlx::PgPool,
         owner: Uuid,
         ttl: Duration,
         lookahead: Duration,
@@ -101,7 +127,7 @@ impl PgDialect {
              mine AS MATERIALIZED (
                  SELECT array_agg(id ORDER BY id) AS ids, array_agg(gen ORDER BY id) AS gens FROM held),
              due AS MATERIALIZED (
-                 SELECT id FROM waits
+                 SELECT id, placement, coalesce(next_poll_at <= now() + $7, false) AS counted FROM waits
                  WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
                    AND (placement IS NULL OR claim_at < now() - $5
                         OR (SELECT n < 2 OR NOT listed FROM alive) OR $6
@@ -111,15 +137,18 @@ impl PgDialect {
                  LIMIT $4
                  FOR UPDATE SKIP LOCKED),
              pick AS (
-                 SELECT due.id, 1 + (abs(coalesce(w.placement, hashtext(w.id::text)::bigint))
-                                     % cardinality(mine.ids))::int AS i
-                 FROM due JOIN waits w ON w.id = due.id, mine)
-             UPDATE waits w SET owner = mine.ids[pick.i], epoch = w.epoch + 1, claim_at = w.next_poll_at
+                 SELECT due.id, due.counted,
+                        1 + (abs(coalesce(due.placement, hashtext(due.id::text)::bigint))
+                             % cardinality(mine.ids))::int AS i
+                 FROM due, mine)
+             UPDATE waits w SET owner = mine.ids[pick.i], epoch = w.epoch + 1, claim_at = w.next_poll_at,
+                    claims = w.claims + pick.counted::int
              FROM pick, mine, wait_specs s
              WHERE w.id = pick.id AND s.wait_id = w.id
-             RETURNING w.id, (w.epoch << 32) | mine.gens[pick.i] AS epoch, w.claims, w.tenant, w.engine,
+             RETURNING w.id, (w.epoch << 32) | mine.gens[pick.i] AS epoch,
+                       w.claims - pick.counted::int AS claims, w.tenant, w.engine,
                        w.next_poll_at, w.deadline, s.spec, s.headers, s.trace,
-                       NULL::uuid AS slot, 0 AS slot_claims",
+                       NULL::uuid AS slot, 0 AS slot_claims, pick.counted",
         )
         .bind(owner)
         .bind(ttl)
@@ -127,7 +156,8 @@ impl PgDialect {
         .bind(limit)
         .bind(PLACEMENT_GRACE)
         .bind(first)
-        .fetch_all(&self.lease_pool)
+        .bind(MARK_AHEAD)
+        .fetch_all(pool)
         .await?)
     }
 

@@ -125,7 +125,7 @@ impl PgDialect {
         };
         let rows: Vec<ClaimRow> = sqlx::query_as(
             "SELECT w.id, (w.epoch << 32) | $2 AS epoch, w.claims, w.tenant, w.engine, w.next_poll_at,
-                    w.deadline, s.spec, s.headers, s.trace, $1 AS slot, $3 AS slot_claims
+                    w.deadline, s.spec, s.headers, s.trace, $1 AS slot, $3 AS slot_claims, false AS counted
              FROM waits w JOIN wait_specs s ON s.wait_id = w.id
              WHERE w.owner = $1 AND w.status = 'running'",
         )

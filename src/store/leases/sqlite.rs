@@ -41,7 +41,7 @@ impl SqliteDialect {
                        (SELECT spec FROM wait_specs WHERE wait_id = waits.id) AS spec,
                        (SELECT headers FROM wait_specs WHERE wait_id = waits.id) AS headers,
                        (SELECT trace FROM wait_specs WHERE wait_id = waits.id) AS trace,
-                       NULL AS slot, 0 AS slot_claims",
+                       NULL AS slot, 0 AS slot_claims, 0 AS counted",
         )
         .bind(owner)
         .bind(ms(now) + lookahead.as_millis() as i64)
