@@ -97,69 +97,49 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
 #[tokio::test]
 async fn a_claim_counts_a_first_poll_only_when_it_is_due_within_a_second() {
     for_each_store!(|store, backend| {
-        let ttl = Duration::from_secs(30);
-        let later = store
-            .waits()
-            .create(
-                "t",
-                &spec(),
-                Utc::now() + chrono::TimeDelta::seconds(30),
-                None,
-            )
-            .await
-            .unwrap()
-            .wait;
-        // Due in 30 s, taken within a minute ahead: nothing is counted yet.
-        let a = Uuid::now_v7();
-        let c = store
-            .leases()
-            .claim(a, ttl, Duration::from_secs(60), 10)
-            .await
-            .unwrap();
-        assert_eq!(c.len(), 1, "{}", backend.url());
-        assert!(!c[0].counted, "{}", backend.url());
-        assert!(c[0].count_first_poll, "{}", backend.url());
+        let leases = store.leases().clone();
+        let claim = |owner: Uuid, ahead: u64| {
+            let leases = leases.clone();
+            async move {
+                let ttl = Duration::from_secs(30);
+                let ahead = Duration::from_secs(ahead);
+                leases.claim(owner, ttl, ahead, 10).await.unwrap()
+            }
+        };
         let back = |c: &waitd::store::Claimed| Checkpoint {
             id: c.id,
             epoch: c.epoch,
             engine: None,
             next_poll_at: None,
         };
-        store.leases().release(a, &[back(&c[0])]).await.unwrap();
+        let in_30s = Utc::now() + chrono::TimeDelta::seconds(30);
+        let later = store.waits().create("t", &spec(), in_30s, None).await;
+        let later = later.unwrap().wait;
+        // Due in 30 s, taken within a minute ahead: nothing is counted yet.
+        let a = Uuid::now_v7();
+        let c = claim(a, 60).await;
+        assert_eq!(c.len(), 1, "{}", backend.url());
+        assert!(!c[0].counted, "{}", backend.url());
+        assert!(c[0].count_first_poll, "{}", backend.url());
+        leases.release(a, &[back(&c[0])]).await.unwrap();
         let b = Uuid::now_v7();
-        let c = store
-            .leases()
-            .claim(b, ttl, Duration::from_secs(60), 10)
-            .await
-            .unwrap();
+        let c = claim(b, 60).await;
         assert_eq!((c[0].id, c[0].claims), (later.id, 0), "{}", backend.url());
-        store.leases().release(b, &[back(&c[0])]).await.unwrap();
+        leases.release(b, &[back(&c[0])]).await.unwrap();
         // Due now: Postgres counts the first poll in the claim's own write, so a
         // claimer that stops before polling leaves one poll counted, as one that
         // stops between the mark and the poll does.
-        let now = store
-            .waits()
-            .create("t", &spec(), Utc::now(), None)
-            .await
-            .unwrap()
-            .wait;
+        let now = store.waits().create("t", &spec(), Utc::now(), None).await;
+        let now = now.unwrap().wait;
         let a = Uuid::now_v7();
-        let c = store
-            .leases()
-            .claim(a, ttl, Duration::ZERO, 10)
-            .await
-            .unwrap();
+        let c = claim(a, 0).await;
         assert_eq!(c.len(), 1, "{}", backend.url());
         assert_eq!(c[0].id, now.id);
         assert_eq!(c[0].claims, 0, "the count before this claim");
         let postgres = backend.name() == "postgres";
         assert_eq!(c[0].counted, postgres, "{}", backend.url());
-        store.leases().release(a, &[back(&c[0])]).await.unwrap();
-        let c = store
-            .leases()
-            .claim(Uuid::now_v7(), ttl, Duration::ZERO, 10)
-            .await
-            .unwrap();
+        leases.release(a, &[back(&c[0])]).await.unwrap();
+        let c = claim(Uuid::now_v7(), 0).await;
         assert_eq!(c[0].claims, i32::from(postgres), "{}", backend.url());
     });
 }
