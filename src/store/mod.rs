@@ -149,7 +149,7 @@ pub mod leases;
 pub use leases::{Checkpoint, Claimed, Leases, Renewal, SLOT_CLAIMS, SlotToken};
 pub mod progress;
 pub use groups::{Group, GroupEnd, GroupRefused, GroupRequest, Groups, MemberRequest, MemberState};
-pub use progress::{Ended, MARK_AHEAD, MAX_CLAIMS, Progress};
+pub use progress::{Ended, MAX_CLAIMS, Progress};
 pub mod events;
 pub use events::{Events, FeedEvent};
 pub mod retention;

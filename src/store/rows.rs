@@ -153,7 +153,7 @@ pub(crate) struct ClaimRow {
     slot: Option<Uuid>,
     slot_claims: i32,
     // Its first poll counted by the claim itself (Postgres: a wait claimed on
-    // its own due within [`super::MARK_AHEAD`]).
+    // its own that is already due).
     counted: bool,
 }
 }

@@ -95,7 +95,7 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
 }
 
 #[tokio::test]
-async fn a_claim_counts_a_first_poll_only_when_it_is_due_within_a_second() {
+async fn a_claim_counts_a_first_poll_only_when_the_wait_is_due() {
     for_each_store!(|store, backend| {
         let leases = store.leases().clone();
         let claim = |owner: Uuid, ahead: u64| {
@@ -126,8 +126,8 @@ async fn a_claim_counts_a_first_poll_only_when_it_is_due_within_a_second() {
         let c = claim(b, 60).await;
         assert_eq!((c[0].id, c[0].claims), (later.id, 0), "{}", backend.url());
         leases.release(b, &[back(&c[0])]).await.unwrap();
-        // Due now: Postgres counts the first poll in the claim's own write, so a
-        // claimer that stops before polling leaves one poll counted, as one that
+        // Due already: Postgres counts the first poll in the claim's own write, so
+        // a claimer that stops before polling leaves one poll counted, as one that
         // stops between the mark and the poll does.
         let now = store.waits().create("t", &spec(), Utc::now(), None).await;
         let now = now.unwrap().wait;

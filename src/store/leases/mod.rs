@@ -46,8 +46,8 @@ pub struct Claimed {
     /// one taken over in a slot whose holders kept dying ([`SLOT_CLAIMS`]).
     pub count_first_poll: bool,
     /// Its first poll is counted already, by the claim itself (a wait claimed on
-    /// its own on Postgres and due within [`super::MARK_AHEAD`]): it starts when
-    /// due, and only its completion is recorded.
+    /// its own on Postgres that is already due): it starts at once, and only its
+    /// completion is recorded.
     pub counted: bool,
     /// Taken over in a slot whose holder died: once every wait taken with it has
     /// been polled, the slot is settled ([`Leases::settle`]).

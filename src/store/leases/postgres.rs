@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::slots::{fence, fenced};
 use crate::store::postgres::{CHECKPOINT_CHUNK, PgDialect, WORK_CHANNEL};
-use crate::store::{CheckpointRow, ClaimRow, MARK_AHEAD, StoreError, WaitEpoch};
+use crate::store::{CheckpointRow, ClaimRow, StoreError, WaitEpoch};
 
 /// How long past its due time a wait waits for the replica its placement gives
 /// it before any replica claims it.
@@ -127,7 +127,7 @@ impl PgDialect {
              mine AS MATERIALIZED (
                  SELECT array_agg(id ORDER BY id) AS ids, array_agg(gen ORDER BY id) AS gens FROM held),
              due AS MATERIALIZED (
-                 SELECT id, placement, coalesce(next_poll_at <= now() + $7, false) AS counted FROM waits
+                 SELECT id, placement, coalesce(next_poll_at <= now(), false) AS counted FROM waits
                  WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
                    AND (placement IS NULL OR claim_at < now() - $5
                         OR (SELECT n < 2 OR NOT listed FROM alive) OR $6
@@ -156,7 +156,6 @@ impl PgDialect {
         .bind(limit)
         .bind(PLACEMENT_GRACE)
         .bind(first)
-        .bind(MARK_AHEAD)
         .fetch_all(pool)
         .await?)
     }

@@ -24,15 +24,9 @@ use super::{Dialect, EngineState, EventBody, Leases, Status, StoreError, WaitEpo
 /// polled, so that it cannot take down one replica after another. The count is kept
 /// in the store: [`Leases::mark_polling`] adds to it as the first poll after a claim
 /// begins (or the claim itself, on Postgres, for a wait claimed on its own that is
-/// due within [`MARK_AHEAD`]), and the write of a completed poll
-/// ([`Leases::confirm_polled`] when it changed nothing) clears it.
+/// already due), and the write of a completed poll ([`Leases::confirm_polled`] when
+/// it changed nothing) clears it.
 pub const MAX_CLAIMS: i32 = 3;
-
-/// How far ahead of a first poll the store may count it as begun. A replica that
-/// stops between the count and the poll leaves a poll counted that never began:
-/// the guard counts [`MAX_CLAIMS`] in a row, so only a wait whose replicas stop
-/// within this of its first poll that many times over is ended by it.
-pub const MARK_AHEAD: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 
 /// How a wait ended, as its progress records it.
 #[derive(Clone, Debug, PartialEq)]
