@@ -770,11 +770,19 @@ async fn the_documented_receiver_verifies_and_prints_what_waitd_sends_and_refuse
 async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others() {
     for kind in BOTH {
         // 20 attempts at once in all, so a tenant's share is 20 (not 32), and each of
-        // its receivers gets half of that. The timeout is longer than the test: no
+        // its receivers gets half of that. An attempt is bounded by the webhook
+        // timeout and by half the lease TTL: both are longer than the test, so no
         // held attempt ends, and frees its place, before the count is looked at.
         let run = Running::start(
             kind,
-            &["--webhook-concurrency", "20", "--webhook-timeout", "20s"],
+            &[
+                "--webhook-concurrency",
+                "20",
+                "--webhook-timeout",
+                "20s",
+                "--lease-ttl",
+                "60s",
+            ],
         )
         .await;
         let up = Upstream::start().await;
