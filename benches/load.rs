@@ -1393,7 +1393,15 @@ async fn scale(a: &Args, from: ScaleFrom) -> Scale {
     let polls_n = polls(&prev) - polls(&first);
     let rss_kib: u64 = replicas.iter().map(|r| rss_kib(r.pid)).sum();
     let takeover = if a.scale_kill {
-        Some(scale_kill::run(&db, &mut replicas, n).await)
+        Some(
+            scale_kill::run(
+                &db,
+                &mut replicas,
+                n,
+                Duration::from_secs(if a.smoke { 2 } else { 10 }),
+            )
+            .await,
+        )
     } else {
         None
     };
@@ -2253,9 +2261,10 @@ fn scale_rows(a: &Args, from: ScaleFrom, sc: &[&Scale]) -> String {
         );
         let _ = writeln!(
             t,
-            "| 12i | the survivor's lag p99 over 10 s windows: the worst until every wait is held again (the waits that fell due unowned are polled at once) / the worst of two windows beginning 10 s or more after | {:.0} / {:.0} ms | after ≤ 100 ms |",
+            "| 12i | the survivor's lag p99 over {:.0} s windows: the worst until every wait is held again (the waits that fell due unowned are polled at once) / the worst of two windows beginning one window or more after | {:.0} / {:.0} ms | after ≤ 100 ms |",
+            mk(&|s| s.window_s),
             mk(&|s| worst_p99(&s.windows, |began| began < s.held_s)) * 1e3,
-            mk(&|s| worst_p99(&s.windows, |began| began >= s.held_s + 10.0)) * 1e3
+            mk(&|s| worst_p99(&s.windows, |began| began >= s.held_s + s.window_s)) * 1e3
         );
         let _ = writeln!(
             t,
@@ -2281,13 +2290,14 @@ fn scale_rows(a: &Args, from: ScaleFrom, sc: &[&Scale]) -> String {
         if let Some(k) = &s.takeover {
             let _ = writeln!(
                 t,
-                "\nrun {} takeover: every wait held {:.1} s after the lease ran out; the survivor's lag p99 per 10 s window from the expiry (ms, * from the window in which all were held): {}",
+                "\nrun {} takeover: every wait held {:.1} s after the lease ran out; the survivor's lag p99 per {:.0} s window from the expiry (ms, * from the window in which all were held): {}",
                 i + 1,
                 k.held_s,
+                k.window_s,
                 k.windows
                     .iter()
                     .map(|w| {
-                        let held = w.0 + 10.0 > k.held_s;
+                        let held = w.0 + k.window_s > k.held_s;
                         format!("{:.0}{}", w.2 * 1e3, if held { "*" } else { "" })
                     })
                     .collect::<Vec<_>>()

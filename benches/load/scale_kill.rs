@@ -10,10 +10,7 @@ use super::support::TestDb;
 use super::support::replica::Replica;
 use super::{cpu_of, cpu_seconds, lag_percentile, metrics, metrics_of, rows_written};
 
-/// The survivors' schedule lag is read over windows this long.
-const WINDOW: Duration = Duration::from_secs(10);
-/// Windows read that begin this long after every wait is held again.
-const SETTLED: Duration = Duration::from_secs(10);
+/// Windows read that begin one window or more after every wait is held again.
 const AFTER: usize = 2;
 /// A takeover that takes longer fails the run.
 const GIVE_UP: Duration = Duration::from_secs(1800);
@@ -28,6 +25,8 @@ pub struct Takeover {
     /// The survivors' schedule lag per window from the expiry on: when the window
     /// began (s after the expiry), p50, p99 (s).
     pub windows: Vec<(f64, f64, f64)>,
+    /// The windows' length, s.
+    pub window_s: f64,
     /// Postgres CPU (µs) and WAL (bytes) a wait taken over, from the expiry until
     /// every wait is held.
     pub pg_us: f64,
@@ -44,8 +43,9 @@ async fn held(base: &str) -> f64 {
 }
 
 /// Kills the replica of `replicas` holding the most of the `n` waits and times
-/// the survivors' takeover of them.
-pub async fn run(db: &TestDb, replicas: &mut [Replica], n: usize) -> Takeover {
+/// the survivors' takeover of them, reading their schedule lag over windows of
+/// `window` (10 s; 2 s in a smoke run).
+pub async fn run(db: &TestDb, replicas: &mut [Replica], n: usize, window: Duration) -> Takeover {
     assert!(
         replicas.len() >= 2,
         "--scale-kill needs --scale-replicas 2 or more"
@@ -99,7 +99,7 @@ pub async fn run(db: &TestDb, replicas: &mut [Replica], n: usize) -> Takeover {
     let mut windows = Vec::new();
     let mut done: Option<(f64, f64, i64)> = None;
     let mut after = 0;
-    let mut next_window = expiry + WINDOW;
+    let mut next_window = expiry + window;
     while after < AFTER {
         assert!(
             expiry.elapsed() < GIVE_UP,
@@ -115,15 +115,15 @@ pub async fn run(db: &TestDb, replicas: &mut [Replica], n: usize) -> Takeover {
         }
         if Instant::now() >= next_window {
             let now = snapshot().await;
-            let began = (next_window - WINDOW - expiry).as_secs_f64();
+            let began = (next_window - window - expiry).as_secs_f64();
             windows.push((
                 began,
                 lag_percentile(&prev, &now, 0.5),
                 lag_percentile(&prev, &now, 0.99),
             ));
             prev = now;
-            next_window += WINDOW;
-            if done.is_some_and(|(at, _, _)| began >= at + SETTLED.as_secs_f64()) {
+            next_window += window;
+            if done.is_some_and(|(at, _, _)| began >= at + window.as_secs_f64()) {
                 after += 1;
             }
         }
@@ -136,6 +136,7 @@ pub async fn run(db: &TestDb, replicas: &mut [Replica], n: usize) -> Takeover {
         waits: holding[victim],
         held_s,
         windows,
+        window_s: window.as_secs_f64(),
         pg_us: (p1 - p0) * 1e6 / taken,
         wal_bytes: (wal1 - wal0) as f64 / taken,
     }
