@@ -22,8 +22,8 @@ use crate::store::{Progress, StoreError, WaitEpoch};
 
 /// How far ahead of its poll a first poll is recorded as begun. A replica that
 /// stops between the record and the poll leaves a poll counted that never began:
-/// the guard counts three in a row, so only a wait whose replicas stop within this
-/// of its first poll three times over is ended by it.
+/// the guard counts [`crate::store::MAX_CLAIMS`] in a row, so only a wait whose
+/// replicas stop within this of its first poll that many times over is ended by it.
 pub(super) const MARK_AHEAD: TimeDelta = TimeDelta::seconds(1);
 /// Records are written once the first of the waits not yet recorded is due within
 /// this, so a batch holds about half a second of first polls.

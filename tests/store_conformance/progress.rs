@@ -141,6 +141,20 @@ async fn a_claim_counts_a_first_poll_only_when_the_wait_is_due() {
         leases.release(a, &[back(&c[0])]).await.unwrap();
         let c = claim(Uuid::now_v7(), 0).await;
         assert_eq!(c[0].claims, i32::from(postgres), "{}", backend.url());
+        // Due in under a second is not due: a claim counts a first poll only once
+        // the wait is due, so one counted here was due before the claim answered.
+        let at = Utc::now() + chrono::TimeDelta::milliseconds(800);
+        let soon = store.waits().create("t", &spec(), at, None).await;
+        let soon = soon.unwrap().wait;
+        let c = claim(Uuid::now_v7(), 60).await;
+        let answered = Utc::now();
+        let s = c.iter().find(|c| c.id == soon.id).expect("claimed");
+        assert!(
+            !s.counted || s.next_poll_at <= answered,
+            "counted {} ms before it was due ({})",
+            (s.next_poll_at - answered).num_milliseconds(),
+            backend.url()
+        );
     });
 }
 
