@@ -80,6 +80,10 @@ async fn rig_with(lease_ttl: Duration, concurrency: usize) -> Rig {
 }
 
 impl Rig {
+    /// A wait due now. Waits are created at the loop's wall time, not the real
+    /// one: its clock stands still with tokio's while the real one runs on, so a
+    /// wait created at the real time would be due later on the loop's clock by
+    /// however long the machine took since the rig was built.
     async fn create(&self) -> Uuid {
         let spec = Spec::from_request(
             &json!({
@@ -94,7 +98,7 @@ impl Rig {
         let created = self
             .store
             .waits()
-            .create("t", &spec, Utc::now(), None)
+            .create("t", &spec, self.lp.clock.now(), None)
             .await;
         created.unwrap().wait.id
     }
@@ -115,7 +119,7 @@ impl Rig {
         let created = self
             .store
             .waits()
-            .create("t", &spec, Utc::now(), None)
+            .create("t", &spec, self.lp.clock.now(), None)
             .await;
         created.unwrap().wait.id
     }
