@@ -174,13 +174,16 @@ fn explosive() -> Value {
     doc
 }
 
-/// A spec polling `url` every few milliseconds for `state`.
+/// A spec polling `url` every few milliseconds for `state`. Each of these waits
+/// ends by what its answers are, not by its deadline, which is only there to
+/// end it should it not: a loaded machine, with the huge answers polled beside
+/// it, can take seconds to give a poll its turn.
 fn hostile_spec(url: &str, state: &str) -> Value {
     json!({
         "target": {"url": url},
         "state": state,
         "want": ["on"],
-        "timeout": "5s",
+        "timeout": "60s",
         "poll": {"initial": "20ms", "factor": 1, "jitter": 0},
         "retry": {"delay": "20ms", "max_delay": "20ms", "max_retries": 3}
     })
@@ -194,7 +197,7 @@ async fn create(r: &Replica, spec: Value) -> String {
 }
 
 async fn ended(r: &Replica, id: &str) -> Value {
-    let a = send(client().get(r.url(&format!("/waits/{id}?wait=15s")))).await;
+    let a = send(client().get(r.url(&format!("/waits/{id}?wait=25s")))).await;
     assert_ne!(a.status, 202, "still running: {}", a.body);
     assert_ne!(a.body["status"], "running", "{}", a.body);
     a.body
