@@ -10,11 +10,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 use support::*;
 
-/// How long the timestamp condition waits for: short, so the test is quick, and
-/// many polls long, so a wait that succeeds early shows it.
-/// How long the held-duration condition waits: long beside the wait's 10–20 ms
-/// polls, so that a loaded machine's slowest gap between two polls is not
-/// longer.
+/// How long the held-duration condition waits: many polls long, so a wait that
+/// succeeds early shows it, and longer than a loaded machine's slowest gap
+/// between two of the wait's 10–20 ms polls.
 const HELD: Duration = Duration::from_secs(3);
 
 fn poll() -> Value {
