@@ -148,6 +148,9 @@ impl App {
             cpu::configure(n);
         }
         let token_sources = tokens::Sources::of(&config.api);
+        // The file's stamp before its first read: a change from then on is
+        // reloaded, however late the watcher starts.
+        let token_stamp = token_sources.file_stamp().await;
         let token_set = tokens::Tokens::new(token_sources.load().await?);
         let tokens: HashMap<String, String> = token_set
             .current()
@@ -293,6 +296,7 @@ impl App {
         }
         tasks.push(tokio::spawn(token_set.clone().watch(
             token_sources,
+            token_stamp,
             signals.clone(),
             stopped(stop_rx.clone()),
         )));

@@ -203,7 +203,8 @@ impl Sources {
     }
 
     /// The file's stamp, to notice a change; `None` when it cannot be looked at.
-    async fn file_stamp(&self) -> Option<crate::files::Stamp> {
+    /// The tokens file's stamp (none without a file, or when it cannot be read).
+    pub async fn file_stamp(&self) -> Option<crate::files::Stamp> {
         crate::files::stamp(self.file.as_ref()?).await.ok()
     }
 }
@@ -313,14 +314,15 @@ impl Tokens {
         }
     }
 
-    /// Reloads on `SIGHUP` and when the tokens file changes, until `stopped`.
+    /// Reloads on `SIGHUP` and when the tokens file's stamp differs from
+    /// `stamp` (taken before the tokens in force were read), until `stopped`.
     pub async fn watch(
         self,
         sources: Sources,
+        mut stamp: Option<crate::files::Stamp>,
         signals: Signals,
         stopped: impl Future<Output = ()>,
     ) {
-        let mut stamp = sources.file_stamp().await;
         #[cfg(unix)]
         let mut hangup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
