@@ -124,15 +124,12 @@ async fn follows_history_then_live(accept_header: bool) {
     assert!(ct.starts_with("text/event-stream"), "{ct}");
 
     // History: the `created` event, before any poll has happened.
-    let first = sse
-        .next(Duration::from_secs(5))
-        .await
-        .expect("a first event");
+    let first = sse.next(signals::BOUND).await.expect("a first event");
     assert_eq!(up.hits("/s/1"), 0, "the first event came after a poll");
     assert_eq!(check_wait_event(&first, &id), (1, "created".to_string()));
 
     // Live: the rest, in order, ending with the terminal event; then the stream ends.
-    let rest = sse.until_end(Duration::from_secs(10)).await;
+    let rest = sse.until_end(signals::BOUND).await;
     let got: Vec<(i64, String)> = rest.iter().map(|e| check_wait_event(e, &id)).collect();
     assert_eq!(
         got,
@@ -238,7 +235,7 @@ async fn last_event_id_resumes_a_wait_stream_after_that_seq() {
     .await;
     assert_eq!(sse.status, 200);
     let got: Vec<(i64, String)> = sse
-        .until_end(Duration::from_secs(5))
+        .until_end(signals::BOUND)
         .await
         .iter()
         .map(|e| check_wait_event(e, &id))
@@ -258,7 +255,7 @@ async fn last_event_id_resumes_a_wait_stream_after_that_seq() {
             .header("last-event-id", "5"),
     )
     .await;
-    assert!(sse.until_end(Duration::from_secs(5)).await.is_empty());
+    assert!(sse.until_end(signals::BOUND).await.is_empty());
     let (r, _) = app.stop().await;
     r.unwrap();
     db.drop_db().await;
@@ -283,7 +280,7 @@ async fn last_event_id_resumes_a_running_wait_stream_then_follows_it_live() {
     )
     .await;
     let got: Vec<(i64, String)> = sse
-        .until_end(Duration::from_secs(10))
+        .until_end(signals::BOUND)
         .await
         .iter()
         .map(|e| check_wait_event(e, &id))
@@ -323,7 +320,7 @@ async fn a_follower_of_an_ended_wait_gets_the_full_history_and_the_stream_ends()
     )
     .await;
     assert_eq!(sse.status, 200);
-    let events = sse.until_end(Duration::from_secs(5)).await;
+    let events = sse.until_end(signals::BOUND).await;
     let got: Vec<(i64, String)> = events.iter().map(|e| check_wait_event(e, &id)).collect();
     assert_eq!(
         got,
@@ -360,11 +357,11 @@ async fn a_follower_of_a_canceled_wait_sees_the_cancel_and_the_stream_ends() {
             .get(app.url(&format!("/waits/{id}/events?follow=true"))),
     )
     .await;
-    let first = sse.next(Duration::from_secs(5)).await.unwrap();
+    let first = sse.next(signals::BOUND).await.unwrap();
     assert_eq!(check_wait_event(&first, &id).1, "created");
     let (status, _) = app.post(&format!("/waits/{id}/cancel")).await;
     assert_eq!(status, 200);
-    let rest = sse.until_end(Duration::from_secs(5)).await;
+    let rest = sse.until_end(signals::BOUND).await;
     let got: Vec<(i64, String)> = rest.iter().map(|e| check_wait_event(e, &id)).collect();
     assert_eq!(got, [(2, "canceled".to_string())]);
     let (r, _) = app.stop().await;
@@ -479,7 +476,7 @@ async fn the_global_stream_with_a_label_filter_sees_only_matching_waits() {
     let mut got = Vec::new();
     loop {
         let e = sse
-            .next(Duration::from_secs(10))
+            .next(signals::BOUND)
             .await
             .expect("the global stream does not end by itself");
         let d = data(&e);
@@ -534,17 +531,14 @@ async fn last_event_id_resumes_the_global_stream_by_global_id() {
     assert_eq!(sse.status, 200);
     let mut got = Vec::new();
     while got.len() < 3 {
-        let e = sse.next(Duration::from_secs(5)).await.expect("more events");
+        let e = sse.next(signals::BOUND).await.expect("more events");
         assert_eq!(e.id, data(&e)["id"].as_i64().unwrap().to_string());
         got.push(e.id.parse::<i64>().unwrap());
     }
     assert_eq!(got, ids[5..]);
     // Then it follows live: a new wait's events arrive on the same stream.
     let c = ended_wait(&app, &up, "/c", "c").await;
-    let next = sse
-        .next(Duration::from_secs(5))
-        .await
-        .expect("a live event");
+    let next = sse.next(signals::BOUND).await.expect("a live event");
     let d = data(&next);
     assert_eq!(d["wait_id"], c.as_str(), "{d}");
     assert_eq!(d["kind"], "created");
@@ -569,11 +563,11 @@ async fn open_streams_end_when_the_server_stops() {
     )
     .await;
     let mut global = Sse::open(app.client.get(app.url("/events?follow=true"))).await;
-    assert!(per_wait.next(Duration::from_secs(5)).await.is_some());
-    assert!(global.next(Duration::from_secs(5)).await.is_some());
+    assert!(per_wait.next(signals::BOUND).await.is_some());
+    assert!(global.next(signals::BOUND).await.is_some());
     let stopping = tokio::spawn(app.stop());
-    assert!(per_wait.until_end(Duration::from_secs(5)).await.is_empty());
-    assert!(global.until_end(Duration::from_secs(5)).await.is_empty());
+    assert!(per_wait.until_end(signals::BOUND).await.is_empty());
+    assert!(global.until_end(signals::BOUND).await.is_empty());
     let (r, took) = stopping.await.unwrap();
     assert!(r.is_ok(), "{r:?}");
     assert!(took < Duration::from_secs(5), "stop took {took:?}");
@@ -628,7 +622,7 @@ async fn a_history_longer_than_one_page_is_paged_as_json_and_streamed_whole() {
     )
     .await;
     let got: Vec<i64> = sse
-        .until_end(Duration::from_secs(10))
+        .until_end(signals::BOUND)
         .await
         .iter()
         .map(|e| check_wait_event(e, &id).0)
@@ -661,7 +655,7 @@ async fn a_stream_survives_a_store_outage_without_losing_or_repeating_events() {
             .header("accept", "text/event-stream"),
     )
     .await;
-    let first = sse.next(Duration::from_secs(5)).await.expect("created");
+    let first = sse.next(signals::BOUND).await.expect("created");
     assert_eq!(check_wait_event(&first, &id), (1, "created".to_string()));
     // The store goes away before the first poll and comes back just before it: the
     // event listener is still backing off when the wait's events are written.
@@ -716,7 +710,7 @@ async fn after_latest_follows_only_new_events_and_a_cursor_ahead_of_every_event_
     assert_eq!(sse.status, 200);
     let fresh = up.script("/fresh", vec![Reply::status("on")]);
     let (_, w2) = app.create(spec(&fresh)).await;
-    let first = sse.next(Duration::from_secs(5)).await.unwrap();
+    let first = sse.next(signals::BOUND).await.unwrap();
     let data: Value = serde_json::from_str(&first.data).unwrap();
     assert_eq!(data["wait_id"], w2["id"], "{data}");
     assert_eq!(first.event, "created");
