@@ -540,3 +540,104 @@ async fn on_postgres_a_wait_inserted_without_a_claim_order_is_claimed() {
     drop(c);
     db.drop_db().await;
 }
+
+/// A backlog (a claim of more than 1,000) is taken in the order the waits lie in
+/// the table, not the order they fall due: every wait due within the lookahead is
+/// claimed once, none due later, and of two replicas alive each takes only the
+/// waits its placement gives it.
+#[tokio::test]
+async fn on_postgres_a_backlog_is_claimed_whole_once_and_by_placement() {
+    let db = TestDb::new().await;
+    let store = Store::open(&db.url, 4, Bus::new()).unwrap();
+    store.migrate().await.unwrap();
+    let seed = store
+        .waits()
+        .create("t", &spec(), Utc::now(), None)
+        .await
+        .unwrap()
+        .wait
+        .id;
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    // 2,600 copies due over the next 50 s, inserted in an order unrelated to when
+    // they fall due (as an import or a benchmark leaves them), each with its own
+    // placement; and 50 due in five minutes, past the lookahead.
+    for sql in [
+        "UPDATE waits SET claim_at = now() + interval '10 minutes', next_poll_at = now() + interval '10 minutes'
+         WHERE id = $1",
+        "INSERT INTO waits (id, tenant, status, created_at, updated_at, deadline, next_poll_at, claim_at, labels, engine, seq, placement)
+         SELECT gen_random_uuid(), w.tenant, 'running', w.created_at, w.updated_at, w.deadline, d.due, d.due, w.labels, w.engine, 1, d.i
+         FROM waits w,
+              (SELECT * FROM
+                 (SELECT i, now() + interval '3 s' + random() * interval '47 s' AS due FROM generate_series(1, 2600) i
+                  UNION ALL
+                  SELECT i, now() + interval '5 minutes' FROM generate_series(2601, 2650) i) u
+               ORDER BY random()) d
+         WHERE w.id = $1",
+        "INSERT INTO wait_specs (wait_id, spec, headers)
+         SELECT w.id, s.spec, s.headers FROM waits w, wait_specs s
+         WHERE s.wait_id = $1 AND w.id <> $1",
+    ] {
+        sqlx::query(sql).bind(seed).execute(&mut c).await.unwrap();
+    }
+    let ttl = Duration::from_secs(30);
+    let lookahead = Duration::from_secs(60);
+    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    store.leases().renew_lease(a, ttl).await.unwrap();
+    store.leases().renew_lease(b, ttl).await.unwrap();
+    // A replica's first claim takes any wait: both make their slots with a claim
+    // of nothing (none is due yet).
+    for owner in [a, b] {
+        let first = store.leases().claim(owner, ttl, Duration::ZERO, 10);
+        assert!(first.await.unwrap().is_empty());
+    }
+    // Each claims as the worker does: 2,000 at a time after a full claim (a
+    // backlog), 1,000 otherwise, until nothing is left for it.
+    let mut taken: Vec<(Uuid, Uuid)> = Vec::new();
+    for owner in [a, b] {
+        let mut limit = 2000;
+        loop {
+            let claimed = store
+                .leases()
+                .claim(owner, ttl, lookahead, limit)
+                .await
+                .unwrap();
+            if claimed.is_empty() {
+                break;
+            }
+            limit = if claimed.len() >= 1000 { 2000 } else { 1000 };
+            taken.extend(claimed.into_iter().map(|c| (c.id, owner)));
+        }
+    }
+    let ids: Vec<Uuid> = taken.iter().map(|(id, _)| *id).collect();
+    let rows: Vec<(Uuid, i64, bool)> = sqlx::query_as(
+        "SELECT id, placement, claim_at <= now() + interval '60 s' FROM waits WHERE id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        rows.iter().all(|(_, _, due)| *due),
+        "a wait due later was claimed"
+    );
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "a wait was claimed twice");
+    assert_eq!(
+        ids.len(),
+        2600,
+        "every wait due within the lookahead is claimed"
+    );
+    // Placement modulo the replicas alive, against each one's rank by id.
+    let rank = |owner: Uuid| if owner == a.min(b) { 0 } else { 1 };
+    for (id, placement, _) in &rows {
+        let owner = taken.iter().find(|(t, _)| t == id).unwrap().1;
+        assert_eq!(placement % 2, rank(owner), "{id} went to the other replica");
+    }
+    store.close().await;
+    drop(c);
+    db.drop_db().await;
+}

@@ -19,6 +19,10 @@ const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
 /// since a statement is one backend's work and Postgres has more cores.
 const CLAIM_STATEMENT: i64 = 1000;
 
+/// Pages of `waits` a claim of a backlog reads at most (32 MiB), from the page of
+/// an unowned wait due soon: a backlog's waits are taken in the order they lie in.
+const SWEEP_PAGES: i64 = 4096;
+
 impl PgDialect {
     /// Claims up to `limit` running waits (more when a slot taken holds more):
     /// first unowned waits due within `lookahead`, each put in one of `owner`'s
@@ -45,8 +49,24 @@ impl PgDialect {
         let mut rows = if limit > CLAIM_STATEMENT {
             let half = limit / 2;
             let (a, b) = tokio::join!(
-                self.claim_unowned(&self.lease_pool, owner, ttl, lookahead, half, false),
-                self.claim_unowned(&self.pool, owner, ttl, lookahead, limit - half, false)
+                self.claim_unowned(
+                    &self.lease_pool,
+                    owner,
+                    ttl,
+                    lookahead,
+                    half,
+                    false,
+                    Some(0)
+                ),
+                self.claim_unowned(
+                    &self.pool,
+                    owner,
+                    ttl,
+                    lookahead,
+                    limit - half,
+                    false,
+                    Some(half)
+                )
             );
             // What one of them took is held even when the other failed.
             match (a, b) {
@@ -61,7 +81,7 @@ impl PgDialect {
                 (Err(e), _) | (_, Err(e)) => return Err(e),
             }
         } else {
-            self.claim_unowned(&self.lease_pool, owner, ttl, lookahead, limit, false)
+            self.claim_unowned(&self.lease_pool, owner, ttl, lookahead, limit, false, None)
                 .await?
         };
         // A replica that holds no slot (its first claim) makes its own, and claims
@@ -69,7 +89,7 @@ impl PgDialect {
         if self.enlist(owner).await? {
             let first = limit.min(CLAIM_STATEMENT);
             rows = self
-                .claim_unowned(&self.lease_pool, owner, ttl, lookahead, first, true)
+                .claim_unowned(&self.lease_pool, owner, ttl, lookahead, first, true, None)
                 .await?;
         }
         // Two slots at once: reading a slot's waits is most of a takeover's
@@ -106,6 +126,15 @@ impl PgDialect {
     /// slots (none when it holds none). The statement gives `owner` a lease row if
     /// it has none, and takes any wait on a replica's `first` claim (or while it is
     /// not among the alive).
+    ///
+    /// With `sweep`, the waits are taken in the order they lie in the table, not in
+    /// the order they fall due: from the page of the `sweep`-th unowned wait to fall
+    /// due, through the next [`SWEEP_PAGES`] pages. A backlog is claimed so (one
+    /// whose waits were inserted in another order than they fall due touches a page
+    /// of `waits` and writes it whole to the WAL for each wait taken in due order,
+    /// and walks past the index entries of those already taken); a claim of a few
+    /// waits is not (it would read the pages for nothing).
+    #[allow(clippy::too_many_arguments)]
     async fn claim_unowned(
         &self,
         pool: &sqlx::PgPool,
@@ -114,50 +143,89 @@ impl PgDialect {
         lookahead: Duration,
         limit: i64,
         first: bool,
+        sweep: Option<i64>,
     ) -> Result<Vec<ClaimRow>, StoreError> {
-        Ok(sqlx::query_as(
-            "WITH me AS (
-                 INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
-                 ON CONFLICT (id) DO NOTHING),
-             alive AS MATERIALIZED (
-                 SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank,
-                        coalesce(bool_or(id = $1), false) AS listed
-                 FROM replicas WHERE lease_until > now()),
-             held AS MATERIALIZED (SELECT id, gen FROM slots WHERE holder = $1 FOR SHARE),
-             mine AS MATERIALIZED (
-                 SELECT array_agg(id ORDER BY id) AS ids, array_agg(gen ORDER BY id) AS gens FROM held),
-             due AS MATERIALIZED (
+        // Which unowned waits this replica takes: its placement's, or any.
+        macro_rules! takes {
+            () => {
+                "status = 'running' AND owner IS NULL AND claim_at <= now() + $3
+                 AND (placement IS NULL OR claim_at < now() - $5
+                      OR (SELECT n < 2 OR NOT listed FROM alive) OR $6
+                      OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))"
+            };
+        }
+        macro_rules! claim {
+            ($due:expr) => {
+                concat!(
+                    "WITH me AS (
+                         INSERT INTO replicas (id, lease_until) VALUES ($1, now() + $2)
+                         ON CONFLICT (id) DO NOTHING),
+                     alive AS MATERIALIZED (
+                         SELECT count(*) AS n, count(*) FILTER (WHERE id < $1) AS rank,
+                                coalesce(bool_or(id = $1), false) AS listed
+                         FROM replicas WHERE lease_until > now()),
+                     held AS MATERIALIZED (SELECT id, gen FROM slots WHERE holder = $1 FOR SHARE),
+                     mine AS MATERIALIZED (
+                         SELECT array_agg(id ORDER BY id) AS ids, array_agg(gen ORDER BY id) AS gens FROM held), ",
+                    $due,
+                    ", pick AS (
+                         SELECT due.id, due.counted,
+                                1 + (abs(coalesce(due.placement, hashtext(due.id::text)::bigint))
+                                     % cardinality(mine.ids))::int AS i
+                         FROM due, mine)
+                     UPDATE waits w SET owner = mine.ids[pick.i], epoch = w.epoch + 1, claim_at = w.next_poll_at,
+                            claims = w.claims + pick.counted::int
+                     FROM pick, mine, wait_specs s
+                     WHERE w.id = pick.id AND s.wait_id = w.id
+                     RETURNING w.id, (w.epoch << 32) | mine.gens[pick.i] AS epoch,
+                               w.claims - pick.counted::int AS claims, w.tenant, w.engine,
+                               w.next_poll_at, w.deadline, s.spec, s.headers, s.trace,
+                               NULL::uuid AS slot, 0 AS slot_claims, pick.counted"
+                )
+            };
+        }
+        const IN_DUE_ORDER: &str = claim!(concat!(
+            "due AS MATERIALIZED (
                  SELECT id, placement, coalesce(next_poll_at <= now(), false) AS counted FROM waits
-                 WHERE status = 'running' AND owner IS NULL AND claim_at <= now() + $3
-                   AND (placement IS NULL OR claim_at < now() - $5
-                        OR (SELECT n < 2 OR NOT listed FROM alive) OR $6
-                        OR placement % (SELECT n FROM alive) = (SELECT rank FROM alive))
-                   AND (SELECT cardinality(ids) > 0 FROM mine)
+                 WHERE ",
+            takes!(),
+            " AND (SELECT cardinality(ids) > 0 FROM mine)
                  ORDER BY claim_at
                  LIMIT $4
-                 FOR UPDATE SKIP LOCKED),
-             pick AS (
-                 SELECT due.id, due.counted,
-                        1 + (abs(coalesce(due.placement, hashtext(due.id::text)::bigint))
-                             % cardinality(mine.ids))::int AS i
-                 FROM due, mine)
-             UPDATE waits w SET owner = mine.ids[pick.i], epoch = w.epoch + 1, claim_at = w.next_poll_at,
-                    claims = w.claims + pick.counted::int
-             FROM pick, mine, wait_specs s
-             WHERE w.id = pick.id AND s.wait_id = w.id
-             RETURNING w.id, (w.epoch << 32) | mine.gens[pick.i] AS epoch,
-                       w.claims - pick.counted::int AS claims, w.tenant, w.engine,
-                       w.next_poll_at, w.deadline, s.spec, s.headers, s.trace,
-                       NULL::uuid AS slot, 0 AS slot_claims, pick.counted",
-        )
+                 FOR UPDATE SKIP LOCKED)"
+        ));
+        // The pages are a TID range (a scan of those pages only); the first is
+        // found by the index of unowned waits.
+        const IN_TABLE_ORDER: &str = claim!(concat!(
+            "seed AS MATERIALIZED (
+                 SELECT (ctid::text::point)[0]::bigint AS page FROM waits WHERE ",
+            takes!(),
+            " ORDER BY claim_at OFFSET $7 LIMIT 1),
+             due AS MATERIALIZED (
+                 SELECT id, placement, coalesce(next_poll_at <= now(), false) AS counted FROM waits
+                 WHERE ctid >= format('(%s,0)', coalesce((SELECT page FROM seed), 0))::tid
+                   AND ctid < format('(%s,0)', coalesce((SELECT page FROM seed) + $8, 0))::tid AND ",
+            takes!(),
+            " AND (SELECT cardinality(ids) > 0 FROM mine)
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED)"
+        ));
+        let q = sqlx::query_as(if sweep.is_some() {
+            IN_TABLE_ORDER
+        } else {
+            IN_DUE_ORDER
+        })
         .bind(owner)
         .bind(ttl)
         .bind(lookahead)
         .bind(limit)
         .bind(PLACEMENT_GRACE)
-        .bind(first)
-        .fetch_all(pool)
-        .await?)
+        .bind(first);
+        let q = match sweep {
+            Some(offset) => q.bind(offset).bind(SWEEP_PAGES),
+            None => q,
+        };
+        Ok(q.fetch_all(pool).await?)
     }
 
     /// Every running wait in the slots `owner` holds, with its token (a full
