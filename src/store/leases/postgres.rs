@@ -21,6 +21,8 @@ const CLAIM_STATEMENT: i64 = 1000;
 
 /// Pages of `waits` a claim of a backlog reads at most (32 MiB), from the page of
 /// an unowned wait due soon: a backlog's waits are taken in the order they lie in.
+/// Where they lie scattered (new rows in the room vacuums left), a claim reads
+/// these pages for a few of them and the next claim goes by the index again.
 const SWEEP_PAGES: i64 = 4096;
 
 impl PgDialect {
