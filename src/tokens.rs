@@ -202,8 +202,8 @@ impl Sources {
         Ok(set)
     }
 
-    /// The file's stamp, to notice a change; `None` when it cannot be looked at.
-    /// The tokens file's stamp (none without a file, or when it cannot be read).
+    /// The tokens file's stamp, to notice a change; `None` without a file, or
+    /// when it cannot be looked at.
     pub async fn file_stamp(&self) -> Option<crate::files::Stamp> {
         crate::files::stamp(self.file.as_ref()?).await.ok()
     }
@@ -416,5 +416,44 @@ mod tests {
         };
         tokens.reload(&sources).await.unwrap();
         gone.await;
+    }
+
+    /// A change to the file between start-up's read and the watcher's first
+    /// look is reloaded: the watcher compares with the stamp of what was read,
+    /// not with what it finds when it first runs.
+    #[tokio::test]
+    async fn a_change_before_the_watcher_first_runs_is_reloaded() {
+        let dir = std::env::temp_dir().join(format!("waitd-tokens-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("tokens");
+        std::fs::write(&file, "a:token-of-tenant-a-0001\n").unwrap();
+        let sources = Sources {
+            fixed: vec![],
+            file: Some(file.clone()),
+        };
+        let stamp = sources.file_stamp().await;
+        let tokens = Tokens::new(sources.load().await.unwrap());
+        let grant = tokens.current()["token-of-tenant-a-0001"].clone();
+        let gone = tokens.revoked("token-of-tenant-a-0001".into(), grant);
+        std::fs::write(&file, "a:token-of-tenant-a-0002-longer\n").unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(tokens.clone().watch(
+            sources,
+            stamp,
+            Signals::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let reloaded = tokio::time::timeout(Duration::from_secs(20), gone).await;
+        let _ = stop.send(());
+        watcher.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(reloaded.is_ok(), "the change was never reloaded");
+        assert!(
+            tokens
+                .current()
+                .contains_key("token-of-tenant-a-0002-longer")
+        );
     }
 }
