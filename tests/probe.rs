@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Response, StatusCode};
 use serde_json::{Value, json};
 use waitd::engine::{Limits, Observation, Spec};
-use waitd::probe::{Guard, ProbeConfig, Prober};
+use waitd::probe::{Guard, Polled, ProbeConfig, Prober};
 
 /// One scripted answer.
 #[derive(Clone)]
@@ -907,4 +907,109 @@ async fn a_name_that_does_not_resolve_is_transient() {
             .await,
     );
     assert!(error.contains("no-such-host.invalid"), "{error}");
+}
+
+/// A wait keeps the state it read from the last body when that was one value of
+/// a few bytes: the same response again is read from the memo, and any other
+/// (another body, another status) afresh. Each body here comes twice in a row;
+/// every reading through the memo is the one a fresh read of the same response
+/// gives.
+#[tokio::test]
+async fn an_unchanged_body_is_read_as_before_and_a_changed_one_afresh() {
+    use crate::support::{Reply as Scripted, Upstream};
+    let raw = |status: u16, body: &str| Scripted {
+        status,
+        body: body.to_string(),
+        headers: Vec::new(),
+        delay: Duration::ZERO,
+    };
+    // Each response, and whether its state is one the memo keeps.
+    let responses = [
+        (
+            Scripted::json(200, json!({"status": "creating", "n": 1})),
+            true,
+        ),
+        (
+            Scripted::json(200, json!({"status": "creating", "n": 2})),
+            true,
+        ),
+        (
+            Scripted::json(200, json!({"status": "CREATE_COMPLETE"})),
+            true,
+        ),
+        (
+            Scripted::json(200, json!({"status": "UPDATE_IN_PROGRESS"})),
+            false,
+        ),
+        (Scripted::json(200, json!({"status": "été"})), true),
+        (Scripted::json(200, json!({"status": "on", "n": 3})), true),
+        (Scripted::json(200, json!({"status": null})), false),
+        (Scripted::json(200, json!({"status": 7})), true),
+        (raw(200, "not json"), false),
+        (
+            Scripted::json(200, json!({"status": "creating", "n": 1})),
+            true,
+        ),
+        (
+            Scripted::json(200, json!({"status": "failed", "err": {"code": "E1"}})),
+            false,
+        ),
+    ];
+    let twice: Vec<Scripted> = responses
+        .iter()
+        .flat_map(|(r, _)| [r.clone(), r.clone()])
+        .collect();
+    let up = Upstream::start().await;
+    let extra = json!({"fail": ["failed"], "error": "/err"});
+    let remembered = spec(&up.script("/memo", twice.clone()), extra.clone());
+    let fresh = spec(&up.script("/fresh", twice), extra);
+    let p = prober(config());
+    let target = p.target(&remembered).unwrap();
+    let mut memo = None;
+    for (i, (_, kept)) in responses.iter().enumerate() {
+        for n in 0..2 {
+            let Polled::Observed(read, _) = p
+                .probe_memo(uuid::Uuid::nil(), &remembered, &target, &mut memo)
+                .await
+            else {
+                panic!("response {i}: held")
+            };
+            let afresh = p.probe(&fresh).await;
+            assert_eq!(read, afresh, "response {i}, poll {n}");
+            if *kept {
+                let m = memo.expect("a short state is kept");
+                assert!(!m.judged(), "response {i}: no conditions, no verdict");
+            } else {
+                assert_eq!(memo, None, "response {i}: nothing to keep");
+            }
+        }
+    }
+    // A 503 with a body the wait read before is read afresh: the status is part
+    // of what the memo is kept under.
+    let up = Upstream::start().await;
+    let body = json!({"status": "creating"});
+    let url = up.script(
+        "/s",
+        vec![Scripted::json(200, body.clone()), Scripted::json(503, body)],
+    );
+    let s = spec(&url, json!({}));
+    let target = p.target(&s).unwrap();
+    let mut memo = None;
+    let Polled::Observed(first, _) = p
+        .probe_memo(uuid::Uuid::nil(), &s, &target, &mut memo)
+        .await
+    else {
+        panic!("held")
+    };
+    assert!(matches!(first, Observation::State { .. }), "{first:?}");
+    let Polled::Observed(second, _) = p
+        .probe_memo(uuid::Uuid::nil(), &s, &target, &mut memo)
+        .await
+    else {
+        panic!("held")
+    };
+    assert!(
+        matches!(second, Observation::Transient { .. }),
+        "{second:?}"
+    );
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use super::read::{Answer, INLINE_BODY, Memo, header_map};
+use super::read::{Answer, Memo, header_map};
 use super::share::Fetched;
 use super::{Prober, StatusClass, Target, abandoned, classify_status, status_text};
 use crate::engine::{Observation, Spec, ValuePath};
@@ -91,7 +91,8 @@ impl Prober {
             .any(|p| matches!(p, crate::engine::spec::Pick::Cel(_)))
             .then(|| header_map(&response.headers));
         let status = status.as_u16();
-        let key = headers.as_ref().map(|h| Memo::key_of(status, &body, h));
+        let key = (judged || needs_body)
+            .then(|| Memo::key_of(status, &body, headers.as_ref().unwrap_or(&BTreeMap::new())));
         let hit = memo.filter(|m| Some(m.key) == key);
         let answer = Answer {
             status,
@@ -107,11 +108,7 @@ impl Prober {
         // What a stranger's answer costs to read grows with its size and with the
         // wait's expressions: that goes to the CPU pool, in the tenant's turn; a
         // small body read at a JSON Pointer stays here (a few microseconds).
-        let heavy = answer.body.len() > INLINE_BODY
-            || (judged && hit.is_none())
-            || answer.all_headers.is_some()
-            || (needs_body && matches!(spec.state, Some(ValuePath::Query { .. })));
-        let (obs, read_memo, output) = if heavy {
+        let (obs, read_memo, output) = if answer.heavy(spec) {
             let spec = spec.clone();
             match crate::cpu::pool()
                 .run(crate::cpu::Lane::Long, &target.tenant, move || {
@@ -131,9 +128,7 @@ impl Prober {
         } else {
             answer.read(spec)
         };
-        if judged {
-            *memo = read_memo;
-        }
+        *memo = read_memo;
         (obs, output)
     }
 }

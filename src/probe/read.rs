@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::engine::{Budget, Exceeded, Observation, Selected, Spec, ValuePath, condition};
 
 /// Bodies up to this size are read where they arrive; larger ones on the CPU pool.
-pub(super) const INLINE_BODY: usize = 16 * 1024;
+const INLINE_BODY: usize = 16 * 1024;
 
 /// A response whose body has been read, before its JSON, state and conditions are.
 pub(super) struct Answer {
@@ -24,9 +24,10 @@ pub(super) struct Answer {
     pub(super) base: Observation,
     /// The state is in the body.
     pub(super) needs_body: bool,
-    /// The memo key of this response, when the wait has conditions.
+    /// The memo key of this response, when the wait has conditions or its state
+    /// is in the body.
     pub(super) key: Option<u64>,
-    /// What the conditions decided on the same response before.
+    /// What the wait made of the same response before.
     pub(super) hit: Option<Memo>,
     /// How long the response took, from sending the request to its last byte.
     pub(super) elapsed: std::time::Duration,
@@ -35,10 +36,52 @@ pub(super) struct Answer {
 }
 
 impl Answer {
-    /// The observation, the memo for the next response (when the wait has
-    /// conditions), and the wait's `output` taken from this response (when it
-    /// names one).
+    /// What the memo of the identical response before gives this one: the state
+    /// read from its body, and what the conditions decided on it.
+    fn kept(&self) -> (Option<Observation>, Option<(bool, Option<bool>)>) {
+        let Some(m) = self.hit else {
+            return (None, None);
+        };
+        let state = m
+            .state
+            .filter(|_| self.needs_body)
+            .and_then(|s| s.observation());
+        (state, m.verdict.filter(|_| self.headers.is_some()))
+    }
+
+    /// Whether the body must be parsed: for a state the memo does not give, for
+    /// conditions it has no verdict of, or for an `output` to take.
+    fn parses(&self, spec: &Spec) -> bool {
+        let (state, verdict) = self.kept();
+        (self.needs_body && state.is_none())
+            || (self.headers.is_some() && verdict.is_none())
+            || !spec.output.is_empty()
+    }
+
+    /// Whether reading it is work for the CPU pool: a large body to parse,
+    /// conditions to evaluate, a CEL `output`, or a JSONPath to run.
+    pub(super) fn heavy(&self, spec: &Spec) -> bool {
+        let (state, verdict) = self.kept();
+        (self.body.len() > INLINE_BODY && self.parses(spec))
+            || (self.headers.is_some() && verdict.is_none())
+            || self.all_headers.is_some()
+            || (self.needs_body
+                && state.is_none()
+                && matches!(spec.state, Some(ValuePath::Query { .. })))
+    }
+
+    /// The observation, the memo for the next response (when the wait has a
+    /// state in the body or conditions), and the wait's `output` taken from this
+    /// response (when it names one).
     pub(super) fn read(self, spec: &Spec) -> (Observation, Option<Memo>, Option<Value>) {
+        let (kept_state, kept_verdict) = self.kept();
+        // A response whose state and verdict the memo gives, with no output to
+        // take: the body need not even be parsed.
+        let parsed: Option<Value> = if self.parses(spec) {
+            serde_json::from_slice(&self.body).ok()
+        } else {
+            None
+        };
         let Answer {
             status,
             headers,
@@ -46,73 +89,54 @@ impl Answer {
             base,
             needs_body,
             key,
-            hit,
             elapsed,
             all_headers,
+            ..
         } = self;
-        // A response the conditions already decided, no state path to read and no
-        // output to take: the body need not even be parsed.
-        let parsed: Option<Value> = if hit.is_some() && !needs_body && spec.output.is_empty() {
-            None
-        } else {
-            serde_json::from_slice(&body).ok()
-        };
         let output = taken(spec, parsed.as_ref(), status, all_headers.as_ref());
-        let (obs, memo) = Self::judge_read(
-            spec, status, headers, &body, parsed, base, needs_body, key, hit, elapsed,
-        );
-        (obs, memo, output)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn judge_read(
-        spec: &Spec,
-        status: u16,
-        headers: Option<BTreeMap<String, String>>,
-        body: &Bytes,
-        parsed: Option<Value>,
-        base: Observation,
-        needs_body: bool,
-        key: Option<u64>,
-        hit: Option<Memo>,
-        elapsed: std::time::Duration,
-    ) -> (Observation, Option<Memo>) {
-        let base = if needs_body {
-            classify_body(body, parsed.as_ref(), spec)
-        } else {
-            base
+        let base = match kept_state {
+            Some(state) => state,
+            None if needs_body => classify_body(&body, parsed.as_ref(), spec),
+            None => base,
         };
-        let (Some(headers), Some(key)) = (headers, key) else {
-            return (base, None);
+        let state = if needs_body { Short::of(&base) } else { None };
+        let (obs, verdict, reused) = match (headers, kept_verdict) {
+            (None, _) => (base, None, false),
+            (Some(_), Some((failure, success))) => {
+                let obs = Observation::Judged {
+                    status,
+                    failure,
+                    success,
+                    base: Box::new(base),
+                };
+                (obs, Some((failure, success)), true)
+            }
+            (Some(headers), None) => {
+                let obs = judge_took(spec, status, &headers, parsed.as_ref(), base, Some(elapsed));
+                // A condition that reads `now` or `elapsed` may decide the same
+                // response differently later, so its answer is not remembered.
+                let timeless = !spec
+                    .conditions()
+                    .iter()
+                    .any(|c| c.reads_now() || c.reads_elapsed());
+                let verdict = match &obs {
+                    Observation::Judged {
+                        failure, success, ..
+                    } if timeless => Some((*failure, *success)),
+                    _ => None,
+                };
+                (obs, verdict, false)
+            }
         };
-        if let Some(m) = hit {
-            let obs = Observation::Judged {
-                status,
-                failure: m.failure,
-                success: m.success,
-                base: Box::new(base),
-            };
-            return (obs, Some(Memo { reused: true, ..m }));
-        }
-        let obs = judge_took(spec, status, &headers, parsed.as_ref(), base, Some(elapsed));
-        // A condition that reads `now` or `elapsed` may decide the same response
-        // differently later, so its answer is not remembered.
-        let timeless = !spec
-            .conditions()
-            .iter()
-            .any(|c| c.reads_now() || c.reads_elapsed());
-        let memo = match &obs {
-            Observation::Judged {
-                failure, success, ..
-            } if timeless => Some(Memo {
+        let memo = key
+            .filter(|_| verdict.is_some() || state.is_some())
+            .map(|key| Memo {
                 key,
-                failure: *failure,
-                success: *success,
-                reused: false,
-            }),
-            _ => None,
-        };
-        (obs, memo)
+                verdict,
+                state,
+                reused,
+            });
+        (obs, memo, output)
     }
 }
 
@@ -222,20 +246,24 @@ pub fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
     out
 }
 
-/// What a wait's conditions decided on the last response they were evaluated on,
-/// under a 64-bit hash of what they can see of it (the status, the body's bytes,
-/// the headers they read). They are pure functions of it, so the next response
-/// with the same hash is decided without converting or evaluating anything: most
-/// polls of a wait see an unchanged resource. (The hash is not cryptographic; a
-/// target that wanted an earlier decision could as well send the earlier body, so
-/// only accidental collisions matter, one in 2^64.) Evaluations that fail are not
-/// kept.
+/// What a wait made of the last response it read, under a 64-bit hash of what
+/// it can see of it (the status, the body's bytes, the headers its conditions
+/// read): the state read from the body, when that was one short value, and what
+/// the conditions decided. Both are pure functions of it, so the next response
+/// with the same hash is read without parsing, converting or evaluating
+/// anything: most polls of a wait see an unchanged resource. (The hash is not
+/// cryptographic; a target that wanted an earlier reading could as well send the
+/// earlier body, so only accidental collisions matter, one in 2^64.) Evaluations
+/// that fail are not kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Memo {
     pub(super) key: u64,
-    failure: bool,
-    success: Option<bool>,
-    /// The last response was decided by this memo, not evaluated.
+    /// `(failure, success)`, when the wait's conditions read neither `now` nor
+    /// `elapsed`.
+    verdict: Option<(bool, Option<bool>)>,
+    /// The state, kept in the memo itself: a held wait's memory stays flat.
+    state: Option<Short>,
+    /// The last response's verdict was this memo's, not evaluated.
     reused: bool,
 }
 
@@ -245,6 +273,12 @@ impl Memo {
         self.reused
     }
 
+    /// Whether the memo holds what the wait's conditions decided (not only its
+    /// state).
+    pub fn judged(&self) -> bool {
+        self.verdict.is_some()
+    }
+
     /// The key a response is kept under: a hash of its status, its body's bytes
     /// and the headers the conditions read.
     pub fn key_of(status: u16, body: &[u8], headers: &BTreeMap<String, String>) -> u64 {
@@ -252,6 +286,47 @@ impl Memo {
         static SEED: std::sync::LazyLock<foldhash::fast::RandomState> =
             std::sync::LazyLock::new(foldhash::fast::RandomState::default);
         SEED.hash_one((status, body, headers))
+    }
+}
+
+/// A state of one value of at most [`Short::MAX`] bytes with no error detail,
+/// the common case (`"on"`, `"ACTIVE"`, `"CREATE_COMPLETE"`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Short {
+    len: u8,
+    bytes: [u8; Short::MAX],
+}
+
+impl Short {
+    const MAX: usize = 15;
+
+    fn of(obs: &Observation) -> Option<Short> {
+        let Observation::State {
+            values,
+            detail: None,
+        } = obs
+        else {
+            return None;
+        };
+        let [value] = values.as_slice() else {
+            return None;
+        };
+        let mut bytes = [0; Short::MAX];
+        bytes
+            .get_mut(..value.len())?
+            .copy_from_slice(value.as_bytes());
+        Some(Short {
+            len: value.len() as u8,
+            bytes,
+        })
+    }
+
+    fn observation(&self) -> Option<Observation> {
+        let value = std::str::from_utf8(self.bytes.get(..usize::from(self.len))?).ok()?;
+        Some(Observation::State {
+            values: vec![value.to_owned()],
+            detail: None,
+        })
     }
 }
 

@@ -155,7 +155,7 @@ impl Loop {
             }
             // A memo is there when the conditions decided the response (not when
             // it never reached them, or they failed on it).
-            if let Some(m) = memo {
+            if let Some(m) = memo.filter(|m| m.judged()) {
                 let counter = if m.reused() {
                     &self.w.metrics.conditions_reused
                 } else {
