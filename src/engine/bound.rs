@@ -64,7 +64,11 @@ pub fn join(values: &[String], sep: &str, max: usize) -> String {
     let total: usize =
         values.iter().map(String::len).sum::<usize>() + sep.len() * values.len().saturating_sub(1);
     if total <= max {
-        return text(&values.join(sep), max).into_owned();
+        let joined = values.join(sep);
+        return match text(&joined, max) {
+            Cow::Borrowed(_) => joined,
+            Cow::Owned(clean) => clean,
+        };
     }
     let mut out = String::new();
     for (i, v) in values.iter().enumerate() {
