@@ -38,14 +38,11 @@ pub(super) struct Answer {
 impl Answer {
     /// What the memo of the identical response before gives this one: the state
     /// read from its body, and what the conditions decided on it.
-    fn kept(&self) -> (Option<Observation>, Option<(bool, Option<bool>)>) {
+    fn kept(&self) -> (Option<Short>, Option<(bool, Option<bool>)>) {
         let Some(m) = self.hit else {
             return (None, None);
         };
-        let state = m
-            .state
-            .filter(|_| self.needs_body)
-            .and_then(|s| s.observation());
+        let state = m.state.filter(|_| self.needs_body);
         (state, m.verdict.filter(|_| self.headers.is_some()))
     }
 
@@ -94,7 +91,7 @@ impl Answer {
             ..
         } = self;
         let output = taken(spec, parsed.as_ref(), status, all_headers.as_ref());
-        let base = match kept_state {
+        let base = match kept_state.and_then(|s| s.observation()) {
             Some(state) => state,
             None if needs_body => classify_body(&body, parsed.as_ref(), spec),
             None => base,
