@@ -53,14 +53,15 @@ impl Loop {
         if self
             .unmarked
             .peek()
-            .is_none_or(|Reverse((at, _, _))| *at > now + MARK_WHEN)
+            .is_none_or(|Reverse(due)| due.after(now + MARK_WHEN))
         {
             return out;
         }
-        while let Some(Reverse((at, g, id))) = self.unmarked.peek().copied() {
-            if at > now + MARK_AHEAD {
+        while let Some(Reverse(due)) = self.unmarked.peek().copied() {
+            if due.after(now + MARK_AHEAD) {
                 break;
             }
+            let (g, id) = (due.g, due.id);
             self.unmarked.pop();
             let Some(h) = self.held.get_mut(&id) else {
                 continue;

@@ -37,6 +37,40 @@ impl Drop for Flight {
     }
 }
 
+/// A timer: when, in nanoseconds since the epoch (one integer for the heap to
+/// compare rather than a date and a time of day), the generation it was set at,
+/// and the wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Due {
+    at: i64,
+    pub(super) g: u64,
+    pub(super) id: Uuid,
+}
+
+impl Due {
+    pub(super) fn new(at: DateTime<Utc>, g: u64, id: Uuid) -> Due {
+        Due {
+            at: nanos(at),
+            g,
+            id,
+        }
+    }
+
+    pub(super) fn at(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp_nanos(self.at)
+    }
+
+    /// Whether it is due later than `t`.
+    pub(super) fn after(&self, t: DateTime<Utc>) -> bool {
+        self.at > nanos(t)
+    }
+}
+
+/// A time as [`Due`] keeps it; past 2262, the end of the range, never due.
+fn nanos(t: DateTime<Utc>) -> i64 {
+    t.timestamp_nanos_opt().unwrap_or(i64::MAX)
+}
+
 impl Loop {
     pub(super) fn next_wake(&self) -> Instant {
         if self.lease_stale() {
@@ -49,11 +83,11 @@ impl Loop {
             return Instant::now() + Duration::from_millis(10);
         }
         let mut timer = match self.timers.peek() {
-            Some(Reverse((t, _, _))) => self.clock.instant_at(*t),
+            Some(Reverse(due)) => self.clock.instant_at(due.at()),
             None => Instant::now() + Duration::from_secs(3600),
         };
-        if let Some(Reverse((t, _, _))) = self.unmarked.peek() {
-            timer = timer.min(self.clock.instant_at(*t - super::guard::MARK_WHEN));
+        if let Some(Reverse(due)) = self.unmarked.peek() {
+            timer = timer.min(self.clock.instant_at(due.at() - super::guard::MARK_WHEN));
         }
         // Confirmations due wake the loop, unless every write slot is taken: the
         // write that ends wakes it then.
@@ -84,9 +118,10 @@ impl Loop {
             let at = super::nudge::next(&mut h.nudge, at, &self.w.metrics.nudged_polls);
             h.next = at;
             h.generation = g;
-            self.timers.push(Reverse((at, g, id)));
+            let due = Due::new(at, g, id);
+            self.timers.push(Reverse(due));
             if h.phase == Phase::Claimed {
-                self.unmarked.push(Reverse((at, g, id)));
+                self.unmarked.push(Reverse(due));
             }
         }
     }
@@ -116,8 +151,9 @@ impl Loop {
         if !marks.is_empty() {
             self.mark(marks);
         }
-        while let Some(Reverse((at, g, id))) = self.timers.peek().copied() {
-            if at > now || !self.room(0) {
+        let due_by = nanos(now);
+        while let Some(Reverse(Due { at, g, id })) = self.timers.peek().copied() {
+            if at > due_by || !self.room(0) {
                 break;
             }
             self.timers.pop();
@@ -134,10 +170,11 @@ impl Loop {
                 // scheduled again once recorded.
                 _ => continue,
             };
-            self.w
-                .metrics
-                .schedule_lag
-                .observe((now - at).to_std().unwrap_or_default());
+            self.w.metrics.schedule_lag.observe(
+                (now - DateTime::from_timestamp_nanos(at))
+                    .to_std()
+                    .unwrap_or_default(),
+            );
             self.start_probe(id, g);
         }
         self.note_held();
