@@ -150,7 +150,7 @@ struct Held {
     /// [`fingerprint`]), and when it was written.
     written: u64,
     written_at: Instant,
-    /// What the wait's conditions decided on its last response.
+    /// What the wait made of its last response ([`crate::probe::Memo`]).
     memo: Option<crate::probe::Memo>,
     /// The `traceparent` its polls join, kept only while traces are on.
     trace: Option<Box<str>>,
@@ -253,12 +253,14 @@ struct Loop {
     /// The one clock every time in here is read from.
     clock: Clock,
     /// Boxed: the table holds a pointer a slot, so that growing it moves 24 bytes a
-    /// wait rather than the whole state, and its empty slots cost little.
-    held: HashMap<Uuid, Box<Held>>,
-    timers: BinaryHeap<std::cmp::Reverse<(DateTime<Utc>, u64, Uuid)>>,
+    /// wait rather than the whole state, and its empty slots cost little. Hashed
+    /// with foldhash (seeded per process): a poll looks its wait up several times, and
+    /// the ids are waitd's own.
+    held: HashMap<Uuid, Box<Held>, foldhash::fast::RandomState>,
+    timers: BinaryHeap<std::cmp::Reverse<timers::Due>>,
     /// The timers of the waits whose first poll since their claim is not yet
     /// recorded as begun ([`Phase::Claimed`]): recorded ahead, in batches.
-    unmarked: BinaryHeap<std::cmp::Reverse<(DateTime<Utc>, u64, Uuid)>>,
+    unmarked: BinaryHeap<std::cmp::Reverse<timers::Due>>,
     tx: mpsc::UnboundedSender<Msg>,
     generation: u64,
     claiming: bool,
@@ -397,7 +399,7 @@ impl Loop {
             // Not sized for the capacity up front: inserts into a table that large
             // touch a page each, and a few thousand waits would cost megabytes.
             // (Its rehash at 460,000 waits holds the loop for 0.9 s.)
-            held: HashMap::new(),
+            held: HashMap::default(),
             timers: BinaryHeap::new(),
             unmarked: BinaryHeap::new(),
             tx,
