@@ -153,8 +153,8 @@ impl Loop {
                 // few KiB) allocated until the next poll.
                 h.polling = None;
             }
-            // A memo is there when the conditions decided the response (not when
-            // it never reached them, or they failed on it).
+            // A memo with a verdict is there when the conditions decided the
+            // response (not when it never reached them, or they failed on it).
             if let Some(m) = memo.filter(|m| m.judged()) {
                 let counter = if m.reused() {
                     &self.w.metrics.conditions_reused
