@@ -27,16 +27,14 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
             .await
             .unwrap();
         assert_eq!(c[0].claims, 0, "{}", backend.url());
-        // Due now: on Postgres the claim counts its first poll itself.
-        assert_eq!(c[0].counted, backend.name() == "postgres");
-        if !c[0].counted {
-            let marked = store
-                .leases()
-                .mark_polling(a, &[WaitEpoch::from((w.id, c[0].epoch))])
-                .await
-                .unwrap();
-            assert_eq!(marked, vec![w.id], "{}", backend.url());
-        }
+        // Its count is 0: the claim counts nothing, even though it is due.
+        assert!(!c[0].counted, "{}", backend.url());
+        let marked = store
+            .leases()
+            .mark_polling(a, &[WaitEpoch::from((w.id, c[0].epoch))])
+            .await
+            .unwrap();
+        assert_eq!(marked, vec![w.id], "{}", backend.url());
         store
             .leases()
             .release(a, &[checkpoint(c[0].epoch)])
@@ -49,6 +47,10 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
             .await
             .unwrap();
         assert_eq!(c[0].claims, 1, "{}", backend.url());
+        // Its count is not 0 and it is due: on Postgres the claim counts its first
+        // poll in its own write.
+        assert_eq!(c[0].counted, backend.name() == "postgres");
+        assert!(c[0].count_first_poll, "{}", backend.url());
         // A confirmation under an old epoch or by another owner lands nowhere.
         assert!(
             store
@@ -95,7 +97,7 @@ async fn a_poll_begun_counts_until_a_completed_one_is_confirmed_and_both_are_fen
 }
 
 #[tokio::test]
-async fn a_claim_counts_a_first_poll_only_when_the_wait_is_due() {
+async fn a_claim_counts_a_first_poll_only_when_the_wait_is_due_and_its_count_is_kept() {
     for_each_store!(|store, backend| {
         let leases = store.leases().clone();
         let claim = |owner: Uuid, ahead: u64| {
@@ -112,43 +114,62 @@ async fn a_claim_counts_a_first_poll_only_when_the_wait_is_due() {
             engine: None,
             next_poll_at: None,
         };
+        let begun = |c: &waitd::store::Claimed| WaitEpoch::from((c.id, c.epoch));
+        let postgres = backend.name() == "postgres";
+        // A wait whose count is 0. On Postgres the slot it enters guards its first
+        // poll (docs/replicas.md §6.6): neither the claim nor the worker counts it,
+        // due or not. On SQLite, which has no slots, the worker records the poll.
         let in_30s = Utc::now() + chrono::TimeDelta::seconds(30);
         let later = store.waits().create("t", &spec(), in_30s, None).await;
         let later = later.unwrap().wait;
-        // Due in 30 s, taken within a minute ahead: nothing is counted yet.
         let a = Uuid::now_v7();
         let c = claim(a, 60).await;
         assert_eq!(c.len(), 1, "{}", backend.url());
         assert!(!c[0].counted, "{}", backend.url());
-        assert!(c[0].count_first_poll, "{}", backend.url());
+        assert_eq!(c[0].count_first_poll, !postgres, "{}", backend.url());
         leases.release(a, &[back(&c[0])]).await.unwrap();
         let b = Uuid::now_v7();
         let c = claim(b, 60).await;
         assert_eq!((c[0].id, c[0].claims), (later.id, 0), "{}", backend.url());
         leases.release(b, &[back(&c[0])]).await.unwrap();
-        // Due already: Postgres counts the first poll in the claim's own write, so
-        // a claimer that stops before polling leaves one poll counted, as one that
-        // stops between the mark and the poll does.
         let now = store.waits().create("t", &spec(), Utc::now(), None).await;
         let now = now.unwrap().wait;
         let a = Uuid::now_v7();
         let c = claim(a, 0).await;
         assert_eq!(c.len(), 1, "{}", backend.url());
-        assert_eq!(c[0].id, now.id);
-        assert_eq!(c[0].claims, 0, "the count before this claim");
-        let postgres = backend.name() == "postgres";
-        assert_eq!(c[0].counted, postgres, "{}", backend.url());
+        assert_eq!((c[0].id, c[0].claims), (now.id, 0));
+        assert!(!c[0].counted, "due, but its count is 0 ({})", backend.url());
+        assert_eq!(c[0].count_first_poll, !postgres, "{}", backend.url());
+        // Its poll begun and never completed (the replica stopped): its count is
+        // kept from now on, on both stores.
+        leases.mark_polling(a, &[begun(&c[0])]).await.unwrap();
         leases.release(a, &[back(&c[0])]).await.unwrap();
+        // Due already: Postgres counts the first poll in the claim's own write, so
+        // a claimer that stops before polling leaves one more poll counted, as one
+        // that stops between the record and the poll does.
+        let b = Uuid::now_v7();
+        let c = claim(b, 0).await;
+        assert_eq!((c[0].id, c[0].claims), (now.id, 1), "{}", backend.url());
+        assert!(c[0].count_first_poll, "{}", backend.url());
+        assert_eq!(c[0].counted, postgres, "{}", backend.url());
+        leases.release(b, &[back(&c[0])]).await.unwrap();
         let c = claim(Uuid::now_v7(), 0).await;
-        assert_eq!(c[0].claims, i32::from(postgres), "{}", backend.url());
+        assert_eq!(c[0].claims, 1 + i32::from(postgres), "{}", backend.url());
         // Due in under a second is not due: a claim counts a first poll only once
         // the wait is due, so one counted here was due before the claim answered.
         let at = Utc::now() + chrono::TimeDelta::milliseconds(800);
         let soon = store.waits().create("t", &spec(), at, None).await;
         let soon = soon.unwrap().wait;
+        let a = Uuid::now_v7();
+        let c = claim(a, 60).await;
+        let s = c.iter().find(|c| c.id == soon.id).expect("claimed");
+        leases.mark_polling(a, &[begun(s)]).await.unwrap();
+        let all: Vec<Checkpoint> = c.iter().map(back).collect();
+        leases.release(a, &all).await.unwrap();
         let c = claim(Uuid::now_v7(), 60).await;
         let answered = Utc::now();
-        let s = c.iter().find(|c| c.id == soon.id).expect("claimed");
+        let s = c.iter().find(|c| c.id == soon.id).expect("claimed again");
+        assert_eq!(s.claims, 1, "{}", backend.url());
         assert!(
             !s.counted || s.next_poll_at <= answered,
             "counted {} ms before it was due ({})",

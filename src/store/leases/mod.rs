@@ -42,12 +42,14 @@ pub struct Claimed {
     /// Polled before, by another replica or an earlier run of this one.
     pub resumed: bool,
     /// Its first poll is counted in its own row before it begins ([`MAX_CLAIMS`]):
-    /// a wait claimed on its own, one whose poll began and never completed, or
-    /// one taken over in a slot whose holders kept dying ([`SLOT_CLAIMS`]).
+    /// one whose poll began and never completed, one taken over in a slot whose
+    /// holders kept dying ([`SLOT_CLAIMS`]), or on SQLite (which has no slots)
+    /// any wait claimed.
     pub count_first_poll: bool,
     /// Its first poll is counted already, by the claim itself (a wait claimed on
-    /// its own on Postgres that is already due): it starts at once, and only its
-    /// completion is recorded.
+    /// its own on Postgres that is already due and whose poll began before
+    /// without completing): it starts at once, and only its completion is
+    /// recorded.
     pub counted: bool,
     /// Taken over in a slot whose holder died: once every wait taken with it has
     /// been polled, the slot is settled ([`Leases::settle`]).
@@ -63,8 +65,8 @@ pub struct SlotToken {
 
 /// A slot taken from holders that died this many times in a row, without its
 /// waits all polled in between, has the first poll of each of its waits counted
-/// one by one, as a wait claimed on its own has: one of them may be what takes
-/// its replicas down. One death is not enough (a replica dies for many reasons),
+/// one by one: one of them may be what takes its replicas down. A wait claimed on
+/// its own goes into a slot of its claimer's, so this guards it too. One death is not enough (a replica dies for many reasons),
 /// and counting every wait's first poll would write every row a takeover takes.
 pub const SLOT_CLAIMS: i32 = 2;
 
@@ -166,9 +168,12 @@ impl Leases {
             .map_err(|why| (row.id, row.epoch, why))?;
         Ok(Claimed {
             resumed: row.slot.is_some() || self.row_epoch(row.epoch) > 1,
-            count_first_poll: row.slot.is_none()
-                || row.claims > 0
-                || row.slot_claims >= SLOT_CLAIMS,
+            // On Postgres a wait claimed on its own enters a slot, and the slot's
+            // count guards its first poll: counting it in the row as well wrote
+            // each wait of a backlog two more times (the record, the confirmation).
+            count_first_poll: row.claims > 0
+                || row.slot_claims >= SLOT_CLAIMS
+                || matches!(self.core.db, Dialect::Sqlite(_)),
             counted: row.counted,
             settles: row
                 .slot

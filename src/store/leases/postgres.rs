@@ -188,7 +188,7 @@ impl PgDialect {
         }
         const IN_DUE_ORDER: &str = claim!(concat!(
             "due AS MATERIALIZED (
-                 SELECT id, placement, coalesce(next_poll_at <= now(), false) AS counted FROM waits
+                 SELECT id, placement, (claims > 0 AND coalesce(next_poll_at <= now(), false)) AS counted FROM waits
                  WHERE ",
             takes!(),
             " AND (SELECT cardinality(ids) > 0 FROM mine)
@@ -204,7 +204,7 @@ impl PgDialect {
             takes!(),
             " ORDER BY claim_at OFFSET $7 LIMIT 1),
              due AS MATERIALIZED (
-                 SELECT id, placement, coalesce(next_poll_at <= now(), false) AS counted FROM waits
+                 SELECT id, placement, (claims > 0 AND coalesce(next_poll_at <= now(), false)) AS counted FROM waits
                  WHERE ctid >= format('(%s,0)', coalesce((SELECT page FROM seed), 0))::tid
                    AND ctid < format('(%s,0)', coalesce((SELECT page FROM seed) + $8, 0))::tid AND ",
             takes!(),
