@@ -66,8 +66,9 @@ pub struct SlotToken {
 /// A slot taken from holders that died this many times in a row, without its
 /// waits all polled in between, has the first poll of each of its waits counted
 /// one by one: one of them may be what takes its replicas down. A wait claimed on
-/// its own goes into a slot of its claimer's, so this guards it too. One death is not enough (a replica dies for many reasons),
-/// and counting every wait's first poll would write every row a takeover takes.
+/// its own goes into a slot of its claimer's, so this guards it too. One death is
+/// not enough (a replica dies for many reasons), and counting every wait's first
+/// poll would write every row a takeover takes.
 pub const SLOT_CLAIMS: i32 = 2;
 
 /// The counters and schedule of a held wait, written in periodic batches.
