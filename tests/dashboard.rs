@@ -1237,17 +1237,17 @@ async fn a_person_approves_and_rejects_callback_waits_and_a_read_only_token_sees
             (200, &json!("succeeded"), &json!("approved through the API")),
             "the API does not show the wait approved: {got}"
         );
+        // The status comes by the stream, the result when the click's own request
+        // answers: either may show first.
         let after = b
             .shows("the approved wait", PATIENCE, ACTIONS, vec![], |v| {
                 v["status"] == "succeeded"
+                    && v["result"].as_str().is_some_and(|r| r.contains("Approved"))
             })
             .await;
         assert_eq!(
             (&after["approve"], &after["reject"]),
-            (&json!(false), &json!(false))
-        );
-        assert!(
-            after["result"].as_str().unwrap().contains("Approved"),
+            (&json!(false), &json!(false)),
             "{after}"
         );
         b.row("the row approved", &approve, PATIENCE, |v| {
