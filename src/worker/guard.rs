@@ -5,13 +5,14 @@
 //! Postgres one whose count is not 0, or taken in a slot whose holders kept
 //! dying), the store records that the poll begins, ahead of time: once the first
 //! of the waits not yet recorded is due within [`MARK_WHEN`], one statement records
-//! every one due within [`MARK_AHEAD`], and each starts when due. A backlog of first polls (a restart, an import, a burst of
-//! creates) so costs a write a batch, not a write a poll, and a poll is not held
-//! back by its record. The write of a completed poll
-//! clears that count, and the first completed poll is always written, even when it
-//! changed nothing ([`Phase::Confirming`]). A wait whose polls began
-//! [`crate::store::MAX_CLAIMS`] times in a row without completing took down every replica that
-//! polled it: its next claimer ends it instead of polling it.
+//! every one due within [`MARK_AHEAD`], and each starts when due. A backlog of
+//! first polls (a restart, an import, a burst of creates) so costs a write a
+//! batch, not a write a poll, and a poll is not held back by its record. The
+//! write of a completed poll clears that count, and the first completed poll is
+//! always written, even when it changed nothing ([`Phase::Confirming`]). A wait
+//! whose polls began [`crate::store::MAX_CLAIMS`] times in a row without
+//! completing took down every replica that polled it: its next claimer ends it
+//! instead of polling it.
 
 use std::cmp::Reverse;
 
