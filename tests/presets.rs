@@ -606,12 +606,42 @@ async fn a_duration_parameter_is_held_to_what_cel_can_hold() {
         assert_eq!(status, 422, "{over}: {p}");
         assert!(p.to_string().contains("held_for"), "{p}");
     }
-    // At the bound: never held that long, so the deadline ends it, and no poll
-    // met an error on the way.
+    // At the bound: never held that long, so the deadline ends it. A poll may be
+    // in flight when the deadline comes (its error is the deadline's), so the
+    // expanded condition is also judged on the target's answer directly: it
+    // evaluates to "not yet", not to an error.
     let id = created_id(&app, req("2562047h47m16s")).await;
     let end = app.wait_end(&id).await;
     assert_eq!(end["status"], "timed_out", "{end}");
-    assert_eq!(end["last_error"], Value::Null, "{end}");
+    let deadline = "the target had not answered by the wait's deadline";
+    assert!(
+        end["last_error"].is_null() || end["last_error"] == deadline,
+        "{end}"
+    );
+    let limits = waitd::engine::Limits {
+        min_poll_interval: std::time::Duration::from_millis(1),
+        ..Default::default()
+    };
+    let spec = waitd::engine::Spec::from_request(&end["spec"], &limits).expect("the stored spec");
+    let body: Value = serde_json::from_str(&deployment("True").body).unwrap();
+    let obs = waitd::probe::judge(
+        &spec,
+        200,
+        &Default::default(),
+        Some(&body),
+        waitd::engine::Observation::Answered { status: 200 },
+    );
+    assert!(
+        matches!(
+            obs,
+            waitd::engine::Observation::Judged {
+                success: Some(false),
+                failure: false,
+                ..
+            }
+        ),
+        "{obs:?}"
+    );
     finish(app, db).await;
 }
 
