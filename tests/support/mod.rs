@@ -279,6 +279,20 @@ pub async fn heard_that(
 }
 
 /// Flags every test app gets: millisecond polling, loopback targets allowed, short leases.
+/// The CPU time this thread has run, from Linux's `/proc/thread-self/schedstat`
+/// (nanoseconds on a CPU): a bound on what an input costs, which the other tests
+/// sharing the machine's cores do not stretch as they stretch wall time.
+pub fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("/proc/thread-self/schedstat: the tests run on Linux");
+    let ns = stat
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("an unreadable schedstat: {stat}"));
+    Duration::from_nanos(ns)
+}
+
 pub fn test_args(db_url: &str) -> Vec<String> {
     [
         "--database-url",
