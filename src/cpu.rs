@@ -21,6 +21,13 @@
 //!   The long lane's threads run last in line for a core (`SCHED_IDLE`, or nice
 //!   19 where that is refused): when the cores are busy, the runtime's threads,
 //!   the quick lane and the database go first, and evaluations take what is left.
+//! - **Never starved.** What is left may be nothing for as long as other work
+//!   keeps every core busy, and a thread under `SCHED_IDLE` can never be raised
+//!   again. So the long lane has one more thread, its backstop, at nice 19 (it
+//!   gives way to waitd's other threads, and keeps a share against the rest): every
+//!   [`BACKSTOP_LOOK`] it reads how long the lane's threads waited for a core, and
+//!   while they waited more than four fifths of it, it runs the jobs that have
+//!   waited [`BACKSTOP_AFTER`] in the queue.
 //! - **Deep.** Its threads have [`STACK`] bytes of stack, sized for the recursion
 //!   of the CEL parser on the longest expression waitd accepts (measured in
 //!   `tests/conditions_props.rs`); everything after the parse is bounded by the
@@ -38,9 +45,17 @@ use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The stack of each pool thread.
 pub const STACK: usize = 64 * 1024 * 1024;
+
+/// How often the long lane's backstop looks at the lane's threads.
+pub const BACKSTOP_LOOK: Duration = Duration::from_millis(100);
+
+/// How long a long job waits in its queue, while the lane's threads are starved of
+/// a core, before the backstop runs it.
+pub const BACKSTOP_AFTER: Duration = Duration::from_millis(500);
 
 /// The key under which work that belongs to no tenant (a stored spec decoded at a
 /// claim, a preset file) is queued.
@@ -81,17 +96,19 @@ struct Queue {
 /// Jobs by tenant, and the tenants in the order of their next turn.
 #[derive(Default)]
 struct Turns {
-    by_tenant: HashMap<Arc<str>, VecDeque<Job>>,
+    /// Each job with when it was queued.
+    by_tenant: HashMap<Arc<str>, VecDeque<(Instant, Job)>>,
     turns: VecDeque<Arc<str>>,
 }
 
 impl Turns {
     fn push(&mut self, tenant: &str, job: Job) {
         match self.by_tenant.get_mut(tenant) {
-            Some(jobs) => jobs.push_back(job),
+            Some(jobs) => jobs.push_back((Instant::now(), job)),
             None => {
                 let key: Arc<str> = Arc::from(tenant);
-                self.by_tenant.insert(key.clone(), VecDeque::from([job]));
+                self.by_tenant
+                    .insert(key.clone(), VecDeque::from([(Instant::now(), job)]));
                 self.turns.push_back(key);
             }
         }
@@ -105,13 +122,21 @@ impl Turns {
             .by_tenant
             .get_mut(&tenant)
             .expect("a tenant in line has a queue");
-        let job = jobs.pop_front().expect("a tenant in line has a job");
+        let (_, job) = jobs.pop_front().expect("a tenant in line has a job");
         if jobs.is_empty() {
             self.by_tenant.remove(&tenant);
         } else {
             self.turns.push_back(tenant);
         }
         Some(job)
+    }
+
+    /// When the job queued longest was queued.
+    fn oldest(&self) -> Option<Instant> {
+        self.by_tenant
+            .values()
+            .filter_map(|jobs| jobs.front().map(|(at, _)| *at))
+            .min()
     }
 }
 
@@ -134,6 +159,13 @@ impl Queue {
             }
             q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// The next job, if one has been queued for `after` or longer.
+    fn late(&self, after: Duration) -> Option<Job> {
+        let mut q = self.lock();
+        q.oldest().filter(|at| at.elapsed() >= after)?;
+        q.pop()
     }
 }
 
@@ -174,23 +206,40 @@ impl Pool {
             threads,
         };
         for i in 0..threads {
-            pool.spawn(format!("waitd-cpu-{i}"), pool.quick.clone(), false);
+            pool.spawn(format!("waitd-cpu-{i}"), pool.quick.clone(), None);
         }
+        let idle: Arc<Mutex<Vec<String>>> = Arc::default();
         for i in 0..threads.saturating_sub(1).max(1) {
-            pool.spawn(format!("waitd-eval-{i}"), pool.long.clone(), true);
+            pool.spawn(
+                format!("waitd-eval-{i}"),
+                pool.long.clone(),
+                Some(idle.clone()),
+            );
         }
+        let (long, pending) = (pool.long.clone(), pool.pending.clone());
+        std::thread::Builder::new()
+            .name("waitd-eval-backstop".into())
+            .stack_size(STACK)
+            .spawn(move || backstop(&long, &pending, &idle))
+            .expect("the CPU pool's threads start");
         pool
     }
 
-    fn spawn(&self, name: String, queue: Arc<Queue>, low: bool) {
+    /// Starts a thread taking `queue`'s jobs; with `idle`, one last in line for a
+    /// core, which notes there where the kernel counts its waits for one.
+    fn spawn(&self, name: String, queue: Arc<Queue>, idle: Option<Arc<Mutex<Vec<String>>>>) {
         let pending = self.pending.clone();
         std::thread::Builder::new()
             .name(name)
             .stack_size(STACK)
             .spawn(move || {
                 ON_POOL.with(|p| p.set(true));
-                if low {
+                if let Some(idle) = idle {
                     lower_priority();
+                    if let Ok(task) = std::fs::read_link("/proc/thread-self") {
+                        let stat = format!("/proc/{}/schedstat", task.display());
+                        idle.lock().unwrap_or_else(|p| p.into_inner()).push(stat);
+                    }
                 }
                 loop {
                     let job = queue.next();
@@ -263,6 +312,54 @@ impl Pool {
             Lane::Long => self.long.push(tenant, job),
         }
     }
+}
+
+/// The long lane's backstop: every [`BACKSTOP_LOOK`], if the lane's threads waited
+/// for a core more than four fifths of it, runs the lane's jobs queued for
+/// [`BACKSTOP_AFTER`] or longer. At nice 19, on the pool's deep stack.
+fn backstop(long: &Queue, pending: &AtomicUsize, idle: &Mutex<Vec<String>>) {
+    ON_POOL.with(|p| p.set(true));
+    if let Err(e) =
+        thread_priority::set_current_thread_priority(thread_priority::ThreadPriority::Min)
+    {
+        tracing::warn!(error = ?e, "the CPU pool's backstop runs at the normal priority");
+    }
+    let mut waited = run_delay(idle);
+    loop {
+        std::thread::sleep(BACKSTOP_LOOK);
+        let now = run_delay(idle);
+        // Where the kernel does not say, a job late in the queue is reason enough.
+        let starved = match (waited, now) {
+            (Some(before), Some(now)) => now.saturating_sub(before) > BACKSTOP_LOOK * 4 / 5,
+            // The lane's threads had not started at the last look.
+            (None, Some(_)) => false,
+            (_, None) => true,
+        };
+        waited = now;
+        if !starved {
+            continue;
+        }
+        while let Some(job) = long.late(BACKSTOP_AFTER) {
+            job();
+            pending.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// How long the threads of `schedstat` (their `/proc/…/schedstat` files) have
+/// waited on a run queue in all, the second of the file's three numbers; `None`
+/// where one cannot be read.
+fn run_delay(schedstat: &Mutex<Vec<String>>) -> Option<Duration> {
+    let files = schedstat.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if files.is_empty() {
+        return None;
+    }
+    let mut ns: u64 = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).ok()?;
+        ns = ns.saturating_add(text.split_whitespace().nth(1)?.parse().ok()?);
+    }
+    Some(Duration::from_nanos(ns))
 }
 
 /// Puts the calling thread last in line for a core: `SCHED_IDLE`, which any thread
@@ -413,6 +510,57 @@ mod tests {
         );
         assert_eq!(rt.block_on(pool.run(Lane::Quick, "a", policy)), Ok(here));
         assert_eq!(pool.run_blocking(policy), Ok(here));
+    }
+
+    /// With every core kept busy at the normal priority and the long lane's
+    /// thread busy too, waiting for one, a long job queued behind it still runs:
+    /// on the backstop.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_long_job_runs_while_other_work_keeps_every_core_busy() {
+        use std::sync::atomic::AtomicBool;
+        let pool = Pool::start(2);
+        let stop = Arc::new(AtomicBool::new(false));
+        let spin = |stop: Arc<AtomicBool>| {
+            move || {
+                while !stop.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+            }
+        };
+        // The lane's thread takes a job that runs until the end, before the
+        // cores are busy.
+        let (started_tx, started) = mpsc::channel();
+        let first = spin(stop.clone());
+        pool.push(
+            Lane::Long,
+            "a",
+            Box::new(move || {
+                let _ = started_tx.send(std::thread::current().name().map(String::from));
+                first();
+            }),
+        );
+        assert_eq!(started.recv().unwrap().as_deref(), Some("waitd-eval-0"));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let busy: Vec<_> = (0..cores)
+            .map(|_| std::thread::spawn(spin(stop.clone())))
+            .collect();
+        let (tx, rx) = mpsc::channel();
+        pool.push(
+            Lane::Long,
+            "b",
+            Box::new(move || {
+                let _ = tx.send(std::thread::current().name().map(String::from));
+            }),
+        );
+        // Not a bound on the time: without the backstop the job waits for as
+        // long as the busy threads run.
+        let ran_on = rx.recv_timeout(std::time::Duration::from_secs(60));
+        stop.store(true, Relaxed);
+        for b in busy {
+            b.join().unwrap();
+        }
+        assert_eq!(ran_on.unwrap().as_deref(), Some("waitd-eval-backstop"));
     }
 
     #[test]
