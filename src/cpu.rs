@@ -328,15 +328,9 @@ fn backstop(long: &Queue, pending: &AtomicUsize, idle: &Mutex<Vec<String>>) {
     loop {
         std::thread::sleep(BACKSTOP_LOOK);
         let now = run_delay(idle);
-        // Where the kernel does not say, a job late in the queue is reason enough.
-        let starved = match (waited, now) {
-            (Some(before), Some(now)) => now.saturating_sub(before) > BACKSTOP_LOOK * 4 / 5,
-            // The lane's threads had not started at the last look.
-            (None, Some(_)) => false,
-            (_, None) => true,
-        };
+        let was_starved = starved(waited, now);
         waited = now;
-        if !starved {
+        if !was_starved {
             continue;
         }
         while let Some(job) = long.late(BACKSTOP_AFTER) {
@@ -346,10 +340,25 @@ fn backstop(long: &Queue, pending: &AtomicUsize, idle: &Mutex<Vec<String>>) {
     }
 }
 
+/// Whether the lane's threads waited for a core more than four fifths of the last
+/// look, on average, from their run delays in all at its start and its end (and how
+/// many threads they are). Where the kernel does not say, a job late in the queue is
+/// reason enough.
+fn starved(before: Option<(Duration, u32)>, now: Option<(Duration, u32)>) -> bool {
+    match (before, now) {
+        (Some((before, _)), Some((now, threads))) => {
+            now.saturating_sub(before) > BACKSTOP_LOOK * 4 / 5 * threads
+        }
+        // The lane's threads had not started at the last look.
+        (None, Some(_)) => false,
+        (_, None) => true,
+    }
+}
+
 /// How long the threads of `schedstat` (their `/proc/…/schedstat` files) have
-/// waited on a run queue in all, the second of the file's three numbers; `None`
-/// where one cannot be read.
-fn run_delay(schedstat: &Mutex<Vec<String>>) -> Option<Duration> {
+/// waited on a run queue in all, the second of the file's three numbers, and how
+/// many they are; `None` where one cannot be read.
+fn run_delay(schedstat: &Mutex<Vec<String>>) -> Option<(Duration, u32)> {
     let files = schedstat.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if files.is_empty() {
         return None;
@@ -359,7 +368,7 @@ fn run_delay(schedstat: &Mutex<Vec<String>>) -> Option<Duration> {
         let text = std::fs::read_to_string(f).ok()?;
         ns = ns.saturating_add(text.split_whitespace().nth(1)?.parse().ok()?);
     }
-    Some(Duration::from_nanos(ns))
+    Some((Duration::from_nanos(ns), files.len() as u32))
 }
 
 /// Puts the calling thread last in line for a core: `SCHED_IDLE`, which any thread
@@ -561,6 +570,18 @@ mod tests {
             b.join().unwrap();
         }
         assert_eq!(ran_on.unwrap().as_deref(), Some("waitd-eval-backstop"));
+    }
+
+    #[test]
+    fn starved_means_each_thread_waited_most_of_the_look_on_average() {
+        let ms = Duration::from_millis;
+        // Three threads that each waited 30 ms of 100 got most of their time.
+        assert!(!starved(Some((ms(1000), 3)), Some((ms(1090), 3))));
+        // One that waited 90 ms did not.
+        assert!(starved(Some((ms(1000), 1)), Some((ms(1090), 1))));
+        assert!(starved(Some((ms(1000), 3)), Some((ms(1270), 3))));
+        assert!(!starved(None, Some((ms(1000), 1))));
+        assert!(starved(Some((ms(1000), 1)), None));
     }
 
     #[test]
