@@ -315,9 +315,9 @@ fn quadratic_and_copying_expressions_stop_at_the_budget() {
         "body.items.exists_one(x, body.items.filter(y, y.id > x.id).size() == 0)",
     ];
     for expr in hostile {
-        let t = Instant::now();
+        let t = crate::support::thread_cpu();
         let got = eval(expr, body.clone());
-        let took = t.elapsed();
+        let took = crate::support::thread_cpu() - t;
         assert_eq!(got, Err(Failure::Budget), "{expr}");
         eprintln!("{expr}: stopped after {took:?}");
         assert!(took < Duration::from_secs(10), "{expr} took {took:?}");
@@ -952,9 +952,9 @@ proptest! {
         let state = json!("x");
         let vars = Vars::new(Some(&body), 200, &headers, Some(&state));
         let mut budget = condition::Budget::default();
-        let t = Instant::now();
+        let t = crate::support::thread_cpu();
         let _ = c.evaluate(&vars, &mut budget);
-        let took = t.elapsed();
+        let took = crate::support::thread_cpu() - t;
         prop_assert!(budget.spent() <= condition::BUDGET);
         prop_assert!(took < Duration::from_secs(5), "{e} took {took:?}");
     }
@@ -983,20 +983,22 @@ fn copying_the_body_into_a_literal_for_each_item_ends_on_the_budget() {
     let headers = BTreeMap::new();
     let vars = Vars::new(Some(&body), 200, &headers, None);
     let mut budget = condition::Budget::default();
-    let t = Instant::now();
+    let t = crate::support::thread_cpu();
     let got = c.evaluate(&vars, &mut budget);
     assert!(
         matches!(got, Err(Failure::Budget | Failure::Error(_))),
         "{got:?}"
     );
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let took = crate::support::thread_cpu() - t;
+    assert!(took < Duration::from_secs(1), "{took:?} of CPU");
     // Built for each item without the receiver's error, the copies end on the budget.
     let e = "body.items.all(x, size({'k': body}) == 1)";
     let c = Condition::compile(e).unwrap();
-    let t = Instant::now();
+    let t = crate::support::thread_cpu();
     let got = c.evaluate(&vars, &mut condition::Budget::default());
     assert_eq!(got, Err(Failure::Budget));
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let took = crate::support::thread_cpu() - t;
+    assert!(took < Duration::from_secs(1), "{took:?} of CPU");
 }
 
 // ---- Through the API ----

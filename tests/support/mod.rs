@@ -278,7 +278,6 @@ pub async fn heard_that(
         .is_some()
 }
 
-/// Flags every test app gets: millisecond polling, loopback targets allowed, short leases.
 /// The CPU time this thread has run, from Linux's `/proc/thread-self/schedstat`
 /// (nanoseconds on a CPU): a bound on what an input costs, which the other tests
 /// sharing the machine's cores do not stretch as they stretch wall time.
@@ -293,6 +292,7 @@ pub fn thread_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// Flags every test app gets: millisecond polling, loopback targets allowed, short leases.
 pub fn test_args(db_url: &str) -> Vec<String> {
     [
         "--database-url",
