@@ -17,7 +17,7 @@ use support::*;
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw3aYQ6EHrZ5k=";
 
 /// Redeliveries timed per store.
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 8;
 
 /// A wait that succeeds at once, announcing its end to `hook`.
 fn announcing(up: &Upstream, path: &str, hook: &str) -> Value {
@@ -34,7 +34,10 @@ fn args(url: &str) -> Vec<String> {
 }
 
 /// From each `POST …/retry` to `api` until the receiver has the redelivery: the
-/// slowest of [`ROUNDS`]. `worker` runs the deliverer (it may be `api` itself).
+/// slowest but one of [`ROUNDS`], so that one round a busy host stalls does not
+/// count. A deliverer that waited for its idle look would take between nothing and
+/// a second each time: all but one of eight under [`PROMPT`] by chance less than
+/// once in a hundred. `worker` runs the deliverer (it may be `api` itself).
 async fn redelivery_latency(api: &App, worker: &App, label: &str) -> Duration {
     let up = Upstream::start().await;
     let rx = Receiver::start().await;
@@ -60,7 +63,8 @@ async fn redelivery_latency(api: &App, worker: &App, label: &str) -> Duration {
         heard.attempted(&id, DeliveryStatus::Delivered).await;
     }
     println!("{label}: from the retry POST to the receiver: {took:?}");
-    took.into_iter().max().unwrap()
+    took.sort();
+    took[ROUNDS - 2]
 }
 
 /// Well under the deliverer's idle look, which a redelivery that nothing
@@ -71,8 +75,11 @@ const PROMPT: Duration = Duration::from_millis(400);
 async fn a_redelivery_is_attempted_at_once_on_sqlite() {
     let dir = TempDir::new("waitd-webhook-wake");
     let app = App::start_args(args(&dir.sqlite_url())).await;
-    let slowest = redelivery_latency(&app, &app, "sqlite").await;
-    assert!(slowest < PROMPT, "sqlite: a redelivery took {slowest:?}");
+    let latency = redelivery_latency(&app, &app, "sqlite").await;
+    assert!(
+        latency < PROMPT,
+        "sqlite: all redeliveries but one took up to {latency:?}"
+    );
     app.stop().await.0.unwrap();
 }
 
@@ -80,8 +87,11 @@ async fn a_redelivery_is_attempted_at_once_on_sqlite() {
 async fn a_redelivery_is_attempted_at_once_on_postgres() {
     let db = TestDb::new().await;
     let app = App::start_args(args(&db.url)).await;
-    let slowest = redelivery_latency(&app, &app, "postgres").await;
-    assert!(slowest < PROMPT, "postgres: a redelivery took {slowest:?}");
+    let latency = redelivery_latency(&app, &app, "postgres").await;
+    assert!(
+        latency < PROMPT,
+        "postgres: all redeliveries but one took up to {latency:?}"
+    );
     app.stop().await.0.unwrap();
     db.drop_db().await;
 }
@@ -95,10 +105,10 @@ async fn a_redelivery_queued_through_another_replica_is_attempted_at_once() {
     let mut api_only = args(&db.url);
     api_only.push("--no-worker".into());
     let api = App::start_args(api_only).await;
-    let slowest = redelivery_latency(&api, &worker, "postgres, two replicas").await;
+    let latency = redelivery_latency(&api, &worker, "postgres, two replicas").await;
     assert!(
-        slowest < PROMPT,
-        "postgres, two replicas: a redelivery took {slowest:?}"
+        latency < PROMPT,
+        "postgres, two replicas: all redeliveries but one took up to {latency:?}"
     );
     api.stop().await.0.unwrap();
     worker.stop().await.0.unwrap();

@@ -238,11 +238,12 @@ async fn a_receiver_that_answers_500_three_times_gets_it_on_the_fourth_attempt_o
                 .all(|r| r.header("webhook-id") == got[0].header("webhook-id"))
         );
         // The schedule at a base of 20 ms: 20, 120, 480 ms (±10%), and the worker
-        // wakes for its own retries, so each comes within a little of it.
+        // wakes for its own retries, so each comes within a little of it: half a
+        // second on a busy host, which the idle look (each second) would often miss.
         for (i, planned) in [20.0, 120.0, 480.0].into_iter().enumerate() {
             let gap = (got[i + 1].at - got[i].at).as_secs_f64() * 1e3;
             assert!(
-                gap >= planned * 0.9 - 2.0 && gap <= planned * 1.1 + 150.0,
+                gap >= planned * 0.9 - 2.0 && gap <= planned * 1.1 + 500.0,
                 "{kind:?}: retry {} came {gap:.0} ms after the attempt before; planned {planned} ms ±10%",
                 i + 1
             );
@@ -816,9 +817,11 @@ async fn a_receiver_that_never_answers_cannot_hold_up_deliveries_to_the_others()
                 .await;
         }
         assert!(fine.until_got("/ok", 5, Duration::from_secs(10)).await);
+        // Held behind the stuck receiver, they would wait for an attempt to end:
+        // the webhook timeout, 20 s.
         let took = t0.elapsed();
         assert!(
-            took < Duration::from_millis(800),
+            took < Duration::from_secs(5),
             "{kind:?}: the other receiver waited {took:?} behind the one that never answers"
         );
         // No 11th while those 10 are held: looked at once the other receiver's
